@@ -1,0 +1,26 @@
+# The two set-up commands of the README. Both create .venv if it is missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test,bench]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m keras_fedpriv demo
+
+test: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/rr_with_prior.py
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/layer_overhead.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,37 @@
+"""Pure randomizers (no Keras state): randomized response, quantize+RR, validation, RNG."""
+
+from keras_fedpriv.mechanisms.quantize import (
+    quantize_keep_probability,
+    quantize_rr,
+    quantize_rr_dp_event,
+    quantize_turn_on_probability,
+)
+from keras_fedpriv.mechanisms.random import draw_secret
+from keras_fedpriv.mechanisms.randomized_response import (
+    binary_randomized_response,
+    flip_probability,
+    kary_randomized_response,
+    keep_probability,
+    other_probability,
+    randomized_response_dp_event,
+    rr_with_prior,
+    rr_with_prior_k,
+)
+from keras_fedpriv.mechanisms.validation import validate_eps
+
+__all__ = [
+    "binary_randomized_response",
+    "draw_secret",
+    "flip_probability",
+    "kary_randomized_response",
+    "keep_probability",
+    "other_probability",
+    "quantize_keep_probability",
+    "quantize_rr",
+    "quantize_rr_dp_event",
+    "quantize_turn_on_probability",
+    "randomized_response_dp_event",
+    "rr_with_prior",
+    "rr_with_prior_k",
+    "validate_eps",
+]

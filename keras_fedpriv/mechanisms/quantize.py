@@ -1,0 +1,77 @@
+"""One-bit quantization followed by randomized response (EmbeddingDP, seed 001).
+
+``B = 1 if x > 0 else 0`` elementwise; with ``eps`` given, a 1 stays 1 with
+``p = e^(eps/2) / (e^(eps/2) + 1)`` and a 0 becomes 1 with
+``q = 1 / (e^(eps/2) + 1)`` (ALGORITHMS.md section 2): symmetric randomized
+response with flip probability q, so each coordinate is (eps/2)-DP and a
+d-dimensional embedding is (d * eps / 2)-DP by basic composition.
+"""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+from keras import ops
+
+from keras_fedpriv.mechanisms.random import below
+from keras_fedpriv.mechanisms.randomized_response import _noise, randomized_response_dp_event
+from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
+
+__all__ = ["quantize_keep_probability", "quantize_turn_on_probability", "quantize_rr",
+           "quantize_rr_dp_event"]
+
+
+def quantize_keep_probability(eps):
+    """``p = e^(eps/2) / (e^(eps/2) + 1)``: a quantized 1 stays 1."""
+    eps = validate_eps(eps)
+    return 1.0 / (1.0 + math.exp(-eps / 2.0))
+
+
+def quantize_turn_on_probability(eps):
+    """``q = 1 / (e^(eps/2) + 1)``: a quantized 0 turns into 1."""
+    eps = validate_eps(eps)
+    t = math.exp(-eps / 2.0)
+    return t / (1.0 + t)
+
+
+def quantize_rr(x, eps=None, *, seed=None, noise=None):
+    """Quantize to one bit and apply randomized response.
+
+    Args:
+        x: float tensor, any shape. Not modified.
+        eps: None (quantize only) or a finite privacy parameter >= 0; each
+            coordinate's release is (eps/2)-DP.
+        seed: None (fresh OS-entropy secret, eager only) or an int.
+        noise: optional uint32 words with the shape of ``x``.
+
+    Returns:
+        Tensor of the shape and dtype of ``x`` whose values are exactly 0.0 or
+        1.0. No gradient flows through it; `EmbeddingDPLayer` adds the
+        straight-through gradient.
+
+    Example:
+        >>> quantize_rr(np.array([[-0.3, 0.8]], "float32"), eps=2.0, seed=1)
+    """
+    eps = validate_eps(eps, allow_none=True)
+    x = ops.convert_to_tensor(x)
+    bits = ops.greater(x, 0)
+    if eps is not None:
+        (words,) = _noise(noise, ops.shape(x), seed)
+        # Keeping a 1 with p = 1 - q and turning a 0 on with q is a flip with
+        # probability q (one draw per coordinate).
+        bits = ops.logical_xor(bits, below(words, quantize_turn_on_probability(eps)))
+    return ops.cast(bits, x.dtype)
+
+
+def quantize_rr_dp_event(eps, num_coordinates):
+    """DpEvent of `quantize_rr` on a ``num_coordinates``-dimensional vector.
+
+    Each coordinate is binary RR at eps/2; the vector is their composition.
+    With ``eps=None`` (quantization only) the release is not private.
+    """
+    eps = validate_eps(eps, allow_none=True)
+    d = validate_positive_int(num_coordinates, "num_coordinates")
+    if eps is None:
+        return dp_accounting.NonPrivateDpEvent()
+    return dp_accounting.SelfComposedDpEvent(randomized_response_dp_event(eps / 2.0, 2), d)

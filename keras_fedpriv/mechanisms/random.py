@@ -1,0 +1,197 @@
+"""Randomness for the mechanisms: secret keys and a keyed counter-based RNG.
+
+Why not `keras.random`: Keras casts every seed to int32
+(`keras/src/backend/tensorflow/random.py::_cast_seed`), so a `SeedGenerator`
+carries at most ~31 bits of secret, and `SeedGenerator(None)` seeds itself
+from Python's global `random` (predictable after
+`keras.utils.set_random_seed`). ALGORITHMS.md section 0 asks for a secret of
+64 bits or more drawn from OS entropy, so the randomness here is keyed by a
+64-bit secret and generated with Philox-4x32-10 (Salmon et al. 2011, the
+counter-based generator TensorFlow itself uses):
+
+* `philox4x32` is a vectorized Philox in plain TensorFlow integer ops. It
+  works eagerly, in graphs, under XLA (`jit_compile=True`) and inside
+  `tf.data`. It serves to key noise by *example id* (same id, same noise, in
+  every epoch) and to derive per-call seeds. It is tested bit for bit against
+  TensorFlow's own Philox kernel.
+* `random_words` draws uint32 words for a whole tensor from TensorFlow's
+  stateless kernel with a 128-bit seed derived by Philox from the key and a
+  counter.
+
+All mechanisms consume uniform uint32 "noise words" and compare them with
+integer thresholds (`probability_threshold`), so probabilities are exact to
+2**-32 and no float rounding enters the privacy-critical comparisons.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = [
+    "draw_secret",
+    "philox4x32",
+    "probability_threshold",
+    "random_words",
+    "words_from_ids",
+    "seed_to_key_words",
+    "uniform_words",
+]
+
+_M0 = 0xD2511F53
+_M1 = 0xCD9E8D57
+_W0 = 0x9E3779B9
+_W1 = 0xBB67AE85
+_MASK32 = 0xFFFFFFFF
+
+
+def draw_secret():
+    """A fresh non-zero 64-bit secret from OS entropy (`secrets`)."""
+    while True:
+        value = secrets.randbits(64)
+        if value & _MASK32 and value >> 32:  # both key words non-zero
+            return value
+
+
+def seed_to_key_words(seed):
+    """Split a 64-bit integer into the two uint32 Philox key words (as int64)."""
+    seed = int(seed)
+    return np.array([seed & _MASK32, (seed >> 32) & _MASK32], dtype=np.int64)
+
+
+def _u32(x):
+    return tf.cast(x, tf.uint32)
+
+
+def _mulhilo(multiplier, x):
+    product = tf.constant(multiplier, tf.uint64) * tf.cast(x, tf.uint64)
+    hi = tf.cast(tf.bitwise.right_shift(product, tf.constant(32, tf.uint64)), tf.uint32)
+    lo = tf.cast(tf.bitwise.bitwise_and(product, tf.constant(_MASK32, tf.uint64)), tf.uint32)
+    return hi, lo
+
+
+def philox4x32(counter, key, rounds=10):
+    """Philox-4x32 on broadcastable uint32 tensors.
+
+    Args:
+        counter: sequence of four uint32 tensors (c0, c1, c2, c3), broadcastable.
+        key: sequence of two uint32 tensors (k0, k1).
+        rounds: number of rounds (10 is the standard, and what TF uses).
+
+    Returns:
+        A tuple of four uint32 tensors, the Philox output block.
+    """
+    c0, c1, c2, c3 = (_u32(c) for c in counter)
+    k0, k1 = (_u32(k) for k in key)
+    w0 = tf.constant(_W0, tf.uint32)
+    w1 = tf.constant(_W1, tf.uint32)
+    for _ in range(rounds):
+        hi0, lo0 = _mulhilo(_M0, c0)
+        hi1, lo1 = _mulhilo(_M1, c2)
+        c0, c1, c2, c3 = (
+            tf.bitwise.bitwise_xor(tf.bitwise.bitwise_xor(hi1, c1), k0),
+            lo1,
+            tf.bitwise.bitwise_xor(tf.bitwise.bitwise_xor(hi0, c3), k1),
+            lo0,
+        )
+        k0 = k0 + w0
+        k1 = k1 + w1
+    return c0, c1, c2, c3
+
+
+def _split64(x):
+    x = tf.cast(x, tf.int64)
+    lo = tf.bitwise.bitwise_and(x, tf.constant(_MASK32, tf.int64))
+    hi = tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, tf.constant(32, tf.int64)),
+                                tf.constant(_MASK32, tf.int64))
+    return _u32(lo), _u32(hi)
+
+
+def words_from_ids(key_words, ids, salt):
+    """Four uint32 noise words per example id, a pure function of (key, id, salt).
+
+    Args:
+        key_words: int64 tensor of shape (2,), the two Philox key words.
+        ids: integer tensor of example ids, any shape.
+        salt: Python int < 2**32 that separates independent streams (e.g. one
+            per mechanism) under the same key.
+
+    Returns:
+        Four uint32 tensors with the shape of ``ids``.
+    """
+    lo, hi = _split64(ids)
+    key_words = tf.cast(key_words, tf.int64)
+    zeros = tf.zeros_like(lo)
+    return philox4x32((lo, hi, zeros, zeros + _u32(salt)), (key_words[0], key_words[1]))
+
+
+def derive_seed(key_words, counter, replica_id, salt):
+    """A 128-bit stateless-RNG seed (int64 shape (2,)) from key and counters."""
+    lo, hi = _split64(counter)
+    key_words = tf.cast(key_words, tf.int64)
+    w = philox4x32((lo, hi, _u32(replica_id), _u32(salt)), (key_words[0], key_words[1]))
+    as64 = [tf.cast(v, tf.uint64) for v in w]
+    s0 = tf.bitwise.bitwise_or(as64[0], tf.bitwise.left_shift(as64[1], tf.constant(32, tf.uint64)))
+    s1 = tf.bitwise.bitwise_or(as64[2], tf.bitwise.left_shift(as64[3], tf.constant(32, tf.uint64)))
+    return tf.bitcast(tf.stack([s0, s1]), tf.int64)
+
+
+def random_words(shape, seed):
+    """Uniform uint32 words of ``shape`` from TF's stateless Philox kernel.
+
+    Args:
+        shape: output shape (list or 1-D int tensor).
+        seed: int64 tensor of shape (2,), e.g. from `derive_seed`.
+    """
+    return tf.random.stateless_uniform(shape, seed=seed, minval=None, maxval=None, dtype=tf.uint32)
+
+
+def uniform_words(shape, seed=None):
+    """Uniform uint32 noise words for one-off (eager) use of a mechanism.
+
+    Args:
+        shape: output shape.
+        seed: None for a fresh secret from OS entropy, or a non-negative int
+            for reproducible results.
+
+    Raises:
+        ValueError: if ``seed`` is None inside a traced function, where a
+            fresh secret would be frozen into the graph as a constant and
+            every call would repeat the same noise.
+    """
+    if seed is None:
+        if tf.inside_function():
+            raise ValueError(
+                "A mechanism called inside a traced function (tf.function, model.fit, "
+                "tf.data.Dataset.map) with seed=None would freeze one secret into the "
+                "graph and repeat the same noise on every call. Use the Keras layers "
+                "(LabelDPLayer, EmbeddingDPLayer), which keep their secret in state, "
+                "or pass `noise=` words drawn from your own keyed RNG."
+            )
+        seed = draw_secret()
+    key = seed_to_key_words(seed)
+    return random_words(shape, derive_seed(key, 0, 0, 0))
+
+
+def probability_threshold(p):
+    """Integer threshold T with P(word < T) = T / 2**32 ~= p for uniform uint32 words.
+
+    ``p`` must be in [0, 1). The error is below 2**-32.
+    """
+    p = float(p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"probability must be in [0, 1); got {p!r}")
+    return min(int(p * 2.0**32), _MASK32)
+
+
+def below(words, p):
+    """Boolean tensor: ``words < threshold(p)``, i.e. an event of probability p."""
+    return tf.less(tf.cast(words, tf.uint32), tf.constant(probability_threshold(p), tf.uint32))
+
+
+def uniform_index(words, n):
+    """Map uniform uint32 words to integers in [0, n) (bias below n / 2**32)."""
+    product = tf.cast(words, tf.uint64) * tf.cast(n, tf.uint64)
+    return tf.cast(tf.bitwise.right_shift(product, tf.constant(32, tf.uint64)), tf.int32)
