@@ -1,0 +1,119 @@
+"""EmbeddingDPLayer: one-bit quantization + randomized response (seed 001)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_fedpriv.layers.secret_rng import SecretRandomMixin
+from keras_fedpriv.mechanisms.quantize import quantize_rr, quantize_rr_dp_event
+from keras_fedpriv.mechanisms.validation import validate_eps
+
+STE_MODES = ("identity", "hardtanh")
+
+
+@keras.saving.register_keras_serializable(package="keras_fedpriv")
+class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
+    """Protect the embedding a follower sends: one-bit quantization + RR.
+
+    Forward: ``B = 1 if x > 0 else 0``; with ``eps`` set, each coordinate of
+    B is flipped with ``q = 1 / (e^(eps/2) + 1)`` (a 1 stays 1 with
+    ``p = e^(eps/2) / (e^(eps/2) + 1)``, a 0 turns into 1 with q). Each
+    coordinate is (eps/2)-DP; a d-dimensional embedding is (d * eps / 2)-DP
+    per release by basic composition (`dp_event()` lets dp_accounting compose
+    it exactly), and every call is a new release.
+
+    The output is exactly 0.0 or 1.0, bit for bit. The usual
+    ``x + stop_gradient(dp(x) - x)`` idiom is not: it carries the low bits of
+    x and leaks the very embedding it protects. Here the output is
+    ``dp(x) + (g(x) - stop_gradient(g(x)))``, whose second term is exactly 0
+    for finite x while its gradient is g'(x).
+
+    Backward (straight-through): ``ste="identity"`` passes the upstream
+    gradient unchanged (g(x) = x); ``ste="hardtanh"`` zeroes it where
+    ``|x| > 1`` (g(x) = clip(x, -1, 1)).
+
+    Args:
+        eps: None (quantize only, no DP) or a finite real >= 0.
+        seed: None (default): a 64-bit secret from OS entropy that is never
+            saved. An int makes the noise reproducible (and is saved).
+        at_inference: apply randomized response at inference too (default,
+            since in vertical FL the embedding is also sent at inference). If
+            False, inference only quantizes, which releases the sign pattern
+            without any DP guarantee.
+        ste: ``"identity"`` or ``"hardtanh"``.
+
+    Returns (call):
+        A tensor of the input's shape and dtype holding 0.0 and 1.0.
+
+    Example:
+        >>> bottom = keras.Sequential([keras.layers.Dense(16), EmbeddingDPLayer(eps=4.0)])
+        >>> z = bottom(np.random.randn(8, 5).astype("float32"), training=True)
+    """
+
+    _rng_salt = 0x454D4244  # "EMBD"
+
+    def __init__(self, eps=None, seed=None, at_inference=True, ste="identity", **kwargs):
+        super().__init__(**kwargs)
+        self.eps = validate_eps(eps, allow_none=True)
+        if not isinstance(at_inference, bool):
+            raise TypeError(f"`at_inference` must be a bool; got {at_inference!r}.")
+        if ste not in STE_MODES:
+            raise ValueError(f"`ste` must be one of {STE_MODES}; got {ste!r}.")
+        self.at_inference = at_inference
+        self.ste = ste
+        self._init_rng(seed)
+        self._num_coordinates = None
+
+    @property
+    def epsilon(self):
+        """The eps parameter; each coordinate is (eps/2)-DP. None: no DP."""
+        return self.eps
+
+    def build(self, input_shape):
+        dims = [d for d in tuple(input_shape)[1:]]
+        if dims and all(d is not None for d in dims):
+            self._num_coordinates = int(np.prod(dims))
+        self.built = True
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def call(self, inputs, training=None):
+        x = tf.convert_to_tensor(inputs)
+        if not x.dtype.is_floating:
+            raise TypeError(f"EmbeddingDPLayer: inputs must be a floating tensor; got dtype "
+                            f"{x.dtype.name}.")
+        if tf.executing_eagerly():
+            bad = ~np.isfinite(x.numpy())
+            if bad.any():
+                index = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise ValueError(f"EmbeddingDPLayer: the embedding has {int(bad.sum())} non-finite "
+                                 f"value(s) (NaN or inf), first at index {index}: "
+                                 f"{x.numpy()[index]!r}.")
+        else:
+            x = tf.debugging.assert_all_finite(
+                x, "EmbeddingDPLayer: the embedding has NaN or inf values")
+        randomize = self.eps is not None and (bool(training) or self.at_inference)
+        if randomize:
+            noisy = quantize_rr(x, self.eps, noise=self._next_words(tf.shape(x)))
+        else:
+            noisy = quantize_rr(x, None)
+        g = x if self.ste == "identity" else tf.clip_by_value(x, -1.0, 1.0)
+        # Exactly zero for finite x, gradient g'(x): the output stays 0.0 / 1.0.
+        return noisy + (g - tf.stop_gradient(g))
+
+    def dp_event(self, num_coordinates=None):
+        """dp_accounting event of one release of one example's embedding."""
+        d = num_coordinates if num_coordinates is not None else self._num_coordinates
+        if d is None:
+            raise ValueError("EmbeddingDPLayer.dp_event: the layer is not built yet; pass "
+                             "num_coordinates (the embedding size).")
+        return quantize_rr_dp_event(self.eps, d)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"eps": self.eps, "seed": self.seed, "at_inference": self.at_inference,
+                       "ste": self.ste})
+        return config

@@ -1,0 +1,169 @@
+"""LabelDPLayer: randomized response on the leader's labels (seed 000)."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from keras_fedpriv.layers import label_formats
+from keras_fedpriv.layers.secret_rng import SecretRandomMixin
+from keras_fedpriv.mechanisms.randomized_response import (
+    kary_randomized_response,
+    randomized_response_dp_event,
+    rr_with_prior,
+)
+from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
+
+import dp_accounting
+
+
+@keras.saving.register_keras_serializable(package="keras_fedpriv")
+class LabelDPLayer(SecretRandomMixin, keras.layers.Layer):
+    """Label differential privacy by randomized response, once per example.
+
+    Binary labels flip with ``p = 1 / (1 + e^eps)``; one-hot or sparse labels
+    over K classes keep their class with ``e^eps / (K - 1 + e^eps)`` and move
+    to each other class with ``1 / (K - 1 + e^eps)``. With a ``prior`` (per
+    example class probabilities that do not depend on that example's label),
+    RR-with-prior (Ghazi et al. 2021) is used: same eps, better accuracy.
+
+    **Once per example.** Label DP protects a label released once. If the
+    same label were re-randomized every epoch, an observer could average the
+    flips away and the guarantee would be ``epochs * eps``. So the layer
+    needs ``example_ids``: the noise is a pure function of (secret key,
+    example id), and an example gets the same noisy label in every epoch.
+    Easiest of all is to privatize the labels once before training with
+    `keras_fedpriv.privatize_labels` (arrays) or
+    `keras_fedpriv.privatize_dataset` (`tf.data`).
+
+    ``per_batch=True`` instead draws fresh noise at every call. That composes
+    over epochs: E epochs of per-batch re-randomization are ``E * eps``
+    (basic composition; `dp_event(num_epochs=E)` gives dp_accounting the
+    exact composition). Use it only when you account for that.
+
+    At ``training=False`` (inference, evaluation) labels pass unchanged.
+
+    Args:
+        eps: privacy parameter, a finite real >= 0 (0 = labels are pure noise).
+        mode: ``"auto"``, ``"binary"``, ``"onehot"`` or ``"sparse"`` (see
+            `keras_fedpriv.layers.label_formats`).
+        num_classes: number of classes; required for ``"sparse"``.
+        seed: None (default): a 64-bit secret from OS entropy that is never
+            saved. An int makes the noise reproducible and is saved in the
+            config, so treat it as a secret.
+        per_batch: re-randomize at every call (composes over epochs).
+
+    Call arguments:
+        labels: labels in the layer's format. Output has the same format,
+            shape and dtype.
+        example_ids: integer tensor (N,) of unique example ids (required
+            unless ``per_batch=True``).
+        prior: optional (N, K) class probabilities (binary: (N,) P(label=1)).
+        training: randomize only when True.
+
+    Returns:
+        The randomized labels (training) or ``labels`` unchanged.
+
+    Example:
+        >>> layer = LabelDPLayer(eps=1.0)
+        >>> y = np.array([0, 1, 1, 0], "float32")
+        >>> noisy = layer(y, example_ids=np.arange(4), training=True)
+    """
+
+    _rng_salt = 0x4C414245  # "LABE"
+
+    def __init__(self, eps, mode="auto", num_classes=None, seed=None, per_batch=False, **kwargs):
+        super().__init__(**kwargs)
+        self.eps = validate_eps(eps)
+        if mode not in label_formats.MODES:
+            raise ValueError(f"`mode` must be one of {label_formats.MODES}; got {mode!r}.")
+        self.mode = mode
+        self.num_classes = validate_positive_int(num_classes, "num_classes", minimum=2,
+                                                 allow_none=True)
+        if mode == "sparse" and self.num_classes is None:
+            raise ValueError("LabelDPLayer(mode='sparse') needs `num_classes` (an integer >= 2).")
+        if not isinstance(per_batch, bool):
+            raise TypeError(f"`per_batch` must be a bool; got {per_batch!r}.")
+        self.per_batch = per_batch
+        self._init_rng(seed)
+        self._convert_input_args = False  # keep the labels' own dtype
+        self._allow_non_tensor_positional_args = True
+        self._resolved = None
+        self._used_prior = False
+
+    @property
+    def epsilon(self):
+        """The eps of one release of one example's label."""
+        return self.eps
+
+    def build(self, input_shape=None):
+        if input_shape is not None:
+            self._resolved = label_formats.resolve_mode(self.mode, tuple(input_shape),
+                                                        self.num_classes)
+        self.built = True
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def call(self, labels, example_ids=None, prior=None, training=None):
+        if not training:
+            return labels
+        labels = tf.convert_to_tensor(labels)
+        mode, k = label_formats.resolve_mode(self.mode, tuple(labels.shape), self.num_classes)
+        self._resolved = (mode, k)
+        deps = []
+        if tf.executing_eagerly():
+            label_formats.validate_eager(labels, mode, k)
+        else:
+            deps.append(label_formats.graph_assert(labels, mode, k))
+        with tf.control_dependencies(deps):
+            class_ids = label_formats.to_class_ids(labels, mode)
+        n = tf.shape(class_ids)[0]
+        if example_ids is not None:
+            ids = tf.reshape(tf.convert_to_tensor(example_ids), [-1])
+            if not ids.dtype.is_integer:
+                raise TypeError(f"LabelDPLayer: `example_ids` must be integers; got dtype "
+                                f"{ids.dtype.name}.")
+            if ids.shape[0] is not None and class_ids.shape[0] is not None and \
+                    ids.shape[0] != class_ids.shape[0]:
+                raise ValueError(f"LabelDPLayer: `example_ids` has {ids.shape[0]} entries but "
+                                 f"there are {class_ids.shape[0]} labels.")
+            words = self._words_for_ids(ids)[:2]
+        elif self.per_batch:
+            both = self._next_words(tf.stack([2, n]))
+            words = (both[0], both[1])
+        else:
+            raise ValueError(
+                "LabelDPLayer randomizes each example once, so it needs `example_ids` (unique "
+                "integer ids, one per label). Alternatives: privatize the labels once before "
+                "training with keras_fedpriv.privatize_labels / privatize_dataset, or construct "
+                "the layer with per_batch=True (fresh noise at every call, which composes over "
+                "epochs: E epochs cost E * eps).")
+        if prior is not None:
+            self._used_prior = True
+            noisy = rr_with_prior(class_ids, label_formats.prior_matrix(prior, mode, k), self.eps,
+                                  noise=list(words))
+        else:
+            noisy = kary_randomized_response(class_ids, k, self.eps, noise=list(words))
+        return label_formats.from_class_ids(noisy, labels, mode, k)
+
+    def dp_event(self, num_epochs=1):
+        """The dp_accounting event of this layer's releases.
+
+        One release per example (``num_epochs`` is ignored) unless
+        ``per_batch=True``, where each epoch is another release. With a prior
+        the event is binary RR at eps, which dominates every eps-DP
+        mechanism; otherwise RR over the K classes (exact).
+        """
+        num_epochs = validate_positive_int(num_epochs, "num_epochs")
+        k = self._resolved[1] if self._resolved else (self.num_classes or 2)
+        event = randomized_response_dp_event(self.eps, 2 if self._used_prior else k)
+        if self.per_batch and num_epochs > 1:
+            return dp_accounting.SelfComposedDpEvent(event, num_epochs)
+        return event
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"eps": self.eps, "mode": self.mode, "num_classes": self.num_classes,
+                       "seed": self.seed, "per_batch": self.per_batch})
+        return config

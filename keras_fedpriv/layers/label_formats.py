@@ -1,0 +1,154 @@
+"""Label formats for LabelDPLayer: detection, row-by-row validation, conversion.
+
+Formats (ALGORITHMS.md section 1):
+
+* ``binary``: shape (N,) or (N, 1), every value exactly 0 or 1;
+* ``onehot``: shape (N, K), K >= 2, every row exactly one 1 and zeros elsewhere;
+* ``sparse``: shape (N,) or (N, 1), integer class ids in [0, num_classes).
+
+``auto`` picks ``onehot`` for (N, K) with K >= 2, ``sparse`` for (N,) /
+(N, 1) when ``num_classes > 2`` is given, else ``binary``. Every row is
+validated (unlike the reference, which only checks the total count of ones).
+Eager inputs get a ValueError naming the first bad row; in a traced graph the
+same check runs as a `tf.debugging.Assert` (raising InvalidArgumentError with
+the same message); under XLA (`jit_compile=True`) asserts are compiled away,
+so validate eagerly first (`privatize_labels` does).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+MODES = ("auto", "binary", "onehot", "sparse")
+
+
+def resolve_mode(mode, shape, num_classes):
+    """Return (mode, K) for labels of static ``shape``."""
+    rank = len(shape)
+    if rank not in (1, 2):
+        raise ValueError(
+            f"LabelDPLayer: labels must have shape (N,), (N, 1) or (N, K); got rank {rank} "
+            f"shape {tuple(shape)}.")
+    last = shape[-1] if rank == 2 else 1
+    column = rank == 1 or last == 1
+    if mode == "auto":
+        if not column:
+            mode = "onehot"
+        elif num_classes is not None and num_classes > 2:
+            mode = "sparse"
+        else:
+            mode = "binary"
+    if mode == "onehot":
+        if rank != 2 or last is None or last < 2:
+            raise ValueError(
+                f"LabelDPLayer(mode='onehot'): labels must have shape (N, K) with a static K >= 2; "
+                f"got shape {tuple(shape)}.")
+        if num_classes is not None and num_classes != last:
+            raise ValueError(f"LabelDPLayer: num_classes={num_classes} but one-hot labels have "
+                             f"{last} columns.")
+        return mode, int(last)
+    if not column:
+        raise ValueError(
+            f"LabelDPLayer(mode={mode!r}): labels must have shape (N,) or (N, 1); got shape "
+            f"{tuple(shape)}. Use mode='onehot' for (N, K) one-hot rows.")
+    if mode == "binary":
+        return mode, 2
+    if num_classes is None:
+        raise ValueError("LabelDPLayer(mode='sparse') needs num_classes (an integer >= 2).")
+    return mode, int(num_classes)
+
+
+def _describe_row(values, row):
+    return np.array2string(np.asarray(values)[row], separator=", ", threshold=12)
+
+
+def validate_eager(labels, mode, num_classes):
+    """Raise ValueError naming the first invalid row of eager ``labels``."""
+    v = np.asarray(labels)
+    if mode == "onehot":
+        bad_value = ~((v == 0) | (v == 1))
+        ones = np.sum(v == 1, axis=-1)
+        bad_rows = np.flatnonzero(bad_value.any(axis=-1) | (ones != 1))
+        if bad_rows.size:
+            row = int(bad_rows[0])
+            if bad_value[row].any():
+                what = "values other than 0 and 1"
+            elif ones[row] == 0:
+                what = "no 1 (a row of zeros)"
+            else:
+                what = f"{int(ones[row])} ones"
+            raise ValueError(
+                f"LabelDPLayer(mode='onehot'): every row must hold exactly one 1 and zeros "
+                f"elsewhere; row {row} has {what}: {_describe_row(v, row)} "
+                f"({bad_rows.size} invalid row(s) in total).")
+        return
+    flat = v.reshape(-1)
+    if mode == "binary":
+        bad = np.flatnonzero(~((flat == 0) | (flat == 1)))
+        if bad.size:
+            raise ValueError(
+                f"LabelDPLayer(mode='binary'): labels must be exactly 0 or 1; row {int(bad[0])} "
+                f"has value {flat[bad[0]].item()!r} ({bad.size} invalid value(s) in total). For integer "
+                f"class ids use mode='sparse' with num_classes.")
+        return
+    with np.errstate(invalid="ignore"):
+        ok = (flat == np.round(flat)) & (flat >= 0) & (flat < num_classes)
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        raise ValueError(
+            f"LabelDPLayer(mode='sparse'): labels must be integer class ids in [0, {num_classes}); "
+            f"row {int(bad[0])} has value {flat[bad[0]].item()!r} ({bad.size} invalid value(s) in total).")
+
+
+def graph_assert(labels, mode, num_classes):
+    """A tf.debugging.Assert op with the same rule (for traced graphs)."""
+    v = tf.convert_to_tensor(labels)
+    if mode == "onehot":
+        valid_values = tf.reduce_all(tf.logical_or(tf.equal(v, 0), tf.equal(v, 1)), axis=-1)
+        one = tf.equal(tf.reduce_sum(tf.cast(tf.equal(v, 1), tf.int32), axis=-1), 1)
+        row_ok = tf.logical_and(valid_values, one)
+        rule = "LabelDPLayer(mode='onehot'): every row must hold exactly one 1; first bad row:"
+    else:
+        flat = tf.reshape(v, [-1])
+        if mode == "binary":
+            row_ok = tf.logical_or(tf.equal(flat, 0), tf.equal(flat, 1))
+            rule = "LabelDPLayer(mode='binary'): labels must be exactly 0 or 1; first bad row:"
+        else:
+            f = tf.cast(flat, tf.float64)
+            row_ok = tf.logical_and(tf.equal(f, tf.round(f)),
+                                    tf.logical_and(f >= 0, f < num_classes))
+            rule = (f"LabelDPLayer(mode='sparse'): labels must be integer class ids in "
+                    f"[0, {num_classes}); first bad row:")
+    first_bad = tf.argmin(tf.cast(row_ok, tf.int32))
+    return tf.debugging.Assert(tf.reduce_all(row_ok), [rule, first_bad], summarize=8)
+
+
+def to_class_ids(labels, mode):
+    """int32 class ids of shape (N,)."""
+    v = tf.convert_to_tensor(labels)
+    if mode == "onehot":
+        return tf.cast(tf.argmax(v, axis=-1), tf.int32)
+    return tf.cast(tf.reshape(v, [-1]), tf.int32)
+
+
+def from_class_ids(ids, like, mode, num_classes):
+    """Class ids back to the format, shape and dtype of ``like``."""
+    like = tf.convert_to_tensor(like)
+    if mode == "onehot":
+        return tf.one_hot(ids, num_classes, dtype=like.dtype)
+    return tf.reshape(tf.cast(ids, like.dtype), tf.shape(like))
+
+
+def prior_matrix(prior, mode, num_classes):
+    """The prior as float32 (N, K); binary priors may be P(label = 1) of shape (N,) / (N, 1)."""
+    p = tf.cast(tf.convert_to_tensor(prior), tf.float32)
+    if mode == "binary" and (p.shape.rank == 1 or p.shape[-1] == 1):
+        p1 = tf.reshape(p, [-1])
+        p = tf.stack([1.0 - p1, p1], axis=-1)
+    if p.shape.rank != 2 or p.shape[-1] != num_classes:
+        raise ValueError(
+            f"LabelDPLayer: `prior` must have shape (N, {num_classes}) (one probability per "
+            f"class{', or (N,) with P(label=1) for binary labels' if mode == 'binary' else ''}); "
+            f"got shape {tuple(p.shape)}.")
+    return p
