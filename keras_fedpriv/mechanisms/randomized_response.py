@@ -133,7 +133,9 @@ def _rr_on_ranks(rank_y, k, max_k, keep_words, other_words, eps):
     k = ops.cast(k, "int32")
     rank_y = ops.cast(rank_y, "int32")
     threshold = ops.take(_keep_thresholds(max_k, eps), k - 1)
-    keep = ops.less(ops.cast(keep_words, "uint64"), threshold)
+    # tf.less, not ops.less: Keras' dtype promotion turns uint64 into uint32
+    # and wraps a threshold of 2**32 to 0 (found by the eps=40 frequency test).
+    keep = tf.less(tf.cast(keep_words, tf.uint64), threshold)
     inside = ops.greater_equal(rank_y, 0)
     # Inside and not kept: uniform over the k - 1 other ranks. Outside the
     # set: uniform over all k ranks.

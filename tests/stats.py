@@ -1,0 +1,42 @@
+"""Statistical checks shared by the mechanism tests.
+
+Every check compares an empirical count with a formula within ``SIGMAS``
+standard deviations, and `assert_rejects` proves the same check has the power
+to catch a wrong formula (so a test built on it fails if the formula changes).
+"""
+
+import math
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+SIGMAS = 5.0
+
+
+def within(count, n, p, sigmas=SIGMAS):
+    """True if ``count`` successes out of ``n`` is consistent with probability ``p``."""
+    sd = math.sqrt(max(n * p * (1.0 - p), 0.0))
+    # A small absolute slack covers p ~ 0 or 1, where sd ~ 0 (the threshold
+    # arithmetic is exact to 2**-32 per draw).
+    return abs(count - n * p) <= sigmas * sd + 1e-6 * n + 1.0
+
+
+def assert_rate(count, n, p, what=""):
+    sd = math.sqrt(max(n * p * (1.0 - p), 0.0))
+    assert within(count, n, p), (
+        f"{what}: observed {count}/{n} = {count / n:.6f}, formula p = {p:.6f} "
+        f"(expected {n * p:.1f} +- {SIGMAS} * {sd:.1f})")
+
+
+def assert_rejects(count, n, wrong_p, what=""):
+    """The check must reject a wrong formula, or it could not catch a change."""
+    assert not within(count, n, wrong_p), (
+        f"{what}: the check cannot tell the formula from the wrong value {wrong_p:.6f}")
+
+
+def assert_uniform(counts, what="", min_pvalue=1e-4):
+    """Chi-square goodness of fit to the uniform distribution."""
+    counts = np.asarray(counts, dtype=float)
+    pvalue = scipy_stats.chisquare(counts).pvalue
+    assert pvalue > min_pvalue, f"{what}: not uniform (chi-square p = {pvalue:.2e}): {counts}"
+    return pvalue
