@@ -64,6 +64,8 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
         self.at_inference = at_inference
         self.ste = ste
         self._init_rng(seed)
+        self._convert_input_args = False  # keep the input's dtype (no autocast)
+        self._allow_non_tensor_positional_args = True
         self._num_coordinates = None
 
     @property
@@ -71,17 +73,21 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
         """The eps parameter; each coordinate is (eps/2)-DP. None: no DP."""
         return self.eps
 
-    def build(self, input_shape):
-        dims = [d for d in tuple(input_shape)[1:]]
+    def build(self, input_shape=None):
+        self._record_shape(input_shape)
+        self.built = True
+
+    def _record_shape(self, shape):
+        dims = list(shape)[1:] if shape is not None else []
         if dims and all(d is not None for d in dims):
             self._num_coordinates = int(np.prod(dims))
-        self.built = True
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def call(self, inputs, training=None):
         x = tf.convert_to_tensor(inputs)
+        self._record_shape(x.shape)
         if not x.dtype.is_floating:
             raise TypeError(f"EmbeddingDPLayer: inputs must be a floating tensor; got dtype "
                             f"{x.dtype.name}.")

@@ -7,14 +7,13 @@ import tensorflow as tf
 
 from keras_fedpriv.layers import label_formats
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
+from keras_fedpriv.mechanisms.events import repeat_event
 from keras_fedpriv.mechanisms.randomized_response import (
     kary_randomized_response,
     randomized_response_dp_event,
     rr_with_prior,
 )
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
-
-import dp_accounting
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
@@ -158,9 +157,7 @@ class LabelDPLayer(SecretRandomMixin, keras.layers.Layer):
         num_epochs = validate_positive_int(num_epochs, "num_epochs")
         k = self._resolved[1] if self._resolved else (self.num_classes or 2)
         event = randomized_response_dp_event(self.eps, 2 if self._used_prior else k)
-        if self.per_batch and num_epochs > 1:
-            return dp_accounting.SelfComposedDpEvent(event, num_epochs)
-        return event
+        return repeat_event(event, num_epochs) if self.per_batch else event
 
     def get_config(self):
         config = super().get_config()

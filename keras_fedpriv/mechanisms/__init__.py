@@ -6,6 +6,7 @@ from keras_fedpriv.mechanisms.quantize import (
     quantize_rr_dp_event,
     quantize_turn_on_probability,
 )
+from keras_fedpriv.mechanisms.events import repeat_event
 from keras_fedpriv.mechanisms.random import draw_secret
 from keras_fedpriv.mechanisms.randomized_response import (
     binary_randomized_response,
@@ -31,6 +32,7 @@ __all__ = [
     "quantize_rr_dp_event",
     "quantize_turn_on_probability",
     "randomized_response_dp_event",
+    "repeat_event",
     "rr_with_prior",
     "rr_with_prior_k",
     "validate_eps",

@@ -14,6 +14,7 @@ import math
 import dp_accounting
 from keras import ops
 
+from keras_fedpriv.mechanisms.events import repeat_event
 from keras_fedpriv.mechanisms.random import below
 from keras_fedpriv.mechanisms.randomized_response import _noise, randomized_response_dp_event
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
@@ -74,4 +75,4 @@ def quantize_rr_dp_event(eps, num_coordinates):
     d = validate_positive_int(num_coordinates, "num_coordinates")
     if eps is None:
         return dp_accounting.NonPrivateDpEvent()
-    return dp_accounting.SelfComposedDpEvent(randomized_response_dp_event(eps / 2.0, 2), d)
+    return repeat_event(randomized_response_dp_event(eps / 2.0, 2), d)
