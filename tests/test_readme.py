@@ -1,0 +1,39 @@
+"""The README's quick starts run as written and do what they say."""
+
+import pathlib
+import re
+
+import numpy as np
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _python_blocks():
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_has_the_two_commands():
+    text = README.read_text()
+    assert "make demo" in text and "make test" in text
+
+
+def test_label_quick_start():
+    namespace = {}
+    exec(_python_blocks()[0], namespace)  # noqa: S102 - our own README
+    y, y_private = namespace["y"], namespace["y_private"]
+    assert y_private.shape == y.shape and y_private.dtype == y.dtype
+    flipped = np.mean(y_private != y)  # eps=2: 1/(1+e^2) = 0.119
+    assert 0.07 < flipped < 0.17
+    assert namespace["model"].evaluate(namespace["x"], y, verbose=0)[1] > 0.75
+
+
+def test_embedding_quick_start():
+    namespace = {}
+    exec(_python_blocks()[1], namespace)  # noqa: S102
+    model = namespace["model"]
+    x_a = np.random.randn(32, 15).astype("float32")
+    x_b = np.random.randn(32, 15).astype("float32")
+    probs = model.predict([x_a, x_b], verbose=0)
+    assert probs.shape == (32, 1) and np.all((probs >= 0) & (probs <= 1))
+    protected = namespace["protected"]
+    assert tuple(protected.shape) == (None, 16)
