@@ -1,0 +1,339 @@
+"""The layers' secret keys: drawn from OS entropy, never replayable, never saved.
+
+Without ``seed=`` a layer's 64-bit key comes from `secrets`, is not affected
+by `keras.utils.set_random_seed`, and is left out of every checkpoint format
+(`.keras`, `.weights.h5`, `tf.train.Checkpoint`, `model.export()`), so a
+reloaded model draws fresh noise. With ``seed=`` the key is reproducible and
+saved, and a reloaded model replays the original noise exactly.
+"""
+
+import io
+import json
+import os
+import zipfile
+
+import h5py
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_fedpriv as kf
+from keras_fedpriv.layers.secret_rng import SecretKeyVariable
+from keras_fedpriv.mechanisms import random as R
+
+N = 256
+X = np.random.default_rng(7).normal(size=(8, 6)).astype("float32")
+Y = np.zeros((N, 1), "float32")
+IDS = np.arange(N, dtype="int64")
+SEEDED = 0xDEADBEEF12345  # an explicit seed whose key has two non-zero words
+
+
+def _model(seed=None):
+    """x -> Dense -> EmbeddingDPLayer, and (labels, ids) -> LabelDPLayer; eps=0: fair coins."""
+    x = keras.Input((6,), name="x")
+    y = keras.Input((1,), name="y")
+    ids = keras.Input((), dtype="int64", name="ids")
+    emb = kf.EmbeddingDPLayer(0.0, seed=seed, name="edp")(keras.layers.Dense(64, name="bottom")(x))
+    lab = kf.LabelDPLayer(0.0, seed=seed, name="ldp")(y, example_ids=ids)
+    return keras.Model([x, y, ids], [emb, lab])
+
+
+def _noise(model):
+    """One training-mode release of both layers (advances the embedding counter by one)."""
+    emb, lab = model([X, Y, IDS], training=True)
+    return emb.numpy(), lab.numpy()
+
+
+def _dp_layers(model):
+    return [model.get_layer("edp"), model.get_layer("ldp")]
+
+
+def _emb_noise(layer):
+    return layer(np.ones((4, 64), "float32"), training=True).numpy()
+
+
+def _label_noise(layer):
+    return layer(Y, example_ids=IDS, training=True).numpy()
+
+
+def _key_patterns(keys):
+    """Byte patterns a stored key would show up as (little-endian int64 words and pairs)."""
+    patterns = []
+    for key in keys:
+        key = np.asarray(key, "<i8")
+        patterns.append(key.tobytes())
+        patterns.extend(np.asarray([w], "<i8").tobytes() for w in key)
+    return patterns
+
+
+def _assert_no_key_bytes(blobs, keys):
+    for name, blob in blobs.items():
+        for pattern in _key_patterns(keys):
+            assert pattern not in blob, f"secret key bytes found in {name}"
+
+
+def _files_under(path):
+    out = {}
+    for root, _, files in os.walk(path):
+        for f in files:
+            with open(os.path.join(root, f), "rb") as fh:
+                out[os.path.join(root, f)] = fh.read()
+    return out
+
+
+def _h5_datasets(source):
+    found = {}
+    with h5py.File(source, "r") as f:
+        f.visititems(lambda name, obj: found.__setitem__(name, obj[()])
+                     if isinstance(obj, h5py.Dataset) else None)
+    return found
+
+
+def _differ(a, b):
+    return np.mean(np.asarray(a) != np.asarray(b))
+
+
+# --- Entropy and keras.utils.set_random_seed -----------------------------------------
+
+def test_set_random_seed_does_not_fix_the_secret():
+    keras.utils.set_random_seed(123)
+    e1, e2 = kf.EmbeddingDPLayer(0.0), kf.EmbeddingDPLayer(0.0)
+    l1, l2 = kf.LabelDPLayer(0.0), kf.LabelDPLayer(0.0)
+    assert _differ(_emb_noise(e1), _emb_noise(e2)) > 0.3
+    assert _differ(_label_noise(l1), _label_noise(l2)) > 0.3
+
+    keras.utils.set_random_seed(123)
+    first_emb, first_lab = _emb_noise(kf.EmbeddingDPLayer(0.0)), _label_noise(kf.LabelDPLayer(0.0))
+    first_keras = keras.random.uniform((64,), seed=keras.random.SeedGenerator()).numpy()
+    keras.utils.set_random_seed(123)  # "replay" everything
+    again_emb, again_lab = _emb_noise(kf.EmbeddingDPLayer(0.0)), _label_noise(kf.LabelDPLayer(0.0))
+    again_keras = keras.random.uniform((64,), seed=keras.random.SeedGenerator()).numpy()
+    # Control: ordinary Keras randomness IS replayed by set_random_seed ...
+    np.testing.assert_array_equal(first_keras, again_keras)
+    # ... the layers' noise is not.
+    assert _differ(first_emb, again_emb) > 0.3
+    assert _differ(first_lab, again_lab) > 0.3
+
+
+def test_rng_key_holds_64_bits_of_os_entropy():
+    layers = [kf.EmbeddingDPLayer(1.0) for _ in range(10)] + [kf.LabelDPLayer(1.0) for _ in range(10)]
+    keys = []
+    for layer in layers:
+        assert isinstance(layer.rng_key, SecretKeyVariable)
+        assert layer.rng_key.keep_when_saved is False
+        assert not layer.rng_key.trainable
+        key = layer.rng_key.numpy()
+        assert key.shape == (2,) and key.dtype == np.int64
+        assert np.all((key > 0) & (key < 2**32))  # both 32-bit words non-zero
+        keys.append(key)
+    words = np.concatenate(keys)
+    assert len({tuple(k) for k in keys}) == len(layers)
+    assert len(set(words.tolist())) == words.size  # every word fresh
+    # All 32 bits of the words are used (a 31-bit, int32-cast seed would never reach 2**31);
+    # failing by chance has probability 2**-40.
+    assert np.any(words >= 2**31)
+
+
+def test_key_comes_from_the_secrets_module(monkeypatch):
+    monkeypatch.setattr(R.secrets, "randbits", lambda bits: 0x0123456789ABCDEF)
+    layer = kf.EmbeddingDPLayer(1.0)
+    np.testing.assert_array_equal(layer.rng_key.numpy(), [0x89ABCDEF, 0x01234567])
+
+
+def test_explicit_seed_is_kept_when_saved():
+    for layer in (kf.EmbeddingDPLayer(1.0, seed=SEEDED), kf.LabelDPLayer(1.0, seed=SEEDED)):
+        assert layer.rng_key.keep_when_saved is True
+        np.testing.assert_array_equal(layer.rng_key.numpy(), R.seed_to_key_words(SEEDED))
+
+
+# --- Explicit seeds ---------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [
+    1,
+    SEEDED,
+    2**64 - 1,
+    pytest.param(0, marks=pytest.mark.xfail(strict=True, reason=(
+        "BUG: seed=0 gives key words [0, 0], the 'key not set' sentinel of "
+        "SecretRandomMixin._key_words (secret_rng.py), so every call draws a fresh "
+        "nondeterministic key: seed=0 neither reproduces nor keeps per-id noise fixed"))),
+])
+def test_same_explicit_seed_gives_identical_noise(seed):
+    e1, e2 = kf.EmbeddingDPLayer(0.0, seed=seed), kf.EmbeddingDPLayer(0.0, seed=seed)
+    for _ in range(2):  # and the same sequence over consecutive calls
+        np.testing.assert_array_equal(_emb_noise(e1), _emb_noise(e2))
+    l1, l2 = kf.LabelDPLayer(0.0, seed=seed), kf.LabelDPLayer(0.0, seed=seed)
+    np.testing.assert_array_equal(_label_noise(l1), _label_noise(l2))
+    np.testing.assert_array_equal(_label_noise(l1), _label_noise(l1))  # per id, every epoch
+    np.testing.assert_array_equal(kf.privatize_labels(Y, 0.0, seed=seed),
+                                  kf.privatize_labels(Y, 0.0, seed=seed))
+
+
+@pytest.mark.parametrize("a, b", [(1, 2), (1, 2**32 + 1), (1, 2**32), (SEEDED, SEEDED ^ 2**63)])
+def test_different_seeds_give_different_noise(a, b):
+    # (1, 2**32 + 1) and (SEEDED, SEEDED ^ 2**63) differ only in the high key word.
+    assert _differ(_emb_noise(kf.EmbeddingDPLayer(0.0, seed=a)),
+                   _emb_noise(kf.EmbeddingDPLayer(0.0, seed=b))) > 0.3
+    assert _differ(_label_noise(kf.LabelDPLayer(0.0, seed=a)),
+                   _label_noise(kf.LabelDPLayer(0.0, seed=b))) > 0.3
+
+
+def test_embedding_and_label_streams_are_separate_under_one_seed():
+    e = _emb_noise(kf.EmbeddingDPLayer(0.0, seed=5)).ravel()[:N]
+    lab = _label_noise(kf.LabelDPLayer(0.0, seed=5)).ravel()
+    assert 0.3 < _differ(e, lab) < 0.7
+
+
+# --- Checkpoint formats --------------------------------------------------------------
+
+def _scramble(model):
+    """Give a restore target a wrong key and counter, so a restore must overwrite them."""
+    for layer in _dp_layers(model):
+        layer.rng_key.assign(np.array([3, 4], np.int64))
+        layer.rng_counter.assign(0)
+
+
+def _save_and_reload(model, fmt, tmp_path, seed):
+    if fmt == "keras":
+        path = os.path.join(tmp_path, "model.keras")
+        model.save(path)
+        with zipfile.ZipFile(path) as zf:
+            blobs = {name: zf.read(name) for name in zf.namelist()}
+        datasets = _h5_datasets(io.BytesIO(blobs["model.weights.h5"]))
+        config = json.loads(blobs["config.json"])
+        seeds = [layer["config"]["seed"] for layer in config["config"]["layers"]
+                 if layer["class_name"] in ("EmbeddingDPLayer", "LabelDPLayer")]
+        assert seeds == [seed, seed]
+        return keras.models.load_model(path), blobs, datasets
+    fresh = _model(seed)
+    if seed is not None:
+        _scramble(fresh)
+    if fmt == "weights_h5":
+        path = os.path.join(tmp_path, "model.weights.h5")
+        model.save_weights(path)
+        fresh.load_weights(path)
+        return fresh, _files_under(tmp_path), _h5_datasets(path)
+    assert fmt == "tf_checkpoint"
+    prefix = tf.train.Checkpoint(model=model).write(os.path.join(tmp_path, "ckpt"))
+    datasets = {name: tf.train.load_variable(prefix, name)
+                for name, _ in tf.train.list_variables(prefix) if "rng_" in name}
+    tf.train.Checkpoint(model=fresh).read(prefix).assert_existing_objects_matched()
+    return fresh, _files_under(tmp_path), datasets
+
+
+@pytest.mark.parametrize("fmt", ["keras", "weights_h5", "tf_checkpoint"])
+@pytest.mark.parametrize("seed", [None, SEEDED], ids=["secret", "seeded"])
+def test_checkpoint_round_trip(fmt, seed, tmp_path):
+    model = _model(seed)
+    _noise(model)  # one release: counter 0 -> 1
+    keys = [layer.rng_key.numpy().copy() for layer in _dp_layers(model)]
+    reloaded, blobs, stored = _save_and_reload(model, fmt, tmp_path, seed)
+    original_emb, original_lab = _noise(model)  # the original's release at counter 1
+
+    # The counter is saved and restored (the label layer keyed by ids never advances it).
+    assert [int(layer.rng_counter.numpy()) for layer in _dp_layers(reloaded)] == [1, 0]
+    assert [int(layer.rng_counter.numpy()) for layer in _dp_layers(model)] == [2, 0]
+    key_entries = {name: value for name, value in stored.items() if "rng_key" in name}
+    counter_entries = [value for name, value in stored.items() if "rng_counter" in name]
+    assert sorted(np.asarray(c).item() for c in counter_entries) == [0, 1]
+    reloaded_emb, reloaded_lab = _noise(reloaded)  # the reloaded model's release at counter 1
+
+    if seed is None:
+        if fmt == "tf_checkpoint":  # written, as zeros
+            assert len(key_entries) == 2
+            for value in key_entries.values():
+                np.testing.assert_array_equal(value, [0, 0])
+        else:  # not written at all
+            assert key_entries == {}
+        _assert_no_key_bytes(blobs, keys)
+        for old, new in zip(_dp_layers(model), _dp_layers(reloaded)):
+            assert not np.array_equal(old.rng_key.numpy(), new.rng_key.numpy())
+            assert np.all(new.rng_key.numpy() != 0)
+        assert _differ(reloaded_emb, original_emb) > 0.3
+        assert _differ(reloaded_lab, original_lab) > 0.3
+    else:
+        assert len(key_entries) == 2
+        for value in key_entries.values():
+            np.testing.assert_array_equal(value, R.seed_to_key_words(seed))
+        for layer in _dp_layers(reloaded):
+            np.testing.assert_array_equal(layer.rng_key.numpy(), R.seed_to_key_words(seed))
+        np.testing.assert_array_equal(reloaded_emb, original_emb)
+        np.testing.assert_array_equal(reloaded_lab, original_lab)
+
+
+@pytest.mark.parametrize("seed", [None, SEEDED], ids=["secret", "seeded"])
+def test_exported_saved_model(seed, tmp_path):
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(64, name="bottom"),
+                              kf.EmbeddingDPLayer(0.0, seed=seed, name="edp")])
+    layer = model.get_layer("edp")
+    model(X)  # one inference release (randomized at inference): counter 0 -> 1
+    key = layer.rng_key.numpy().copy()
+    path = os.path.join(tmp_path, "sm")
+    model.export(path, verbose=False)
+    assert int(layer.rng_counter.numpy()) == 1  # exporting draws nothing
+    original = model(X).numpy()  # the original's release at counter 1
+
+    loaded = tf.saved_model.load(path)
+    key_vars = [v for v in loaded.variables if "rng_key" in v.name]
+    counter_vars = [v for v in loaded.variables if "rng_counter" in v.name]
+    assert len(key_vars) == 1 and len(counter_vars) == 1
+    counter = counter_vars[0]
+    assert int(counter.numpy()) == 1
+    first = loaded.serve(X).numpy()
+    assert first.shape == (8, 64) and np.all((first == 0) | (first == 1))
+    counter.assign(1)  # replay the same counter state
+    replay = loaded.serve(X).numpy()
+
+    if seed is None:
+        np.testing.assert_array_equal(key_vars[0].numpy(), [0, 0])
+        assert not np.array_equal(key, [0, 0])
+        assert _differ(first, original) > 0.3
+        # Key zeros: a fresh key from TF's nondeterministic seeding at every call, so even
+        # the same counter state gives new noise ...
+        assert _differ(replay, first) > 0.3
+        # ... and set_random_seed does not make a fresh load replay it.
+        keras.utils.set_random_seed(123)
+        again = tf.saved_model.load(path)
+        out_a = again.serve(X).numpy()
+        keras.utils.set_random_seed(123)
+        again_b = tf.saved_model.load(path)
+        out_b = again_b.serve(X).numpy()
+        assert _differ(out_a, out_b) > 0.3
+    else:
+        np.testing.assert_array_equal(key_vars[0].numpy(), R.seed_to_key_words(seed))
+        np.testing.assert_array_equal(first, original)
+        np.testing.assert_array_equal(replay, first)
+        assert _differ(loaded.serve(X).numpy(), first) > 0.3  # counter advanced: fresh noise
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: model.export() writes the secret key in clear. Keras' ExportArchive "
+    "(_filter_and_track_resources) also tracks the raw tf.Variables captured by the "
+    "endpoint as `_all_variables`; SecretKeyVariable only overrides serialization on the "
+    "Keras wrapper, so the backing tf.Variable of rng_key is saved with its real value "
+    "(visible as tf.saved_model.load(path)._all_variables)"))
+def test_exported_saved_model_files_do_not_contain_the_key(tmp_path):
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(64, name="bottom"),
+                              kf.EmbeddingDPLayer(0.0, name="edp")])
+    key = model.get_layer("edp").rng_key.numpy().copy()
+    path = os.path.join(tmp_path, "sm")
+    model.export(path, verbose=False)
+    prefix = os.path.join(path, "variables", "variables")
+    for name, shape in tf.train.list_variables(prefix):
+        if shape == [2]:
+            assert not np.array_equal(tf.train.load_variable(prefix, name), key), name
+    _assert_no_key_bytes(_files_under(path), [key])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FINDING: the secret key is an ordinary member of layer.weights, so "
+    "model.get_weights() hands it out in clear and model.set_weights() copies one "
+    "model's key into another (e.g. a server broadcasting weights to clients)"))
+def test_weight_exchange_does_not_carry_the_secret():
+    a, b = _model(), _model()
+    a_keys = [layer.rng_key.numpy().copy() for layer in _dp_layers(a)]
+    weights = a.get_weights()
+    assert not any(np.shape(w) == (2,) and np.array_equal(w, k) for w in weights for k in a_keys)
+    b.set_weights(weights)
+    for old, new in zip(_dp_layers(a), _dp_layers(b)):
+        assert not np.array_equal(old.rng_key.numpy(), new.rng_key.numpy())
