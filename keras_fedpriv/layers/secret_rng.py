@@ -1,27 +1,33 @@
 """Secret-keyed randomness for the layers (ALGORITHMS.md section 0).
 
-Every randomized layer owns two variables:
+Every randomized layer owns two variables. Neither is a Keras weight, so
+``model.get_weights()`` / ``set_weights()`` (the usual way FL code exchanges
+weights) never carry them, and both are single variables shared by all
+replicas (created directly, not through `tf.distribute`'s variable creator):
 
-* ``rng_key``: two uint32 Philox key words (64 bits) from OS entropy, or from
-  the user's explicit ``seed=``. Without ``seed=`` the key is **never
-  saved**: `.keras` files, `.weights.h5`, `tf.train.Checkpoint` and
-  `model.export()` SavedModels hold zeros in its place, and a reloaded layer
-  draws a fresh key (a Keras layer on the host from `secrets`; a bare
-  SavedModel, where no Python runs, from TensorFlow's nondeterministic kernel
-  seeding at each call). So neither `keras.utils.set_random_seed` nor a
-  checkpoint lets anyone replay the noise.
-* ``rng_counter``: how many noise draws the layer has made; it makes
-  consecutive calls independent and is harmless without the key.
+* ``rng_key`` (`SecretKeyVariable`): ``[k0, k1, 1]``, two uint32 Philox key
+  words (64 bits) from OS entropy or from the user's explicit ``seed=``, and
+  a "set" flag. Without ``seed=`` the key is **never saved**: `.keras`
+  files and `.weights.h5` omit it, and TensorFlow checkpoints
+  (`tf.train.Checkpoint`, `model.export()` SavedModels) store zeros because
+  the variable itself overrides its serialization, which every saving path
+  goes through. A reloaded Keras layer draws a fresh key; a bare SavedModel
+  (`tf.saved_model.load`, no Python) sees the flag 0 and draws a fresh key
+  at each call from TensorFlow's nondeterministic kernel seeding. So neither
+  `keras.utils.set_random_seed` nor a checkpoint replays the noise.
+* ``rng_counter``: a Philox state advanced atomically by `RngReadAndSkip`
+  at every draw, so concurrent calls (a parallel `tf.data` map, replicas)
+  never get the same counter, hence never the same noise.
 
 Noise is either keyed by example id (same id -> same noise in every epoch) or
-by (counter, replica id), so replicas under `tf.distribute` never share noise.
+by (counter, replica id, salt).
 """
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
 from keras_fedpriv.mechanisms.random import (
     derive_seed,
@@ -32,16 +38,26 @@ from keras_fedpriv.mechanisms.random import (
 )
 from keras_fedpriv.mechanisms.validation import validate_seed
 
-_KEY = "rng_key"
 _COUNTER = "rng_counter"
+_SKIP = 256  # RngReadAndSkip(delta=1) advances a Philox state by 256 (tests pin this)
 
 
-class SecretKeyVariable(keras.Variable):
-    """A `keras.Variable` whose value is left out of every checkpoint.
+def _key_value(seed):
+    """``[k0, k1, 1]`` for ``seed`` (None: a fresh OS-entropy secret)."""
+    words = seed_to_key_words(draw_secret() if seed is None else seed)
+    return np.array([words[0], words[1], 1], dtype=np.int64)
 
-    When ``keep_when_saved`` is False, TensorFlow checkpoints (used by
-    `tf.train.Checkpoint` and by SavedModel export) store zeros instead of
-    the value, and restoring draws a fresh secret instead of reading it.
+
+class _LocalVariable(resource_variable_ops.ResourceVariable):
+    """A variable built directly, bypassing `tf.distribute`'s creator: one copy
+    shared by all replicas, and (not being a `keras.Variable`) no Keras weight."""
+
+
+class SecretKeyVariable(_LocalVariable):
+    """Key variable whose value is left out of every TensorFlow checkpoint.
+
+    Unless ``keep_when_saved`` (the key came from an explicit seed), it
+    serializes as zeros (flag 0 = "no key") and restoring draws a fresh key.
     """
 
     keep_when_saved = False
@@ -49,19 +65,19 @@ class SecretKeyVariable(keras.Variable):
     def _serialize_to_tensors(self):
         if self.keep_when_saved:
             return super()._serialize_to_tensors()
-        return {"VARIABLE_VALUE": tf.zeros_like(self.value)}
+        return {"VARIABLE_VALUE": tf.zeros(self.shape, self.dtype)}
 
     def _restore_from_tensors(self, restored_tensors):
         if self.keep_when_saved:
             return super()._restore_from_tensors(restored_tensors)
-        return self.value.assign(seed_to_key_words(draw_secret()))
+        return self.assign(_key_value(None))
 
 
 def _nondeterministic_key():
     """Two fresh key words from TF's per-kernel OS-entropy seeding (seed=seed2=0).
 
-    Only reached in a reloaded SavedModel, whose saved key is zeros. This op
-    is NOT a secret source under XLA (XLA seeds it deterministically), which
+    Only reached in a bare reloaded SavedModel, whose saved key is zeros. This
+    op is NOT a secret source under XLA (XLA seeds it deterministically), which
     is why Keras layers always carry a host-drawn key and never take this
     branch in training.
     """
@@ -81,46 +97,47 @@ class SecretRandomMixin:
 
     def _init_rng(self, seed):
         self.seed = validate_seed(seed)
-        explicit = self.seed is not None
-        key = seed_to_key_words(self.seed if explicit else draw_secret())
-        self.rng_key = SecretKeyVariable(
-            initializer=lambda shape=None, dtype=None: tf.constant(key, tf.int64),
-            shape=(2,), dtype="int64", trainable=False,
-            aggregation="only_first_replica", name=_KEY)
-        self.rng_key.keep_when_saved = explicit
-        self.rng_counter = keras.Variable(
-            initializer=lambda shape=None, dtype=None: tf.constant(0, tf.int64),
-            shape=(), dtype="int64", trainable=False,
-            aggregation="only_first_replica", name=_COUNTER)
+        self.rng_key = SecretKeyVariable(_key_value(self.seed), trainable=False, name="rng_key")
+        self.rng_key.keep_when_saved = self.seed is not None
+        self.rng_counter = _LocalVariable(np.zeros(3, np.int64), trainable=False, name=_COUNTER)
 
     def _key_words(self):
-        key = tf.convert_to_tensor(self.rng_key.value)
-        unset = tf.reduce_all(tf.equal(key, 0))
-        return tf.cond(unset, _nondeterministic_key, lambda: key)
+        key = self.rng_key.read_value()
+        return tf.cond(tf.equal(key[2], 0), _nondeterministic_key, lambda: key[:2])
 
-    def _next_words(self, shape):
-        """uint32 words of ``shape``, fresh at every call (counter and replica keyed)."""
-        counter = tf.convert_to_tensor(self.rng_counter.value)
-        self.rng_counter.assign_add(tf.constant(1, tf.int64))
+    def _next_seed(self):
+        """A fresh 128-bit stateless seed per call (atomic counter, replica keyed)."""
+        # The read registers the variable as captured (a raw handle is not), so
+        # model.export() tracks it; the read itself is pruned from the graph.
+        self.rng_counter.read_value()
+        state = tf.raw_ops.RngReadAndSkip(resource=self.rng_counter.handle, alg=1,
+                                          delta=tf.constant(1, tf.uint64))
         context = tf.distribute.get_replica_context()
         replica = context.replica_id_in_sync_group if context is not None else 0
-        seed = derive_seed(self._key_words(), counter, replica, self._rng_salt)
-        return random_words(shape, seed)
+        return derive_seed(self._key_words(), state[0], replica, self._rng_salt)
+
+    def _next_words(self, shape):
+        """uint32 words of ``shape``, fresh at every call."""
+        return random_words(shape, self._next_seed())
+
+    def _next_normal(self, shape, dtype):
+        """Standard normal noise of ``shape``, fresh at every call."""
+        return tf.random.stateless_normal(shape, seed=self._next_seed(), dtype=dtype)
+
+    @property
+    def noise_draws(self):
+        """How many per-call noise draws the layer has made (id-keyed draws do not count)."""
+        return int(self.rng_counter.numpy()[0]) // _SKIP
 
     def _words_for_ids(self, ids):
         """Four uint32 words per example id, the same in every call and epoch."""
         return words_from_ids(self._key_words(), ids, self._rng_salt)
 
-    # `.keras` / `.weights.h5`: the key is stored only when it was given.
+    # `.keras` / `.weights.h5`: only the counter. An explicit seed's key is
+    # re-derived from the config; a secret key is never written.
     def save_own_variables(self, store):
         store[_COUNTER] = np.asarray(self.rng_counter.numpy())
-        if self.seed is not None:
-            store[_KEY] = np.asarray(self.rng_key.numpy())
 
     def load_own_variables(self, store):
         if _COUNTER in store:
             self.rng_counter.assign(np.asarray(store[_COUNTER]))
-        if self.seed is not None and _KEY in store:
-            self.rng_key.assign(np.asarray(store[_KEY]))
-        # Without an explicit seed the key drawn at construction is kept:
-        # a reloaded layer has a fresh secret.
