@@ -127,23 +127,12 @@ def words_from_ids(key_words, ids, salt):
     return philox4x32((lo, hi, zeros, zeros + _u32(salt)), (key_words[0], key_words[1]))
 
 
-def derive_seed(key_words, counter, replica_id, salt):
-    """A 128-bit stateless-RNG seed (int64 shape (2,)) from key and counters."""
-    lo, hi = _split64(counter)
-    key_words = tf.cast(key_words, tf.int64)
-    w = philox4x32((lo, hi, _u32(replica_id), _u32(salt)), (key_words[0], key_words[1]))
-    as64 = [tf.cast(v, tf.uint64) for v in w]
-    s0 = tf.bitwise.bitwise_or(as64[0], tf.bitwise.left_shift(as64[1], tf.constant(32, tf.uint64)))
-    s1 = tf.bitwise.bitwise_or(as64[2], tf.bitwise.left_shift(as64[3], tf.constant(32, tf.uint64)))
-    return tf.bitcast(tf.stack([s0, s1]), tf.int64)
-
-
 def random_words(shape, seed):
     """Uniform uint32 words of ``shape`` from TF's stateless Philox kernel.
 
     Args:
         shape: output shape (list or 1-D int tensor).
-        seed: int64 tensor of shape (2,), e.g. from `derive_seed`.
+        seed: int64 tensor of shape (2,).
     """
     return tf.random.stateless_uniform(shape, seed=seed, minval=None, maxval=None, dtype=tf.uint32)
 
@@ -171,8 +160,9 @@ def uniform_words(shape, seed=None):
                 "or pass `noise=` words drawn from your own keyed RNG."
             )
         seed = draw_secret()
-    key = seed_to_key_words(seed)
-    return random_words(shape, derive_seed(key, 0, 0, 0))
+    k0, k1 = (int(w) for w in seed_to_key_words(seed))
+    key64 = np.array([k0 | (k1 << 32)], np.uint64).view(np.int64)[0]
+    return random_words(shape, tf.constant([key64, 0], tf.int64))
 
 
 def probability_threshold(p):

@@ -1,0 +1,431 @@
+"""Training-step overhead of LabelDPLayer and EmbeddingDPLayer (ratio to the same model without).
+
+Two vertical-FL-like models, batch 256, 4096 synthetic rows (64 features,
+10 classes from a random linear teacher):
+
+* **EmbeddingDPLayer**: bottom Dense(64, relu) -> Dense(32) ->
+  EmbeddingDPLayer(eps=4) -> top Dense(64, relu) -> Dense(10), trained with
+  ``model.fit``; baseline: the same model without the layer.
+* **LabelDPLayer**: a ``keras.Model`` subclass (same layers, no embedding
+  protection) whose ``train_step`` unpacks ``(x, (y, ids))`` and replaces
+  ``y`` by ``LabelDPLayer(eps=2, mode="sparse", num_classes=10)(y,
+  example_ids=ids, training=True)``; baseline: the identical subclass with
+  the layer switched off.
+
+Every model is compiled and warmed up first, then timing blocks of
+``--steps`` training steps (``model.fit(..., steps_per_epoch=steps)``; the
+time per step is taken between batch-end callbacks after the first few
+steps, so it includes Keras' per-step loop but not ``fit``'s start-up) are
+run round-robin over all models in a fresh random order each round. Each
+round gives one ratio (with layer / without) per pair; the script reports
+the median and the interquartile range over rounds. The whole thing is done
+with ``jit_compile=False`` and ``jit_compile=True``.
+
+``--profile`` adds a breakdown of the layers' cost: ablated copies of the
+layers (each without one component) in the same round-robin, and isolated
+timings of each component as its own ``tf.function``.
+
+Usage::
+
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/layer_overhead.py --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pathlib
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+import _report  # noqa: E402
+from keras_fedpriv import EmbeddingDPLayer, LabelDPLayer  # noqa: E402
+from keras_fedpriv.layers import label_formats  # noqa: E402
+from keras_fedpriv.mechanisms import kary_randomized_response  # noqa: E402
+from keras_fedpriv.mechanisms.quantize import quantize_rr  # noqa: E402
+from keras_fedpriv.mechanisms.random import words_from_ids  # noqa: E402
+
+ROWS, FEATURES, CLASSES, BATCH = 4096, 64, 10, 256
+EMBED_EPS, LABEL_EPS = 4.0, 2.0
+TARGET = 1.10
+
+
+# --------------------------------------------------------------------------- data and models
+
+def make_data(seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((ROWS, FEATURES)).astype("float32")
+    y = (x @ rng.standard_normal((FEATURES, CLASSES))).argmax(-1).astype("int32")
+    ids = np.arange(ROWS, dtype="int64")
+    return x, y, ids
+
+
+def dataset(structure):
+    return (tf.data.Dataset.from_tensor_slices(structure).batch(BATCH, drop_remainder=True)
+            .cache().repeat().prefetch(tf.data.AUTOTUNE))
+
+
+def embedding_model(dp_layer):
+    """bottom Dense(64, relu) -> Dense(32) -> [dp_layer] -> top Dense(64, relu) -> Dense(10)."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((FEATURES,))
+    z = keras.layers.Dense(32)(keras.layers.Dense(64, activation="relu")(inputs))
+    if dp_layer is not None:
+        z = dp_layer(z)
+    outputs = keras.layers.Dense(CLASSES)(keras.layers.Dense(64, activation="relu")(z))
+    return keras.Model(inputs, outputs)
+
+
+class LabelDPModel(keras.Model):
+    """The leader's model; ``train_step`` randomizes the labels with ``label_dp`` (if any)."""
+
+    def __init__(self, label_dp=None, **kwargs):
+        super().__init__(**kwargs)
+        keras.utils.set_random_seed(0)
+        self.bottom1 = keras.layers.Dense(64, activation="relu")
+        self.bottom2 = keras.layers.Dense(32)
+        self.top1 = keras.layers.Dense(64, activation="relu")
+        self.top2 = keras.layers.Dense(CLASSES)
+        self.label_dp = label_dp
+
+    def call(self, x, training=None):
+        return self.top2(self.top1(self.bottom2(self.bottom1(x))))
+
+    def train_step(self, data):
+        x, (y, ids) = data
+        if self.label_dp is not None:
+            y = self.label_dp(y, example_ids=ids, training=True)
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        return {"loss": loss}
+
+
+# Ablations (for --profile): each removes one component of a layer. They are
+# diagnostics only: none of them is a valid privacy mechanism.
+
+class LabelDPNoCond(LabelDPLayer):
+    """`_key_words` without the tf.cond that handles an all-zero (reloaded) key."""
+
+    def _key_words(self):
+        return self.rng_key.read_value()[:2]
+
+
+class LabelDPNoPhilox(LabelDPNoCond):
+    """No per-id Philox either: noise words from one stateless_uniform call (NOT keyed by id)."""
+
+    def _words_for_ids(self, ids):
+        words = tf.random.stateless_uniform(tf.stack([4, tf.size(ids)]), seed=[1, 2],
+                                            minval=None, maxval=None, dtype=tf.uint32)
+        return tf.unstack(words, num=4)
+
+
+class EmbeddingDPNoCond(EmbeddingDPLayer):
+    def _key_words(self):
+        return self.rng_key.read_value()[:2]
+
+
+class EmbeddingDPNoFiniteCheck(EmbeddingDPNoCond):
+    """Also without tf.debugging.assert_all_finite on the embedding."""
+
+    def call(self, inputs, training=None):
+        x = tf.convert_to_tensor(inputs)
+        noisy = quantize_rr(x, self.eps, noise=self._next_words(tf.shape(x)))
+        return noisy + (x - tf.stop_gradient(x))
+
+
+class EmbeddingDPQuantizeOnly(keras.layers.Layer):
+    """Just the quantization + flip with fixed-seed noise (no secret key, no counter, no check)."""
+
+    def call(self, x):
+        words = tf.random.stateless_uniform(tf.shape(x), seed=[1, 2], minval=None, maxval=None,
+                                            dtype=tf.uint32)
+        return quantize_rr(x, EMBED_EPS, noise=words) + (x - tf.stop_gradient(x))
+
+
+@contextlib.contextmanager
+def no_graph_assert():
+    """Trace with label_formats.graph_assert replaced by a no-op (ablation only)."""
+    original = label_formats.graph_assert
+    label_formats.graph_assert = lambda labels, mode, k: tf.no_op()
+    try:
+        yield
+    finally:
+        label_formats.graph_assert = original
+
+
+# --------------------------------------------------------------------------- timing
+
+class StepTimer(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.stamps = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.stamps.append(time.perf_counter())
+
+
+class Variant:
+    def __init__(self, name, model, data, trace_context=None):
+        self.name, self.model, self.data = name, model, data
+        self.trace_context = trace_context or contextlib.nullcontext
+        self.per_step = []
+
+    def compile(self, jit):
+        self.model.compile(keras.optimizers.Adam(1e-3),
+                           keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                           jit_compile=jit)
+        with self.trace_context():  # first fit traces (and compiles) the train step
+            self.model.fit(self.data, epochs=1, steps_per_epoch=20, verbose=0)
+
+    def time_block(self, steps, skip=3):
+        timer = StepTimer()
+        self.model.fit(self.data, epochs=1, steps_per_epoch=steps + skip, verbose=0,
+                       callbacks=[timer])
+        s = timer.stamps
+        self.per_step.append((s[-1] - s[skip - 1]) / (len(s) - skip))
+
+
+def build_variants(profile):
+    x, y, ids = make_data()
+    plain = dataset((x, y))
+    with_ids = dataset((x, (y, ids)))
+    label = lambda cls: cls(LABEL_EPS, mode="sparse", num_classes=CLASSES, seed=1234)  # noqa: E731
+    variants = {
+        "emb:without": Variant("emb:without", embedding_model(None), plain),
+        "emb:EmbeddingDPLayer": Variant("emb:EmbeddingDPLayer",
+                                        embedding_model(EmbeddingDPLayer(EMBED_EPS, seed=1234)),
+                                        plain),
+        "label:without": Variant("label:without", LabelDPModel(None), with_ids),
+        "label:LabelDPLayer": Variant("label:LabelDPLayer", LabelDPModel(label(LabelDPLayer)),
+                                      with_ids),
+    }
+    if profile:
+        variants.update({
+            "emb:- tf.cond key": Variant(
+                "emb:- tf.cond key", embedding_model(EmbeddingDPNoCond(EMBED_EPS, seed=1234)),
+                plain),
+            "emb:- cond, - finite check": Variant(
+                "emb:- cond, - finite check",
+                embedding_model(EmbeddingDPNoFiniteCheck(EMBED_EPS, seed=1234)), plain),
+            "emb:quantize+flip only": Variant(
+                "emb:quantize+flip only", embedding_model(EmbeddingDPQuantizeOnly()), plain),
+            "label:- tf.cond key": Variant("label:- tf.cond key",
+                                           LabelDPModel(label(LabelDPNoCond)), with_ids),
+            "label:- cond, - assert": Variant("label:- cond, - assert",
+                                              LabelDPModel(label(LabelDPNoCond)), with_ids,
+                                              trace_context=no_graph_assert),
+            "label:- cond, - assert, - Philox": Variant(
+                "label:- cond, - assert, - Philox", LabelDPModel(label(LabelDPNoPhilox)),
+                with_ids, trace_context=no_graph_assert),
+        })
+    return variants
+
+
+def run_rounds(variants, rounds, steps, seed):
+    rng = np.random.default_rng(seed)
+    names = list(variants)
+    for r in range(rounds):
+        for i in rng.permutation(len(names)):
+            variants[names[i]].time_block(steps)
+    return variants
+
+
+def ratio_stats(variants, name, base):
+    ratios = np.array(variants[name].per_step) / np.array(variants[base].per_step)
+    q1, med, q3 = np.percentile(ratios, [25, 50, 75])
+    return med, q1, q3, 1e3 * np.median(variants[name].per_step)
+
+
+# --------------------------------------------------------------------------- component timings
+
+def component_timings(jit, repeats=400):
+    """Median time of each component of the layers, each as its own tf.function, batch 256."""
+    x, y, ids = make_data()
+    y_b, ids_b = tf.constant(y[:BATCH]), tf.constant(ids[:BATCH])
+    z_b = tf.constant(np.random.default_rng(0).standard_normal((BATCH, 32)).astype("float32"))
+    label = LabelDPLayer(LABEL_EPS, mode="sparse", num_classes=CLASSES, seed=1234)
+    emb = EmbeddingDPLayer(EMBED_EPS, seed=1234)
+    key = tf.constant([1234, 0], tf.int64)
+    words2 = tf.random.stateless_uniform([2, BATCH], seed=[1, 2], minval=None, maxval=None,
+                                         dtype=tf.uint32)
+    words_z = tf.random.stateless_uniform([BATCH, 32], seed=[1, 2], minval=None, maxval=None,
+                                          dtype=tf.uint32)
+    pieces = {
+        "empty tf.function (call overhead, subtracted below)": lambda: tf.constant(0),
+        "LabelDPLayer: whole call": lambda: label(y_b, example_ids=ids_b, training=True),
+        "LabelDPLayer: graph_assert (label validation)":
+            lambda: label_formats.graph_assert(y_b, "sparse", CLASSES),
+        "LabelDPLayer: _key_words (tf.cond on the key)": lambda: label._key_words(),
+        "LabelDPLayer: words_from_ids (Philox-4x32-10 in TF ops)":
+            lambda: words_from_ids(key, ids_b, 1)[:2],
+        "LabelDPLayer: kary_randomized_response (given words)":
+            lambda: kary_randomized_response(y_b, CLASSES, LABEL_EPS, noise=[words2[0], words2[1]]),
+        "EmbeddingDPLayer: whole call": lambda: emb(z_b, training=True),
+        "EmbeddingDPLayer: assert_all_finite": lambda: tf.debugging.assert_all_finite(z_b, "x"),
+        "EmbeddingDPLayer: _next_words (counter, cond, Philox seed, stateless_uniform)":
+            lambda: emb._next_words(tf.shape(z_b)),
+        "EmbeddingDPLayer: quantize_rr (given words)":
+            lambda: quantize_rr(z_b, EMBED_EPS, noise=words_z),
+    }
+    out = {}
+    for name, fn in pieces.items():
+        f = tf.function(fn, jit_compile=jit)
+        for _ in range(20):
+            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, f())
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, f())
+            times.append(time.perf_counter() - t0)
+        out[name] = 1e6 * np.median(times)
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+PAIRS = [("emb:EmbeddingDPLayer", "emb:without"), ("label:LabelDPLayer", "label:without")]
+ABLATIONS = [("emb:- tf.cond key", "emb:without"), ("emb:- cond, - finite check", "emb:without"),
+             ("emb:quantize+flip only", "emb:without"),
+             ("label:- tf.cond key", "label:without"), ("label:- cond, - assert", "label:without"),
+             ("label:- cond, - assert, - Philox", "label:without")]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=60, help="timed steps per block")
+    parser.add_argument("--profile", action="store_true",
+                        help="also time ablated layers and each component")
+    parser.add_argument("--no-docs", action="store_true")
+    args = parser.parse_args(argv)
+    start = time.time()
+
+    results = {}
+    for jit in (False, True):
+        variants = build_variants(args.profile)
+        for v in variants.values():
+            v.compile(jit)
+        run_rounds(variants, args.rounds, args.steps, seed=int(jit))
+        pairs = PAIRS + (ABLATIONS if args.profile else [])
+        results[jit] = {name: ratio_stats(variants, name, base) for name, base in pairs}
+        results[jit]["_base"] = {base: 1e3 * np.median(variants[base].per_step)
+                                 for _, base in PAIRS}
+        for name, base in pairs:
+            med, q1, q3, ms = results[jit][name]
+            print(f"jit_compile={jit!s:5} {name:36s} ratio {med:.3f} (IQR {q1:.3f}-{q3:.3f}), "
+                  f"{ms:.2f} ms/step vs {results[jit]['_base'][base]:.2f}", flush=True)
+    components = {}
+    if args.profile:
+        for jit in (False, True):
+            components[jit] = component_timings(jit)
+    elapsed = time.time() - start
+
+    header = ["layer", "jit_compile", "ratio with/without (median)", "IQR over rounds",
+              "ms/step with", "ms/step without", f"<= {TARGET:.2f}?"]
+    rows = []
+    for name, base in PAIRS:
+        for jit in (False, True):
+            med, q1, q3, ms = results[jit][name]
+            rows.append([name.split(":")[1], str(jit), f"{med:.3f}", f"{q1:.3f}-{q3:.3f}",
+                         f"{ms:.2f}", f"{results[jit]['_base'][base]:.2f}",
+                         "yes" if med <= TARGET else "**no**"])
+    table = _report.markdown_table(header, rows)
+    print()
+    print(table)
+    ablation_table = component_table = ""
+    if args.profile:
+        rows = []
+        for name, base in ABLATIONS:
+            rows.append([name.split(":")[0].replace("emb", "EmbeddingDPLayer")
+                         .replace("label", "LabelDPLayer"), name.split(":")[1]]
+                        + [f"{results[j][name][0]:.3f}" for j in (False, True)])
+        ablation_table = _report.markdown_table(
+            ["layer", "ablated copy (diagnostic, not private)", "ratio, jit off",
+             "ratio, jit on"], rows)
+        overhead = {j: components[j]["empty tf.function (call overhead, subtracted below)"]
+                    for j in (False, True)}
+        rows = []
+        for name in components[False]:
+            cells = []
+            for j in (False, True):
+                us = components[j][name]
+                cells.append(f"{us:.0f}" if name.startswith("empty") else
+                             f"{us:.0f} ({us - overhead[j]:+.0f})")
+            rows.append([name] + cells)
+        component_table = _report.markdown_table(
+            ["component, batch 256, own tf.function", "µs, jit off (minus empty)",
+             "µs, jit on (minus empty)"], rows)
+        print()
+        print(ablation_table)
+        print()
+        print(component_table)
+    print(f"\n{elapsed:.0f} s")
+    if args.no_docs:
+        return
+
+    command = "TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/layer_overhead.py"
+    if args.profile:
+        command += " --profile"
+    if args.rounds != 15:
+        command += f" --rounds {args.rounds}"
+    if args.steps != 60:
+        command += f" --steps {args.steps}"
+    body = f"""## Training-step overhead of the layers (`bench/layer_overhead.py`)
+
+Command (run {_report.today()}, {elapsed:.0f} s on {_report.machine()}):
+
+```
+{command}
+```
+
+Batch {BATCH}, {ROWS} synthetic rows ({FEATURES} features, {CLASSES} classes). EmbeddingDPLayer:
+bottom Dense(64, relu) -> Dense(32) -> `EmbeddingDPLayer(eps={EMBED_EPS:g})` -> top
+Dense(64, relu) -> Dense(10), vs the same model without the layer. LabelDPLayer:
+a `keras.Model` subclass whose `train_step` applies
+`LabelDPLayer(eps={LABEL_EPS:g}, mode="sparse", num_classes=10)(y, example_ids=ids,
+training=True)` to the labels (data `(x, (y, ids))`), vs the identical
+subclass without it. Time per step between batch-end callbacks of
+`model.fit` (so Keras' per-step Python loop is included), blocks of
+{args.steps} steps, {args.rounds} rounds, all models of one `jit_compile` setting
+interleaved in a random order each round; the ratio is taken per round and
+the median and interquartile range over rounds are reported. Target: ratio
+<= {TARGET:.2f}.
+
+{table}
+"""
+    if args.profile:
+        body += f"""
+Where the time goes. Ablated copies of the layers, timed in the same
+round-robin (each removes one more component; they are diagnostics, not
+valid mechanisms):
+
+{ablation_table}
+
+Each component on its own, as a separate `tf.function` on a batch of 256
+(median of 400 calls; in parentheses, minus an empty `tf.function`):
+
+{component_table}
+"""
+    body += READING
+    path = _report.update_section("layer_overhead", body)
+    print(f"updated {path}")
+
+
+READING = ""  # filled in after reading the measurements (see the report)
+
+
+if __name__ == "__main__":
+    main()
