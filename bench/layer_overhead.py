@@ -251,6 +251,12 @@ def ratio_stats(variants, name, base):
 
 # --------------------------------------------------------------------------- component timings
 
+def _after(op):
+    """A tensor that depends on ``op`` (tf.function cannot return an Operation)."""
+    with tf.control_dependencies([op]):
+        return tf.constant(0)
+
+
 def component_timings(jit, repeats=400):
     """Median time of each component of the layers, each as its own tf.function, batch 256."""
     x, y, ids = make_data()
@@ -266,8 +272,8 @@ def component_timings(jit, repeats=400):
     pieces = {
         "empty tf.function (call overhead, subtracted below)": lambda: tf.constant(0),
         "LabelDPLayer: whole call": lambda: label(y_b, example_ids=ids_b, training=True),
-        "LabelDPLayer: graph_assert (label validation)":
-            lambda: label_formats.graph_assert(y_b, "sparse", CLASSES),
+        "LabelDPLayer: graph_assert (label validation)": lambda: _after(
+            label_formats.graph_assert(y_b, "sparse", CLASSES)),
         "LabelDPLayer: _key_words (tf.cond on the key)": lambda: label._key_words(),
         "LabelDPLayer: words_from_ids (Philox-4x32-10 in TF ops)":
             lambda: words_from_ids(key, ids_b, 1)[:2],
@@ -275,7 +281,7 @@ def component_timings(jit, repeats=400):
             lambda: kary_randomized_response(y_b, CLASSES, LABEL_EPS, noise=[words2[0], words2[1]]),
         "EmbeddingDPLayer: whole call": lambda: emb(z_b, training=True),
         "EmbeddingDPLayer: assert_all_finite": lambda: tf.debugging.assert_all_finite(z_b, "x"),
-        "EmbeddingDPLayer: _next_words (counter, cond, Philox seed, stateless_uniform)":
+        "EmbeddingDPLayer: _next_words (atomic counter, key, stateless Philox V2)":
             lambda: emb._next_words(tf.shape(z_b)),
         "EmbeddingDPLayer: quantize_rr (given words)":
             lambda: quantize_rr(z_b, EMBED_EPS, noise=words_z),

@@ -1,19 +1,23 @@
-"""Demo: label DP and embedding DP in a two-party vertical (split) model.
+"""Demo: label DP, embedding DP and a VAE bottom in a two-party vertical (split) model.
 
 The data is scikit-learn's bundled breast cancer data set (569 examples, 30
-features, binary label; nothing is downloaded). Its features are split
-between two parties:
+features; label 1 = malignant, the 37% minority; nothing is downloaded). Its
+features are split between two parties, trained with
+`keras_fedpriv.federated.VerticalModel`:
 
 * ``party_a``, the follower: the first 15 features. Its bottom model turns
   them into an embedding that it sends to the leader, through the
-  protection layer (`keras_fedpriv.EmbeddingDPLayer`) when one is used.
-* ``party_b``, the leader: the last 15 features and the labels. It
-  concatenates the follower's embedding with its own and its top model
-  predicts.
+  protection layer (`keras_fedpriv.EmbeddingDPLayer`) when one is used, or
+  as a sample of a `keras_fedpriv.VAEBottom`.
+* ``party_b``, the leader: the last 15 features and the labels. Its top
+  model takes the follower's embedding and its own.
 
 Each configuration (no protection, LabelDP at several eps, EmbeddingDP at
-several eps, both) trains a fresh model with ``model.fit`` and reports the
-test accuracy. Test labels are never randomized.
+several eps, both, VAEBottom) trains a fresh model with ``model.fit`` and
+reports the test accuracy and what the follower could infer about the
+labels from the gradients the leader sent it in the first epoch (ROC-AUC of
+the norm and direction attacks of `keras_fedpriv.attacks`; 0.5 = chance).
+Test labels are never randomized.
 
 Usage::
 
@@ -32,7 +36,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_fedpriv.attacks import direction_label_inference, norm_label_inference
+from keras_fedpriv.federated import MessageRecorder, VerticalModel
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
+from keras_fedpriv.layers.vae_bottom import VAEBottom
+from keras_fedpriv.privacy import deldp
 from keras_fedpriv.privatize import privatize_labels
 
 __all__ = ["DEFAULT_EPOCHS", "QUICK_EPOCHS", "configurations", "load_data", "build_model",
@@ -79,22 +87,26 @@ def configurations(quick=False, embedding_dim=EMBEDDING_DIM):
     """
     d = embedding_dim
     configs = [dict(protection="none", label_eps=None, embedding=False, embedding_eps=None,
-                    eps="-", protected="nothing")]
+                    vae=False, eps="-", protected="nothing")]
     for eps in ((0.5, 2.0) if quick else LABEL_EPS):
         configs.append(dict(protection="LabelDP", label_eps=eps, embedding=False,
-                            embedding_eps=None, eps=_eps_text(eps),
+                            embedding_eps=None, vae=False, eps=_eps_text(eps),
                             protected=_label_protected(eps)))
     for eps in ((4.0,) if quick else EMBEDDING_EPS):
         configs.append(dict(protection="EmbeddingDP", label_eps=None, embedding=True,
-                            embedding_eps=eps, eps=_eps_text(eps),
+                            embedding_eps=eps, vae=False, eps=_eps_text(eps),
                             protected=_embedding_protected(eps, d)))
     label_eps, emb_eps = BOTH
     configs.append(dict(protection="both", label_eps=label_eps, embedding=True,
-                        embedding_eps=emb_eps,
+                        embedding_eps=emb_eps, vae=False,
                         eps=f"{label_eps:g} + {emb_eps:g}",
                         protected=(f"labels ({label_eps:g}-label-DP) + embedding "
                                    f"({emb_eps / 2:g} per coordinate, {d * emb_eps / 2:g} per "
                                    f"example per release)")))
+    configs.append(dict(protection="VAEBottom", label_eps=None, embedding=False,
+                        embedding_eps=None, vae=True, eps="-",
+                        protected=("follower's features, by the VAE's sampling (dELDP estimate "
+                                   "below)")))
     return configs
 
 
@@ -104,13 +116,14 @@ def load_data():
     Returns:
         ``(xa_train, xb_train, y_train, xa_test, xb_test, y_test)``: the
         follower's features (first 15), the leader's features (last 15) and
-        float32 labels of shape (N, 1).
+        float32 labels of shape (N, 1), 1 = malignant (the minority class).
     """
     from sklearn.datasets import load_breast_cancer
     from sklearn.model_selection import train_test_split
     from sklearn.preprocessing import StandardScaler
 
     x, y = load_breast_cancer(return_X_y=True)
+    y = 1 - y  # scikit-learn's 1 is benign; 1 = malignant, the 37% minority, as in the attacks
     x_train, x_test, y_train, y_test = train_test_split(
         x, y, test_size=TEST_SIZE, stratify=y, random_state=SPLIT_STATE)
     scaler = StandardScaler().fit(x_train)  # fitted on the training split only
@@ -122,57 +135,64 @@ def load_data():
     return (x_train[:, :k], x_train[:, k:], y_train, x_test[:, :k], x_test[:, k:], y_test)
 
 
-def build_model(num_a, num_b, embedding_dp=None, embedding_dim=EMBEDDING_DIM, num_train=None):
-    """The vertical model: two bottom models, the protection layer, a top model.
+def build_model(num_a, num_b, embedding_dp=None, embedding_dim=EMBEDDING_DIM, vae=False,
+                vae_seed=None):
+    """The vertical model: the follower's and the leader's bottom models and the leader's top.
 
     Args:
         num_a: number of the follower's features.
         num_b: number of the leader's features.
         embedding_dp: None (the follower's embedding is sent as is) or a
-            layer applied to it before it reaches the leader.
+            layer applied to it before it leaves the follower.
         embedding_dim: size of each party's embedding.
-        num_train: number of training examples; when given, one epoch runs
-            in one call (``steps_per_execution``).
+        vae: the follower's bottom is a `VAEBottom` (its embedding is a sample).
+        vae_seed: seed of the VAE's sampling noise (None: a secret).
 
     Returns:
-        A compiled functional `keras.Model` taking ``{"party_a": xa, "party_b": xb}``.
+        A compiled `VerticalModel` taking ``{"party_a": xa, "party_b": xb}``.
     """
-    in_a = keras.Input(shape=(num_a,), name="party_a")
-    in_b = keras.Input(shape=(num_b,), name="party_b")
-    # Follower (party_a) bottom model; its output is what it sends.
-    h_a = keras.layers.Dense(16, activation="relu", name="a_dense")(in_a)
-    z_a = keras.layers.Dense(embedding_dim, name="a_embedding")(h_a)
-    if embedding_dp is not None:
-        z_a = embedding_dp(z_a)
-    # Leader (party_b) bottom model.
-    h_b = keras.layers.Dense(16, activation="relu", name="b_dense")(in_b)
-    z_b = keras.layers.Dense(embedding_dim, activation="relu", name="b_embedding")(h_b)
-    # Leader's top model.
-    h = keras.layers.Concatenate(name="concat")([z_a, z_b])
-    h = keras.layers.Dense(8, activation="relu", name="top_dense")(h)
-    out = keras.layers.Dense(1, activation="sigmoid", name="prediction")(h)
-    model = keras.Model({"party_a": in_a, "party_b": in_b}, out, name="vertical_model")
-    steps = -(-num_train // BATCH_SIZE) if num_train else 1
-    # One call per epoch (steps_per_execution) and no XLA: this tiny model is
-    # dominated by per-step overhead and compile time on a CPU.
+    if vae:
+        layer = VAEBottom(embedding_dim, hidden_units=(16,), beta=1.0, seed=vae_seed, name="vae")
+        bottom_a = keras.Sequential([keras.Input((num_a,)), layer], name="bottom_a")
+    else:
+        bottom_a = keras.Sequential([keras.Input((num_a,)),
+                                     keras.layers.Dense(16, activation="relu"),
+                                     keras.layers.Dense(embedding_dim)], name="bottom_a")
+    bottom_b = keras.Sequential([keras.Input((num_b,)),
+                                 keras.layers.Dense(16, activation="relu"),
+                                 keras.layers.Dense(embedding_dim, activation="relu")],
+                                name="bottom_b")
+    top = keras.Sequential([keras.Input((2 * embedding_dim,)),
+                            keras.layers.Dense(8, activation="relu"),
+                            keras.layers.Dense(1, activation="sigmoid")], name="top")
+    model = VerticalModel({"party_a": bottom_a, "party_b": bottom_b}, top, leader="party_b",
+                          embedding_dp=embedding_dp, name="vertical_model")
+    # No XLA: this tiny model is dominated by per-step overhead and compile time on a CPU.
     model.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE), loss="binary_crossentropy",
-                  metrics=["accuracy"], steps_per_execution=steps, jit_compile=False)
+                  metrics=["accuracy"], jit_compile=False)
     return model
 
 
 def _dataset(xa, xb, y, seed=None):
-    """Shuffled batches of ({"party_a": xa, "party_b": xb}, y), reshuffled every epoch."""
-    data = tf.data.Dataset.from_tensor_slices(({"party_a": xa, "party_b": xb}, y))
+    """Shuffled batches of ({"party_a": xa, "party_b": xb, "example_ids": row}, y).
+
+    Reshuffled every epoch. The example ids (row numbers) let the attack
+    evaluation match recorded messages to the true labels.
+    """
+    ids = np.arange(len(y), dtype="int64")
+    data = tf.data.Dataset.from_tensor_slices(
+        ({"party_a": xa, "party_b": xb, "example_ids": ids}, y))
     return (data.cache().shuffle(len(y), seed=seed, reshuffle_each_iteration=True)
             .batch(BATCH_SIZE).prefetch(tf.data.AUTOTUNE))
 
 
 def format_table(rows):
-    """An aligned text table of the rows (protection, eps, test accuracy, protected)."""
-    headers = ("protection", "eps", "test acc", "what is protected")
-    cells = [(r["protection"], r["eps"], f"{r['accuracy']:.3f}", r["protected"]) for r in rows]
+    """An aligned text table: protection, eps, test accuracy, label-attack AUCs, protected."""
+    headers = ("protection", "eps", "test acc", "norm AUC", "direction AUC", "what is protected")
+    cells = [(r["protection"], r["eps"], f"{r['accuracy']:.3f}", f"{r['norm_auc']:.2f}",
+              f"{r['direction_auc']:.2f}", r["protected"]) for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    align = ("<", "<", ">", "<")
+    align = ("<", "<", ">", ">", ">", "<")
 
     def line(values):
         return "  ".join(f"{v:{a}{w}}" for v, a, w in zip(values, align, widths)).rstrip()
@@ -206,9 +226,13 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
     Returns:
         A list of dicts, one per configuration, with the keys of
         `configurations` plus ``accuracy`` (test accuracy, float),
-        ``seconds`` (training and evaluation time) and, for rows with
-        LabelDP, ``labels_flipped`` (the fraction of training labels that
-        randomized response changed).
+        ``norm_auc`` and ``direction_auc`` (ROC-AUC of the follower's label
+        attacks on the gradients it received in the first epoch, against
+        the true labels), ``bytes_up`` (bytes the follower sent in the last
+        epoch), ``seconds`` (training and evaluation time), for rows with
+        LabelDP ``labels_flipped`` (the fraction of training labels that
+        randomized response changed), and for the VAEBottom row ``deldp``
+        (the dELDP estimate, a `keras_fedpriv.privacy.DELDPReport`).
     """
     epochs = _check_epochs(QUICK_EPOCHS if quick and epochs is None else
                            DEFAULT_EPOCHS if epochs is None else epochs)
@@ -225,14 +249,19 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
 
     xa_train, xb_train, y_train, xa_test, xb_test, y_test = load_data()
     configs = configurations(quick=quick)
-    say("keras-fedpriv demo: vertical (split) learning with label DP and embedding DP")
+    say("keras-fedpriv demo: vertical (split) learning with label DP, embedding DP and a VAE "
+        "bottom")
     say(f"Data: scikit-learn breast cancer ({len(y_train) + len(y_test)} examples, 30 features, "
-        f"binary label), stratified {100 - int(TEST_SIZE * 100)}/{int(TEST_SIZE * 100)} split "
+        f"label 1 = malignant), stratified {100 - int(TEST_SIZE * 100)}/{int(TEST_SIZE * 100)} split "
         f"({len(y_train)} train / {len(y_test)} test), standardized on the training split.")
     say(f"Parties: follower party_a holds features 1-{xa_train.shape[1]}; leader party_b holds "
         f"features {xa_train.shape[1] + 1}-30 and the labels.")
-    say(f"Model: each party's bottom model makes an embedding of size {EMBEDDING_DIM}; the "
-        f"follower's goes through the protection layer to the leader's top model.")
+    say(f"Model: keras_fedpriv.federated.VerticalModel; each party's bottom model makes an "
+        f"embedding of size {EMBEDDING_DIM}; the follower's goes through its protection to the "
+        f"leader's top model, and the leader sends back the gradient.")
+    say("Attacks: the follower scores each example of the first epoch by the gradient it "
+        "received (norm attack; direction attack: cosine to a known malignant example) and we "
+        "report the ROC-AUC against the true labels (0.5 = chance).")
     say(f"Training: {epochs} epochs, batch {BATCH_SIZE}, {len(configs)} configurations, "
         + (f"seed {seed}." if seed is not None else "unseeded (secrets from OS entropy)."))
     say()
@@ -253,22 +282,35 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
             layer = EmbeddingDPLayer(eps=config["embedding_eps"], seed=sub_seed,
                                      name="embedding_dp")
         model = build_model(xa_train.shape[1], xb_train.shape[1], embedding_dp=layer,
-                            num_train=len(y_fit))
+                            vae=config["vae"], vae_seed=sub_seed)
         train = _dataset(xa_train, xb_train, y_fit, seed=sub_seed)
         # Optimizer slots created up front: the train step is traced once, not twice.
         model.optimizer.build(model.trainable_variables)
-        model.fit(train, epochs=epochs, verbose=0, shuffle=False)  # `train` reshuffles itself
-        # One forward pass on the test set, with the layer applied as at inference
+        recorder = MessageRecorder(epochs=(0,))  # what crossed the wire in the first epoch
+        history = model.fit(train, epochs=epochs, verbose=0, shuffle=False,  # reshuffles itself
+                            callbacks=[recorder])
+        # One forward pass on the test set, with the protection applied as at inference
         # (the follower's embedding goes through it; test labels are untouched).
-        probabilities = np.asarray(model({"party_a": xa_test, "party_b": xb_test},
-                                         training=False))
+        probabilities = model.predict({"party_a": xa_test, "party_b": xb_test}, verbose=0)
         accuracy = float(np.mean((probabilities > 0.5) == (y_test > 0.5)))
-        row = dict(config, accuracy=accuracy, seconds=time.perf_counter() - t0)
+        # The labels the leader trained on may be randomized: score the attacks against
+        # the true labels of the recorded rows.
+        gradients = recorder.cut_gradients("party_a")
+        labels = y_train.reshape(-1)[recorder.example_ids()]
+        known = int(np.flatnonzero(labels == 1)[0])  # one malignant example the attacker knows
+        row = dict(config, accuracy=accuracy,
+                   norm_auc=norm_label_inference(gradients, labels).auc,
+                   direction_auc=direction_label_inference(gradients, labels, known).auc,
+                   bytes_up=float(history.history["bytes_up"][-1]))
         if config["label_eps"] is not None:
             row["labels_flipped"] = float(np.mean(y_fit != y_train))
+        if config["vae"]:
+            row["deldp"] = deldp(model.bottoms["party_a"].get_layer("vae"), xa_train, y_train)
+        row["seconds"] = time.perf_counter() - t0
         rows.append(row)
         say(f"[{i + 1:2d}/{len(configs)}] {config['protection']:<11} eps {config['eps']:<7} "
-            f"test acc {accuracy:.3f}  ({row['seconds']:.1f} s)")
+            f"test acc {accuracy:.3f}  norm AUC {row['norm_auc']:.2f}  direction AUC "
+            f"{row['direction_auc']:.2f}  ({row['seconds']:.1f} s)")
     say()
     say(format_table(rows))
     say()
@@ -276,8 +318,14 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
               "so the guarantee holds for any number of epochs; test labels are untouched). For "
               "EmbeddingDP, the local-DP parameter of the follower's 1-bit embedding: each "
               "coordinate is (eps/2)-DP, and every forward pass (each epoch, and inference) is "
-              "a new release.")
+              "a new release. AUC: the follower's label inference from the gradients it "
+              "received in epoch 1 (0.5 = chance); with LabelDP at eps, an attacker who "
+              "recovers each randomized label exactly reaches e^eps/(1+e^eps) at most.")
     for text in textwrap.wrap(footer, width=100):
         say(text)
+    for row in rows:
+        if "deldp" in row:
+            say(f"VAEBottom: dELDP estimate eps = {row['deldp'].eps:.2f} at delta = 2^-32 "
+                "(an empirical estimate over the training rows, not a DP guarantee).")
     say(f"Training and evaluation took {time.perf_counter() - start:.1f} s.")
     return rows

@@ -33,9 +33,10 @@ def test_quick_demo_rows(quick_run):
     assert seconds < 30, f"quick demo took {seconds:.1f} s"
     by = {(r["protection"], r["label_eps"], r["embedding_eps"]): r for r in rows}
     assert set(by) == {("none", None, None), ("LabelDP", 0.5, None), ("LabelDP", 2.0, None),
-                       ("EmbeddingDP", None, 4.0), ("both", 2.0, 4.0)}
+                       ("EmbeddingDP", None, 4.0), ("both", 2.0, 4.0), ("VAEBottom", None, None)}
     for r in rows:
         assert 0.0 <= r["accuracy"] <= 1.0, r
+        assert 0.0 <= r["norm_auc"] <= 1.0 and 0.0 <= r["direction_auc"] <= 1.0, r
         assert r["protected"]
     none = by[("none", None, None)]["accuracy"]
     assert none > 0.9
@@ -45,6 +46,17 @@ def test_quick_demo_rows(quick_run):
     assert 0.25 < by[("LabelDP", 0.5, None)]["labels_flipped"] < 0.5
     assert 0.05 < by[("LabelDP", 2.0, None)]["labels_flipped"] < 0.2
     assert "labels_flipped" not in by[("EmbeddingDP", None, 4.0)]
+    # The attacks: unprotected, the direction attack recovers the labels; with eps = 0.5
+    # label DP it cannot beat the randomized-response bound e^eps / (1 + e^eps) = 0.62 by
+    # much (the rows of one epoch are a finite sample).
+    assert by[("none", None, None)]["direction_auc"] > 0.9
+    assert by[("LabelDP", 0.5, None)]["direction_auc"] < 0.62 + 0.1
+    # Bytes the follower sent in one epoch: 398 rows x 8 float32 coordinates unprotected,
+    # 398 rows x 8 packed bits (one byte) with EmbeddingDP.
+    assert by[("none", None, None)]["bytes_up"] == 398 * 8 * 4
+    assert by[("EmbeddingDP", None, 4.0)]["bytes_up"] == 398
+    vae = by[("VAEBottom", None, None)]
+    assert 0 < vae["deldp"].eps < float("inf") and vae["accuracy"] > 0.8
 
 
 def test_quick_demo_output(quick_run):
@@ -53,6 +65,7 @@ def test_quick_demo_output(quick_run):
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("protection"))
     assert "test acc" in lines[header] and "what is protected" in lines[header]
+    assert "norm AUC" in lines[header] and "direction AUC" in lines[header]
     table = lines[header + 2:header + 2 + len(rows)]
     for row, line in zip(rows, table):
         assert line.startswith(row["protection"])
@@ -61,7 +74,7 @@ def test_quick_demo_output(quick_run):
     ends = {line.index(f"{r['accuracy']:.3f}") for r, line in zip(rows, table)}
     assert len(ends) == 1
     footer = " ".join(lines[header + 2 + len(rows):])
-    assert "label-DP" in footer and "local-DP" in footer
+    assert "label-DP" in footer and "local-DP" in footer and "dELDP" in footer
 
 
 def test_full_configurations():
@@ -72,7 +85,7 @@ def test_full_configurations():
                      ("LabelDP", 4.0, None),
                      ("EmbeddingDP", None, None), ("EmbeddingDP", None, 1.0),
                      ("EmbeddingDP", None, 4.0), ("EmbeddingDP", None, 16.0),
-                     ("both", 2.0, 4.0)]
+                     ("both", 2.0, 4.0), ("VAEBottom", None, None)]
     emb4 = configs[7]["protected"]
     assert "2 per coordinate" in emb4 and "16 per example" in emb4
     assert "no DP" in configs[5]["protected"]

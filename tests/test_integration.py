@@ -237,12 +237,6 @@ def test_jit_compiled_label_layer_matches_eager():
 
 # --- 4. MirroredStrategy ---------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def strategy():
-    cpus = tf.config.list_logical_devices("CPU")
-    if len(cpus) < 2:
-        pytest.skip("needs the two logical CPUs configured in conftest.py")
-    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def test_mirrored_strategy_fit_with_embedding_layer(strategy):

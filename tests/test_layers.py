@@ -249,3 +249,16 @@ def test_dp_accounting_self_composed_rr_bug_is_avoided():
 
     assert eps_of(dp_accounting.SelfComposedDpEvent(rr, 5)) == pytest.approx(1.0, abs=0.01)
     assert eps_of(M.repeat_event(rr, 5)) == pytest.approx(5.0, abs=0.05)
+
+
+@pytest.mark.parametrize("mode, labels", [
+    ("binary", np.zeros((0, 1), "float32")),
+    ("onehot", np.zeros((0, 3), "float32")),
+    ("sparse", np.zeros((0,), "int32")),
+])
+def test_label_layer_accepts_an_empty_batch_in_a_graph(mode, labels):
+    # Under MirroredStrategy a replica can get 0 rows of the last global batch.
+    layer = kf.LabelDPLayer(1.0, mode=mode, num_classes=3 if mode == "sparse" else None, seed=1)
+    ids = tf.zeros((0,), tf.int64)
+    out = tf.function(lambda y, i: layer(y, example_ids=i, training=True))(tf.constant(labels), ids)
+    assert out.shape == labels.shape and out.dtype == labels.dtype

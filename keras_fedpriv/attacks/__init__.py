@@ -1,1 +1,24 @@
-"""Planned: see the open issues (this subpackage is filled by a later issue)."""
+"""Attacks that measure how much a vertical-FL protocol leaks (ALGORITHMS.md section 7).
+
+* `norm_label_inference`, `direction_label_inference`: a follower infers the
+  leader's binary labels from the cut-layer gradients it receives (Li et al.,
+  ICLR 2022); metric: ROC-AUC (0.5 = chance).
+* `feature_reconstruction`: the leader trains an inverse decoder from
+  embeddings to the follower's features on auxiliary rows; metric: MSE
+  relative to predicting the mean (1.0 = nothing learned).
+
+All take plain (N, d) numpy arrays or TensorFlow tensors; see docs/attacks.md.
+"""
+
+from keras_fedpriv.attacks.feature_reconstruction import (  # noqa: F401
+    ReconstructionResult,
+    feature_reconstruction,
+)
+from keras_fedpriv.attacks.label_inference import (  # noqa: F401
+    AttackResult,
+    direction_label_inference,
+    norm_label_inference,
+)
+
+__all__ = ["AttackResult", "ReconstructionResult", "direction_label_inference",
+           "feature_reconstruction", "norm_label_inference"]

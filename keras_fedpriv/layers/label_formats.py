@@ -120,7 +120,9 @@ def graph_assert(labels, mode, num_classes):
                                     tf.logical_and(f >= 0, f < num_classes))
             rule = (f"LabelDPLayer(mode='sparse'): labels must be integer class ids in "
                     f"[0, {num_classes}); first bad row:")
-    first_bad = tf.argmin(tf.cast(row_ok, tf.int32))
+    # A sentinel 0 at the end: argmin of an empty batch (a replica that got no
+    # rows of the last global batch) would fail; with no bad row it is unused.
+    first_bad = tf.argmin(tf.concat([tf.cast(row_ok, tf.int32), [0]], axis=0))
     return tf.debugging.Assert(tf.reduce_all(row_ok), [rule, first_bad], summarize=8)
 
 

@@ -1,0 +1,800 @@
+"""VerticalModel: a vertical (split) model whose ``fit`` runs the real protocol.
+
+See docs/vertical.md for the user guide. In short, each party owns a bottom
+model over its own features; followers send their (protected) embeddings up
+to the leader, who owns the labels and the top model; the leader sends each
+follower back the gradient of the loss with respect to the embedding it
+received, and each party updates its own bottom from that gradient alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras.src import backend as keras_backend
+from keras.src import tree
+from keras.src.losses import loss as keras_loss_module
+from keras.src.trainers.data_adapters import data_adapter_utils
+
+from keras_fedpriv.federated.messages import (
+    EXAMPLE_IDS_KEY,
+    EvaluationData,
+    MessageCallback,
+    PartyMessages,
+    StepMessages,
+)
+from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
+from keras_fedpriv.layers.label_dp import LabelDPLayer
+from keras_fedpriv.layers.secret_rng import SecretRandomMixin
+
+__all__ = ["VerticalModel", "derive_party_seed"]
+
+_MESSAGES_KEY = "__keras_fedpriv_messages__"  # train_step output, removed before callbacks
+_PARTY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+def derive_party_seed(seed, party, bits=64):
+    """The seed of ``party``'s copy of a seeded protection layer.
+
+    ``int.from_bytes(sha256(f"keras_fedpriv/party-seed/{seed}/{party}")[:8])``,
+    reduced to ``bits`` bits: deterministic, distinct per party, and no party's
+    seed reveals another's without the original seed.
+    """
+    digest = hashlib.sha256(f"keras_fedpriv/party-seed/{int(seed)}/{party}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % (2 ** bits)
+
+
+def _is_bit_protection(layer):
+    return isinstance(layer, EmbeddingDPLayer)
+
+
+def _spec_of(t):
+    return keras.KerasTensor(tuple(t.shape), dtype=t.dtype)
+
+
+def _bottom_input_spec(party, bottom):
+    """Symbolic inputs (KerasTensors, possibly nested) of a built bottom model."""
+    struct = getattr(bottom, "_inputs_struct", None)
+    if struct is not None:
+        return tree.map_structure(_spec_of, struct)
+    try:
+        inputs = bottom.inputs
+    except (AttributeError, ValueError):
+        inputs = None
+    if inputs:
+        return _spec_of(inputs[0]) if len(inputs) == 1 else [_spec_of(t) for t in inputs]
+    shapes = getattr(bottom, "_build_shapes_dict", None) or {}
+    if bottom.built and len(shapes) == 1:
+        shape = next(iter(shapes.values()))
+        if shape is not None and not isinstance(shape, dict):
+            return keras.KerasTensor(tuple(shape), dtype=bottom.input_dtype)
+    raise ValueError(f"VerticalModel: the bottom model of party {party!r} has no known input "
+                     "shape. Give it one: a functional model (keras.Input), a Sequential "
+                     "starting with keras.Input, or call bottom.build(input_shape) first.")
+
+
+def _rows(t):
+    return tf.shape(t)[0]
+
+
+def _coords(t):
+    return tf.reduce_prod(tf.shape(t)[1:])
+
+
+@keras.saving.register_keras_serializable(package="keras_fedpriv")
+class VerticalModel(keras.Model):
+    """A vertical (split) model assembled from parties; ``fit`` runs the real protocol.
+
+    Each party holds a bottom model over its own features. The **leader**
+    holds the labels and the top model (and optionally a bottom model of its
+    own, whose embedding never leaves it, so it is never protected). Every
+    other party is a **follower**: its embedding is protected by its
+    ``embedding_dp`` layer and sent up. In ``train_step``:
+
+    1. each party runs its bottom (and protection) under its own tape;
+       followers send the protected embedding ``e_p`` up;
+    2. the leader runs the top on the embeddings it received, applies
+       ``label_dp`` to the labels, computes the compiled loss and
+       ``g_p = d loss / d e_p`` (sent down to follower p);
+    3. each party computes its bottom's gradients from ``g_p`` alone
+       (``tape.gradient(e_p, party_vars, output_gradients=g_p)``), plus the
+       gradients of its own local losses (``add_loss`` / regularizers inside
+       its bottom, e.g. a VAE bottom's KL term);
+    4. one ``optimizer.apply_gradients`` on all variables. In deployment each
+       party runs its own optimizer on its own variables; for per-variable
+       optimizers (SGD, Adam, RMSprop, ...) that is the same computation.
+       Optimizers that couple variables (global-norm clipping,
+       ``global_clipnorm``) would differ.
+
+    Inputs are a dict keyed by party name, plus optionally the reserved key
+    ``"example_ids"`` (int64, shape (batch,), see `with_example_ids`).
+
+    **How the top receives the embeddings.** If the top is a functional
+    model whose inputs are a dict, or that has several inputs, its input
+    names must be exactly the party names and it receives a dict
+    ``{party: embedding}``. Otherwise it receives the concatenation of all
+    parties' embeddings along the last axis, in **sorted party-name order**.
+    Both are checked when the model is constructed.
+
+    Args:
+        bottoms: dict party name -> built Keras model (or layer) over that
+            party's features. Names are identifiers (letters, digits, ``_``,
+            starting with a letter); ``"example_ids"`` is reserved.
+        top: the leader's Keras model over the embeddings.
+        leader: the name of the party among ``bottoms`` that holds the labels
+            and the top model, or None: the leader has no bottom of its own
+            and every party in ``bottoms`` is a follower.
+        embedding_dp: protection of the followers' embeddings: None (sent as
+            is); one layer (typically `EmbeddingDPLayer`), of which every
+            follower gets its **own copy** made from the layer's config (so
+            each party holds its own secret key; if the layer has an explicit
+            integer ``seed``, copy p gets ``derive_party_seed(seed, p)``); or a
+            dict follower -> layer or None, used as given (one layer object per
+            party). Any Keras layer works as protection (e.g.
+            ``keras.layers.GaussianNoise``).
+        label_dp: None or a `LabelDPLayer` that the leader applies to the
+            labels in each training step before the loss. Unless it was built
+            with ``per_batch=True`` it needs ``"example_ids"`` in the inputs.
+            Never applied at evaluation or prediction.
+        **kwargs: `keras.Model` arguments (``name``, ...).
+
+    Example:
+        >>> model = VerticalModel({"party_a": bottom_a, "party_b": bottom_b}, top,
+        ...                       leader="party_b", embedding_dp=EmbeddingDPLayer(eps=4.0))
+        >>> model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+        >>> history = model.fit({"party_a": xa, "party_b": xb}, y, epochs=10)
+        >>> history.history["bytes_up"]   # bytes sent to the leader, per epoch
+    """
+
+    _is_vertical_model = True
+
+    def __init__(self, bottoms, top, leader=None, embedding_dp=None, label_dp=None, **kwargs):
+        super().__init__(**kwargs)
+        parties = self._validate_bottoms(bottoms)
+        if not isinstance(top, keras.layers.Layer):
+            raise TypeError(f"VerticalModel: `top` must be a Keras model or layer; got "
+                            f"{type(top).__name__}.")
+        if any(top is b for b in bottoms.values()):
+            raise ValueError("VerticalModel: `top` is also one of the `bottoms`.")
+        if leader is not None and (not isinstance(leader, str) or leader not in bottoms):
+            raise ValueError(f"VerticalModel: `leader` must be None (the leader has no bottom "
+                             f"model) or one of the parties {parties}; got {leader!r}.")
+        if label_dp is not None and not isinstance(label_dp, LabelDPLayer):
+            raise TypeError(f"VerticalModel: `label_dp` must be None or a "
+                            f"keras_fedpriv.LabelDPLayer; got {type(label_dp).__name__}.")
+        self._parties = parties
+        self._leader = leader
+        self._followers = tuple(p for p in parties if p != leader)
+        if not self._followers:
+            raise ValueError("VerticalModel: there must be at least one follower (a party other "
+                             f"than the leader {leader!r}).")
+        protections = self._resolve_protections(embedding_dp)
+        # Sorted dicts: a deterministic attribute layout for .keras saving.
+        self.bottoms = {p: bottoms[p] for p in parties}
+        self.top = top
+        self.protections = {p: protections.get(p) for p in self._followers}
+        self.label_dp = label_dp
+        self.traffic = self._make_traffic_metrics()
+        self._capture_messages = False
+        self._message_callbacks = []
+        self._dispatcher = None
+        self._build_protocol()
+        self._check_disjoint_variables()
+
+    # --- validation ------------------------------------------------------------------
+
+    @staticmethod
+    def _validate_bottoms(bottoms):
+        if not isinstance(bottoms, dict) or not bottoms:
+            raise TypeError("VerticalModel: `bottoms` must be a non-empty dict party name -> "
+                            f"Keras model; got {type(bottoms).__name__}.")
+        for party, bottom in bottoms.items():
+            if not isinstance(party, str) or not _PARTY_NAME.match(party):
+                raise ValueError(f"VerticalModel: party names must be identifiers (a letter, then "
+                                 f"letters, digits or '_'); got {party!r} in `bottoms`.")
+            if party == EXAMPLE_IDS_KEY:
+                raise ValueError(f"VerticalModel: {EXAMPLE_IDS_KEY!r} is a reserved input key, "
+                                 "not a valid party name.")
+            if not isinstance(bottom, keras.layers.Layer):
+                raise TypeError(f"VerticalModel: `bottoms[{party!r}]` must be a Keras model or "
+                                f"layer; got {type(bottom).__name__}.")
+        ids = [id(b) for b in bottoms.values()]
+        if len(set(ids)) != len(ids):
+            raise ValueError("VerticalModel: each party needs its own bottom model; the same "
+                             "object appears for several parties in `bottoms`.")
+        return tuple(sorted(bottoms))
+
+    def _resolve_protections(self, embedding_dp):
+        if embedding_dp is None:
+            return {}
+        if isinstance(embedding_dp, keras.layers.Layer):
+            return {p: self._copy_protection(embedding_dp, p) for p in self._followers}
+        if not isinstance(embedding_dp, dict):
+            raise TypeError("VerticalModel: `embedding_dp` must be None, a Keras layer or a dict "
+                            f"party -> layer or None; got {type(embedding_dp).__name__}.")
+        unknown = sorted(set(embedding_dp) - set(self._parties), key=str)
+        if unknown:
+            raise ValueError(f"VerticalModel: `embedding_dp` names unknown parties {unknown}; "
+                             f"the parties are {list(self._parties)}.")
+        out = {}
+        for party, layer in embedding_dp.items():
+            if layer is None:
+                continue
+            if party == self._leader:
+                raise ValueError(f"VerticalModel: `embedding_dp[{party!r}]`: {party!r} is the "
+                                 "leader, whose embedding never leaves it; only followers are "
+                                 "protected.")
+            if not isinstance(layer, keras.layers.Layer):
+                raise TypeError(f"VerticalModel: `embedding_dp[{party!r}]` must be a Keras layer "
+                                f"or None; got {type(layer).__name__}.")
+            out[party] = layer
+        ids = [id(layer) for layer in out.values()]
+        if len(set(ids)) != len(ids):
+            raise ValueError("VerticalModel: `embedding_dp` gives the same layer object to "
+                             "several parties; they would share its secret key. Pass one layer "
+                             "(each follower then gets its own copy) or one object per party.")
+        return out
+
+    @staticmethod
+    def _copy_protection(layer, party):
+        config = dict(layer.get_config())
+        config["name"] = f"{layer.name}_{party}"
+        seed = config.get("seed")
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            bits = 64 if isinstance(layer, SecretRandomMixin) else 31
+            config["seed"] = derive_party_seed(seed, party, bits=bits)
+        try:
+            return type(layer).from_config(config)
+        except Exception as error:  # pragma: no cover - exotic layers
+            raise TypeError(f"VerticalModel: could not copy the `embedding_dp` layer "
+                            f"{layer.name!r} for party {party!r} from its config ({error}); pass "
+                            "a dict party -> layer instead.") from error
+
+    def _check_disjoint_variables(self):
+        owners = {}
+        groups = [(p, self._party_layers(p)) for p in self._parties] + [("the top", [self.top])]
+        for owner, layers in groups:
+            for layer in layers:
+                for v in layer.weights:
+                    other = owners.setdefault(id(v), owner)
+                    if other != owner:
+                        raise ValueError(f"VerticalModel: variable {v.path!r} belongs to both "
+                                         f"{other!r} and {owner!r}; parties cannot share "
+                                         "weights in vertical FL.")
+
+    def _party_layers(self, party):
+        protection = self.protections.get(party)
+        return [self.bottoms[party]] + ([protection] if protection is not None else [])
+
+    def _make_traffic_metrics(self):
+        names = ["bytes_up", "bytes_down"]
+        for p in self._followers:
+            names += [f"bytes_up_{p}", f"bytes_down_{p}"]
+        return {n: keras.metrics.Sum(name=n, dtype="float64") for n in names}
+
+    # --- building and the top's input rule --------------------------------------------
+
+    def _build_protocol(self):
+        specs = {}
+        for p in self._parties:
+            bottom = self.bottoms[p]
+            if not bottom.built:
+                raise ValueError(f"VerticalModel: the bottom model of party {p!r} is not built. "
+                                 "Give it an input (keras.Input / functional model / Sequential "
+                                 "starting with keras.Input) or call bottom.build(shape) first.")
+            specs[p] = _bottom_input_spec(p, bottom)
+        self._input_specs = specs
+
+        def parties_forward(features):
+            return {p: self._party_forward(p, features[p], training=False)[1]
+                    for p in self._parties}
+
+        sent = keras_backend.compute_output_spec(parties_forward, specs)
+        for p, spec in sent.items():
+            if not isinstance(spec, keras.KerasTensor) or len(spec.shape) < 2:
+                raise ValueError(f"VerticalModel: party {p!r} must produce one embedding tensor "
+                                 f"of rank >= 2 (batch, ...); got {spec!r}.")
+            if not keras.backend.is_float_dtype(spec.dtype):
+                raise ValueError(f"VerticalModel: party {p!r} produces a {spec.dtype} embedding; "
+                                 "embeddings must be floating point (gradients flow back).")
+            if any(d is None for d in spec.shape[1:]):
+                raise ValueError(f"VerticalModel: party {p!r} embedding shape {spec.shape} must "
+                                 "be fully known apart from the batch dimension.")
+        self._embedding_specs = sent
+        self._top_takes_dict = self._resolve_top_rule(sent)
+        try:
+            keras_backend.compute_output_spec(
+                lambda m: self.top(self._combine(m), training=False), sent)
+        except Exception as error:
+            shapes = {p: tuple(s.shape) for p, s in sent.items()}
+            rule = ("a dict keyed by party" if self._top_takes_dict else
+                    "the concatenation of the embeddings along the last axis in sorted party "
+                    "order")
+            raise ValueError(f"VerticalModel: the top model cannot take the embeddings "
+                             f"{shapes} as {rule}: {error}") from error
+        self.built = True
+
+    def _resolve_top_rule(self, sent):
+        struct = getattr(self.top, "_inputs_struct", None)
+        names = None
+        if isinstance(struct, dict):
+            names = list(struct)
+        elif struct is not None and len(tree.flatten(struct)) > 1:
+            names = [t.name for t in tree.flatten(struct)]
+        if names is None:  # one input: the concatenation
+            if len({s.shape[1:-1] for s in sent.values()}) > 1 or \
+                    len({len(s.shape) for s in sent.values()}) > 1:
+                raise ValueError("VerticalModel: the top model has one input, so it receives the "
+                                 "concatenation of the embeddings along the last axis, but their "
+                                 "shapes differ elsewhere: "
+                                 f"{ {p: tuple(s.shape) for p, s in sent.items()} }.")
+            if len({keras.backend.standardize_dtype(s.dtype) for s in sent.values()}) > 1:
+                raise ValueError("VerticalModel: the embeddings have different dtypes "
+                                 f"{ {p: s.dtype for p, s in sent.items()} }; the top's single "
+                                 "input needs one dtype.")
+            expected = getattr(self.top, "inputs", None) if self.top.built else None
+            if expected:
+                want = expected[0].shape[-1]
+                got = sum(int(s.shape[-1]) for s in sent.values())
+                if want is not None and want != got:
+                    raise ValueError(
+                        f"VerticalModel: the top model's input has last dimension {want}, but the "
+                        f"concatenated embeddings (sorted party order "
+                        f"{ {p: int(s.shape[-1]) for p, s in sent.items()} }) have {got}.")
+            return False
+        if sorted(names) != sorted(self._parties):
+            raise ValueError(f"VerticalModel: the top model has inputs named {names}; a top with "
+                             "several (or dict) inputs must name them exactly after the parties "
+                             f"{list(self._parties)} (it then receives a dict party -> "
+                             "embedding). A top with one input receives the concatenation.")
+        return True
+
+    def _combine(self, sent):
+        if self._top_takes_dict:
+            return {p: sent[p] for p in self._parties}
+        parts = [sent[p] for p in self._parties]
+        return parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
+
+    # --- the protocol ------------------------------------------------------------------
+
+    def _split_inputs(self, inputs):
+        if not isinstance(inputs, dict):
+            raise TypeError("VerticalModel: inputs must be a dict keyed by party name "
+                            f"{list(self._parties)} (plus optional {EXAMPLE_IDS_KEY!r}); got "
+                            f"{type(inputs).__name__}.")
+        missing = [p for p in self._parties if p not in inputs]
+        unknown = sorted(k for k in inputs if k not in self._parties and k != EXAMPLE_IDS_KEY)
+        if missing or unknown:
+            raise ValueError(f"VerticalModel: the input dict must have the keys "
+                             f"{list(self._parties)} (plus optional {EXAMPLE_IDS_KEY!r}); missing "
+                             f"{missing}, unknown {unknown}.")
+        return {p: inputs[p] for p in self._parties}, inputs.get(EXAMPLE_IDS_KEY)
+
+    def _party_forward(self, party, features, training):
+        """Party's side: (raw embedding, what it sends, its own losses)."""
+        bottom = self.bottoms[party]
+        z = bottom(features, training=training)
+        losses = list(bottom.losses)
+        protection = self.protections.get(party)
+        if protection is None:
+            return z, z, losses
+        sent = protection(z, training=training)
+        return z, sent, losses + list(protection.losses)
+
+    def _sum_losses(self, losses):
+        if not losses:
+            return None
+        return tf.add_n([self._aggregate_additional_loss(loss) for loss in losses])
+
+    def call(self, inputs, training=None):
+        features, _ = self._split_inputs(inputs)
+        sent = {p: self._party_forward(p, features[p], training)[1] for p in self._parties}
+        return self.top(self._combine(sent), training=training)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """The leader's loss: the compiled loss plus the top model's own losses.
+
+        The parties' own losses (``add_loss`` and weight regularizers inside a
+        bottom or protection layer) belong to those parties; ``train_step`` and
+        ``test_step`` add them to the reported loss and each party
+        differentiates its own.
+        """
+        del x, training
+        losses = []
+        if self._compile_loss is not None:
+            loss = self._compile_loss(y, y_pred, sample_weight)
+            if loss is not None:
+                losses.append(loss)
+        for loss in self._get_own_losses() + list(self.top.losses):
+            losses.append(self._aggregate_additional_loss(loss))
+        if not losses:
+            raise ValueError("No loss to compute. Provide a `loss` argument in `compile()`.")
+        return losses[0] if len(losses) == 1 else tf.add_n(losses)
+
+    def _privatize_labels(self, y, ids):
+        if self.label_dp is None or y is None:
+            return y
+        if ids is None and not self.label_dp.per_batch:
+            raise ValueError(
+                "VerticalModel(label_dp=LabelDPLayer(...)) randomizes each training label once, "
+                f"so it needs example ids: add an int64 {EXAMPLE_IDS_KEY!r} entry (shape "
+                "(batch,), unique per example) to the input dict, e.g. with "
+                "keras_fedpriv.federated.with_example_ids(x) (before shuffling). Alternatively "
+                "privatize the labels once before training with keras_fedpriv.privatize_labels "
+                "and pass label_dp=None, or use LabelDPLayer(per_batch=True) (fresh noise every "
+                "epoch: E epochs cost E * eps).")
+        return self.label_dp(y, example_ids=ids, training=True)
+
+    def _wire_bytes(self, party, sent):
+        """(bytes up, bytes down) of one message of ``party`` (float64 scalars)."""
+        rows = tf.cast(_rows(sent), tf.float64)
+        coords = tf.cast(_coords(sent), tf.float64)
+        if _is_bit_protection(self.protections.get(party)):
+            up = rows * tf.math.ceil(coords / 8.0)
+        else:
+            up = rows * coords * float(sent.dtype.size)
+        down = rows * coords * float(sent.dtype.size)
+        return up, down
+
+    def _count_traffic(self, sent, gradients_sent):
+        total_up, total_down = [], []
+        for p in self._followers:
+            up, down = self._wire_bytes(p, sent[p])
+            self.traffic[f"bytes_up_{p}"].update_state(up)
+            total_up.append(up)
+            if gradients_sent:
+                self.traffic[f"bytes_down_{p}"].update_state(down)
+                total_down.append(down)
+        self.traffic["bytes_up"].update_state(tf.add_n(total_up))
+        if total_down:
+            self.traffic["bytes_down"].update_state(tf.add_n(total_down))
+
+    def train_step(self, data):
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        features, ids = self._split_inputs(x)
+        scale = self.optimizer.scale_loss if self.optimizer is not None else (lambda v: v)
+
+        # 1. Each party: bottom (+ protection) under its own tape.
+        tapes, sent, local, local_scaled = {}, {}, {}, {}
+        for p in self._parties:
+            tape = tf.GradientTape()
+            with tape:
+                _, sent[p], losses = self._party_forward(p, features[p], training=True)
+                local[p] = self._sum_losses(losses)
+                local_scaled[p] = None if local[p] is None else scale(local[p])
+            tapes[p] = tape
+
+        # 2. The leader: top on what arrived (no autograd history crosses the wire).
+        received = {p: tf.stop_gradient(sent[p]) for p in self._parties}
+        y_train = self._privatize_labels(y, ids)
+        top_vars = list(self.top.trainable_variables)
+        with tf.GradientTape() as leader_tape:
+            for t in received.values():
+                leader_tape.watch(t)
+            y_pred = self.top(self._combine(received), training=True)
+            loss = self._compute_loss(x=x, y=y_train, y_pred=y_pred,
+                                      sample_weight=sample_weight, training=True)
+            scaled_loss = scale(loss)
+        grads = leader_tape.gradient(scaled_loss, [received[p] for p in self._parties] + top_vars)
+        n = len(self._parties)
+        cut = {p: (g if g is not None else tf.zeros_like(received[p]))
+               for p, g in zip(self._parties, grads[:n])}
+        by_var = {}
+        for v, g in zip(top_vars, grads[n:]):
+            by_var[id(v)] = g
+
+        # 3. Each party: its gradients from g_p alone (+ its own losses).
+        for p in self._parties:
+            party_vars = [v for layer in self._party_layers(p) for v in layer.trainable_variables]
+            if not party_vars:
+                continue
+            targets, out_grads = [sent[p]], [cut[p]]
+            if local_scaled[p] is not None:
+                targets.append(local_scaled[p])
+                out_grads.append(tf.ones_like(local_scaled[p]))
+            for v, g in zip(party_vars, tapes[p].gradient(targets, party_vars,
+                                                          output_gradients=out_grads)):
+                by_var[id(v)] = g
+
+        # 4. One optimizer step (per-party optimizers in deployment; same math).
+        trainable = self.trainable_variables
+        if trainable:
+            self.optimizer.apply_gradients(zip([by_var.get(id(v)) for v in trainable], trainable))
+
+        total = loss
+        for p in self._parties:
+            if local[p] is not None:
+                total = total + tf.cast(local[p], total.dtype)
+        batch = _rows(tree.flatten(features)[0])
+        self._loss_tracker.update_state(
+            keras_loss_module.unscale_loss_for_distribution(total), sample_weight=batch)
+        self._count_traffic(sent, gradients_sent=True)
+        logs = self.compute_metrics(x, y_train, y_pred, sample_weight=sample_weight)
+        if self._capture_messages:
+            logs = dict(logs)
+            logs[_MESSAGES_KEY] = self._gather_messages(sent, cut, y, y_train, ids)
+        return logs
+
+    def _gather_messages(self, sent, cut, y, y_train, ids):
+        captured = {"up": {p: sent[p] for p in self._followers},
+                    "down": {p: cut[p] for p in self._followers},
+                    "labels": y,
+                    "noisy_labels": y_train}
+        if ids is not None:
+            captured["example_ids"] = ids
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            # Every replica returns the whole global batch (replica order = batch
+            # order), so Keras' cross-replica reduction leaves it unchanged.
+            captured = tree.map_structure(lambda t: context.all_gather(t, axis=0), captured)
+        return captured
+
+    def test_step(self, data):
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        features, _ = self._split_inputs(x)
+        sent, total_local = {}, []
+        for p in self._parties:
+            _, sent[p], losses = self._party_forward(p, features[p], training=False)
+            if losses:
+                total_local.append(self._sum_losses(losses))
+        y_pred = self.top(self._combine(sent), training=False)
+        loss = self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                  training=False)
+        for extra in total_local:
+            loss = loss + tf.cast(extra, loss.dtype)
+        self._loss_tracker.update_state(
+            keras_loss_module.unscale_loss_for_distribution(loss),
+            sample_weight=_rows(tree.flatten(features)[0]))
+        self._count_traffic(sent, gradients_sent=False)  # inference messages go up too
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    # --- message capture ---------------------------------------------------------------
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
+            **kwargs):
+        """`keras.Model.fit`; `MessageCallback`\\ s among ``callbacks`` receive the messages."""
+        if isinstance(callbacks, keras.callbacks.CallbackList):
+            listed = callbacks.callbacks
+        else:
+            listed = list(callbacks or [])
+            callbacks = listed
+        watchers = [c for c in listed if isinstance(c, MessageCallback)]
+        if watchers and self.steps_per_execution != 1:
+            raise ValueError(f"VerticalModel: message callbacks "
+                             f"({', '.join(type(c).__name__ for c in watchers)}) need "
+                             f"steps_per_execution=1 (one step's messages per call); the model "
+                             f"was compiled with steps_per_execution={self.steps_per_execution}.")
+        capture = bool(watchers)
+        if capture != self._capture_messages:
+            self._capture_messages = capture
+            self.train_function = None  # retrace with / without message outputs
+        dispatcher = None
+        if capture:
+            dispatcher = _MessageDispatcher()
+            listed.insert(0, dispatcher)
+            if isinstance(callbacks, keras.callbacks.CallbackList):
+                dispatcher.set_model(self)
+        self._message_callbacks = watchers
+        self._dispatcher = dispatcher
+        try:
+            return super().fit(x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
+                               callbacks=callbacks, **kwargs)
+        finally:
+            if dispatcher is not None and dispatcher in listed:
+                listed.remove(dispatcher)
+            self._message_callbacks = []
+            self._dispatcher = None
+
+    def make_train_function(self, force=False):
+        if self.train_function is not None and not force:
+            return self.train_function
+        super().make_train_function(force=True)
+        inner = self.train_function
+
+        def train_function(iterator):
+            logs = inner(iterator)
+            if isinstance(logs, dict) and _MESSAGES_KEY in logs:
+                logs = dict(logs)
+                self._dispatch(logs.pop(_MESSAGES_KEY))
+            return logs
+
+        self.train_function = train_function
+        return train_function
+
+    def _dispatch(self, captured):
+        if not self._message_callbacks:
+            return
+        arrays = tree.map_structure(lambda t: np.asarray(t), captured)
+        epoch = self._dispatcher.epoch if self._dispatcher is not None else 0
+        step = self._dispatcher.step if self._dispatcher is not None else 0
+        parties = {}
+        for p in self._followers:
+            e, g = arrays["up"][p], arrays["down"][p]
+            rows, coords = e.shape[0], int(np.prod(e.shape[1:]))
+            up = rows * (math.ceil(coords / 8) if _is_bit_protection(self.protections.get(p))
+                         else coords * e.dtype.itemsize)
+            parties[p] = PartyMessages(embeddings=e, gradients=g, bytes_up=int(up),
+                                       bytes_down=int(rows * coords * g.dtype.itemsize))
+        messages = StepMessages(
+            epoch=epoch, step=step, parties=parties,
+            evaluation=EvaluationData(labels=arrays["labels"],
+                                      noisy_labels=arrays["noisy_labels"],
+                                      example_ids=arrays.get("example_ids")))
+        for callback in self._message_callbacks:
+            callback.on_messages(step, messages)
+
+    # --- per-party access and export -----------------------------------------------------
+
+    @property
+    def parties(self):
+        """All party names, sorted."""
+        return self._parties
+
+    @property
+    def followers(self):
+        """The parties that send embeddings (all but the leader), sorted."""
+        return self._followers
+
+    @property
+    def leader(self):
+        """The leader's party name, or None (the leader has no bottom of its own)."""
+        return self._leader
+
+    @property
+    def wire_format(self):
+        """Per follower: how its messages are encoded and their size per example.
+
+        A dict follower -> dict with ``"up"`` (``"1-bit packed"`` or the
+        float dtype), ``"up_bytes_per_example"``, ``"down"`` and
+        ``"down_bytes_per_example"``.
+        """
+        out = {}
+        for p in self._followers:
+            spec = self._embedding_specs[p]
+            coords = int(np.prod(spec.shape[1:]))
+            size = tf.as_dtype(spec.dtype).size
+            bits = _is_bit_protection(self.protections.get(p))
+            out[p] = {"up": "1-bit packed" if bits else keras.backend.standardize_dtype(spec.dtype),
+                      "up_bytes_per_example": math.ceil(coords / 8) if bits else coords * size,
+                      "down": keras.backend.standardize_dtype(spec.dtype),
+                      "down_bytes_per_example": coords * size}
+        return out
+
+    def _check_party(self, party):
+        if party not in self._parties:
+            raise ValueError(f"VerticalModel: unknown party {party!r}; the parties are "
+                             f"{list(self._parties)}.")
+
+    def party_embeddings(self, party, x, training=False):
+        """What ``party`` computes for ``x``: a follower's message (after its protection),
+        or the leader's own (never sent) embedding.
+
+        Args:
+            party: a party name.
+            x: that party's features, or the whole input dict (``x[party]`` is used).
+            training: the protection's and bottom's training flag.
+
+        Returns:
+            A numpy array (batch, ...).
+        """
+        self._check_party(party)
+        if isinstance(x, dict) and party in x:
+            x = x[party]
+        return np.asarray(self._party_forward(party, x, training=training)[1])
+
+    def export_party(self, party, filepath, verbose=False):
+        """Export one party's part as a TensorFlow SavedModel (endpoint ``serve``).
+
+        * A follower's SavedModel maps its features to exactly what it sends:
+          its bottom followed by its protection (an `EmbeddingDPLayer` with
+          ``at_inference=True`` keeps randomizing; its secret key is not
+          stored, and the reloaded SavedModel draws a fresh key at each call).
+        * The leader's SavedModel is `export_leader`'s.
+
+        Reload with ``tf.saved_model.load(filepath).serve(features)``.
+        """
+        self._check_party(party)
+        if party == self._leader:
+            return self.export_leader(filepath, verbose=verbose)
+        bottom, protection = self.bottoms[party], self.protections.get(party)
+        archive = keras.export.ExportArchive()
+        archive.track(bottom)
+        if protection is not None:
+            archive.track(protection)
+
+        def serve(features):
+            z = bottom(features, training=False)
+            return z if protection is None else protection(z, training=False)
+
+        archive.add_endpoint("serve", serve, input_signature=[self._tensor_spec(party)])
+        archive.write_out(filepath, verbose=verbose)
+
+    def export_leader(self, filepath, verbose=False):
+        """Export the leader's part as a SavedModel: its bottom (if any) + the top.
+
+        Endpoint ``serve(inputs)``: ``inputs`` is a dict keyed by party name,
+        holding the leader's own features under the leader's name and, under
+        each follower's name, the message that follower sent (its
+        `export_party` output). Returns the top's prediction.
+        """
+        archive = keras.export.ExportArchive()
+        signature = {}
+        for p in self._parties:
+            if p == self._leader:
+                archive.track(self.bottoms[p])
+                signature[p] = self._tensor_spec(p)
+            else:
+                spec = self._embedding_specs[p]
+                signature[p] = tf.TensorSpec((None,) + tuple(spec.shape[1:]), spec.dtype, name=p)
+        archive.track(self.top)
+
+        def serve(inputs):
+            sent = {}
+            for p in self._parties:
+                if p == self._leader:
+                    sent[p] = self.bottoms[p](inputs[p], training=False)
+                else:
+                    sent[p] = inputs[p]
+            return self.top(self._combine(sent), training=False)
+
+        archive.add_endpoint("serve", serve, input_signature=[signature])
+        archive.write_out(filepath, verbose=verbose)
+
+    def _tensor_spec(self, party):
+        return tree.map_structure(
+            lambda t: tf.TensorSpec((None,) + tuple(t.shape[1:]), t.dtype),
+            self._input_specs[party])
+
+    # --- serialization -------------------------------------------------------------------
+
+    def get_config(self):
+        ser = keras.saving.serialize_keras_object
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "bottoms": {p: ser(b) for p, b in self.bottoms.items()},
+            "top": ser(self.top),
+            "leader": self._leader,
+            "embedding_dp": {p: (None if layer is None else ser(layer))
+                             for p, layer in self.protections.items()},
+            "label_dp": None if self.label_dp is None else ser(self.label_dp),
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        de = keras.saving.deserialize_keras_object
+
+        def load(item):
+            return None if item is None else de(item, custom_objects=custom_objects)
+
+        config["bottoms"] = {p: load(b) for p, b in config["bottoms"].items()}
+        config["top"] = load(config["top"])
+        if isinstance(config.get("embedding_dp"), dict):
+            config["embedding_dp"] = {p: load(x) for p, x in config["embedding_dp"].items()}
+        else:
+            config["embedding_dp"] = load(config.get("embedding_dp"))
+        config["label_dp"] = load(config.get("label_dp"))
+        return cls(**config)
+
+
+
+class _MessageDispatcher(keras.callbacks.Callback):
+    """Tracks the epoch and step for `VerticalModel._dispatch` (inserted by ``fit``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.epoch = 0
+        self.step = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = int(epoch)
+        self.step = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.step = int(batch)

@@ -1,0 +1,300 @@
+"""VAEBottom: a follower's bottom model as the encoder of a VAE (seed 002).
+
+The embedding a follower sends up is a reparameterized posterior sample
+``z = mu(x) + sigma(x) * n``, ``n ~ N(0, I)``, with ``sigma = exp(0.5 *
+logvar)``, at training and at inference: the internal randomness is the
+protection. `keras_fedpriv.privacy.deldp` estimates its dELDP epsilon.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_fedpriv.layers.secret_rng import SecretRandomMixin
+from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
+
+__all__ = ["VAEBottom", "kl_to_standard_normal"]
+
+
+def _validate_hidden_units(hidden_units):
+    if isinstance(hidden_units, (str, bytes)) or not isinstance(hidden_units, (tuple, list)):
+        raise TypeError(f"`hidden_units` must be a tuple or list of positive integers (may be "
+                        f"empty); got {hidden_units!r} of type {type(hidden_units).__name__}.")
+    return tuple(validate_positive_int(u, f"hidden_units[{i}]")
+                 for i, u in enumerate(hidden_units))
+
+
+def kl_to_standard_normal(mu, logvar):
+    """KL(N(mu, diag(exp(logvar))) || N(0, I)) per example (summed over the last axis).
+
+    ``-0.5 * sum(1 + logvar - mu^2 - exp(logvar))``, computed in float32 (or
+    the inputs' dtype if wider).
+    """
+    dtype = tf.float64 if mu.dtype == tf.float64 else tf.float32
+    mu = tf.cast(mu, dtype)
+    logvar = tf.cast(logvar, dtype)
+    return -0.5 * tf.reduce_sum(1.0 + logvar - tf.square(mu) - tf.exp(logvar), axis=-1)
+
+
+@keras.saving.register_keras_serializable(package="keras_fedpriv")
+class VAEBottom(SecretRandomMixin, keras.layers.Layer):
+    """A follower's bottom model that sends a VAE posterior sample (seed 002).
+
+    Encoder: ``Dense(u, relu)`` for each ``u`` in ``hidden_units``, then two
+    linear heads, ``mu = Dense(latent_dim)`` and ``logvar = Dense(latent_dim)``.
+    The output is the reparameterized sample::
+
+        z = mu + exp(0.5 * logvar) * n,   n ~ N(0, I)
+
+    drawn at **every** call, in training and at inference alike (the internal
+    randomness is what protects the features; there is no switch to turn it
+    off). The noise comes from the layer's secret, replay-proof key (64 bits
+    from OS entropy unless ``seed=`` is given; see docs/privacy.md "Secrets").
+
+    Each call adds the KL term to N(0, I) with `add_loss`:
+    ``beta * mean over the batch of sum over latent dims of
+    -0.5 * (1 + logvar - mu^2 - exp(logvar))`` (nothing is added when
+    ``beta == 0``). In a model it joins the training loss automatically.
+
+    With ``with_decoder=True`` the layer also owns a decoder (``Dense(u, relu)``
+    for ``u`` in reversed ``hidden_units``, then a linear ``Dense(input_dim)``)
+    so that `pretrain` can fit encoder + decoder on the party's own features
+    (reconstruction MSE + beta * KL) before vertical training. The decoder is
+    never used in `call` and nothing it computes is sent.
+
+    `encode` gives ``(mu, logvar)`` without sampling and `sigma` the standard
+    deviation ``exp(0.5 * logvar)``; `keras_fedpriv.privacy.deldp` uses them to
+    estimate the dELDP epsilon of the released sample (an empirical estimate,
+    not a DP guarantee).
+
+    Args:
+        latent_dim: size of the embedding sent up, a positive int.
+        hidden_units: tuple/list of positive ints, the widths of the encoder's
+            hidden ``relu`` layers; ``()`` makes mu and logvar linear in x.
+        beta: weight of the KL term, a finite real >= 0.
+        with_decoder: whether to build a decoder for `pretrain` (a bool).
+        seed: None (default): a 64-bit secret from OS entropy that is never
+            saved. An int makes the noise reproducible (and is saved).
+        **kwargs: standard `keras.layers.Layer` arguments (``name``, ``dtype``).
+
+    Returns (call):
+        A tensor of shape ``input_shape[:-1] + (latent_dim,)``: one fresh
+        sample of the posterior per row.
+
+    Example:
+        >>> bottom = VAEBottom(latent_dim=8, hidden_units=(32,), beta=0.5, with_decoder=True)
+        >>> x = np.random.randn(256, 10).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int64")
+        >>> history = bottom.pretrain(x, epochs=5, verbose=0)
+        >>> z = bottom(x)                        # a sample, also at inference
+        >>> mu, logvar = bottom.encode(x)        # no sampling
+        >>> report = keras_fedpriv.privacy.deldp(bottom, x, y)
+    """
+
+    _rng_salt = 0x56414542  # "VAEB"
+
+    def __init__(self, latent_dim, hidden_units=(64,), beta=1.0, with_decoder=False, seed=None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.latent_dim = validate_positive_int(latent_dim, "latent_dim")
+        self.hidden_units = _validate_hidden_units(hidden_units)
+        self.beta = validate_eps(beta, "beta")
+        if not isinstance(with_decoder, (bool, np.bool_)):
+            raise TypeError(f"`with_decoder` must be a bool (True or False); got "
+                            f"{with_decoder!r} of type {type(with_decoder).__name__}.")
+        self.with_decoder = bool(with_decoder)
+        self._init_rng(seed)
+        policy = self.dtype_policy
+        self.hidden_layers = [keras.layers.Dense(u, activation="relu", dtype=policy,
+                                                 name=f"hidden_{i}")
+                              for i, u in enumerate(self.hidden_units)]
+        self.z_mean = keras.layers.Dense(self.latent_dim, dtype=policy, name="z_mean")
+        self.z_log_var = keras.layers.Dense(self.latent_dim, dtype=policy, name="z_log_var")
+        if self.with_decoder:
+            self.decoder_layers = [
+                keras.layers.Dense(u, activation="relu", dtype=policy, name=f"decoder_hidden_{i}")
+                for i, u in enumerate(reversed(self.hidden_units))]
+        else:
+            self.decoder_layers = []
+        self.decoder_output = None  # Dense(input_dim), created in build()
+        self.input_dim = None
+
+    # --- building ---------------------------------------------------------------------
+
+    def build(self, input_shape):
+        input_shape = tuple(input_shape)
+        if len(input_shape) < 2 or input_shape[-1] is None:
+            raise ValueError(f"VAEBottom: inputs must have shape (batch, ..., features) with a "
+                             f"known number of features; got {input_shape}.")
+        self.input_dim = int(input_shape[-1])
+        shape = input_shape
+        for layer in self.hidden_layers:
+            layer.build(shape)
+            shape = shape[:-1] + (layer.units,)
+        self.z_mean.build(shape)
+        self.z_log_var.build(shape)
+        if self.with_decoder:
+            self.decoder_output = keras.layers.Dense(self.input_dim, dtype=self.dtype_policy,
+                                                     name="decoder_output")
+            shape = input_shape[:-1] + (self.latent_dim,)
+            for layer in self.decoder_layers:
+                layer.build(shape)
+                shape = shape[:-1] + (layer.units,)
+            self.decoder_output.build(shape)
+        self.built = True
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)[:-1] + (self.latent_dim,)
+
+    def _ensure_built(self, x):
+        if not self.built:
+            self.build(x.shape)
+
+    # --- the encoder ------------------------------------------------------------------
+
+    def _encode(self, x):
+        h = x
+        for layer in self.hidden_layers:
+            h = layer(h)
+        return self.z_mean(h), self.z_log_var(h)
+
+    def encode(self, x):
+        """The posterior's parameters, without sampling.
+
+        Args:
+            x: features, shape ``(batch, ..., input_dim)``.
+
+        Returns:
+            ``(mu, logvar)``, two tensors of shape ``(batch, ..., latent_dim)``;
+            the standard deviation is ``sigma = exp(0.5 * logvar)`` (`sigma`).
+        """
+        x = tf.convert_to_tensor(x, dtype=self.compute_dtype)
+        self._ensure_built(x)
+        return self._encode(x)
+
+    def sigma(self, x):
+        """The posterior's standard deviation ``exp(0.5 * logvar(x))``."""
+        _, logvar = self.encode(x)
+        return tf.exp(0.5 * logvar)
+
+    def _sample(self, mu, logvar):
+        noise = self._next_normal(tf.shape(mu), mu.dtype)
+        return mu + tf.exp(0.5 * logvar) * noise
+
+    def _kl(self, mu, logvar):
+        """beta * mean over the batch of the per-example KL (a scalar)."""
+        return self.beta * tf.reduce_mean(kl_to_standard_normal(mu, logvar))
+
+    def call(self, inputs, training=None):
+        # `training` is accepted for Keras' sake and deliberately ignored: the
+        # sample is drawn at inference too.
+        mu, logvar = self._encode(inputs)
+        if self.beta > 0:
+            self.add_loss(self._kl(mu, logvar))
+        return self._sample(mu, logvar)
+
+    # --- the decoder and pretraining --------------------------------------------------
+
+    def decode(self, z):
+        """Reconstruct features from latent codes (needs ``with_decoder=True``)."""
+        self._require_decoder("decode")
+        h = tf.convert_to_tensor(z, dtype=self.compute_dtype)
+        for layer in self.decoder_layers:
+            h = layer(h)
+        return self.decoder_output(h)
+
+    def _require_decoder(self, what):
+        if not self.with_decoder:
+            raise ValueError(f"VAEBottom.{what}: this layer has no decoder; create it with "
+                             f"`with_decoder=True` to pretrain it as an autoencoder.")
+        if not self.built:
+            raise ValueError(f"VAEBottom.{what}: the layer is not built yet; call it on data "
+                             f"(or `pretrain`) first.")
+
+    def _pretrain_losses(self, x):
+        mu, logvar = self._encode(x)
+        z = self._sample(mu, logvar)
+        recon = self.decode(z)
+        diff = tf.cast(recon, tf.float32) - tf.cast(x, tf.float32)
+        mse = tf.reduce_mean(tf.reduce_mean(tf.square(diff), axis=-1))
+        kl = self._kl(mu, logvar)
+        return mse + kl, mse, kl
+
+    def pretrain(self, x, epochs=10, batch_size=32, optimizer="adam", verbose=1, shuffle=True):
+        """Train encoder + decoder on the party's own features (a VAE).
+
+        Minimizes ``mean reconstruction MSE + beta * KL`` with the
+        reparameterized sample from the layer's secret RNG. Only the party's
+        features are needed (no labels, nothing leaves the party).
+
+        Args:
+            x: features, an array of shape ``(N, ..., input_dim)``.
+            epochs: number of passes over x (positive int).
+            batch_size: mini-batch size (positive int).
+            optimizer: a Keras optimizer instance or identifier (``"adam"``).
+            verbose: 0 silent, 1 one line per epoch.
+            shuffle: reshuffle the rows at each epoch.
+
+        Returns:
+            A dict of per-epoch means: ``{"loss": [...], "reconstruction": [...],
+            "kl": [...]}`` (``kl`` already multiplied by beta).
+
+        Raises:
+            ValueError: if the layer was built without a decoder.
+        """
+        if not self.with_decoder:
+            raise ValueError("VAEBottom.pretrain: this layer has no decoder; create it with "
+                             "`with_decoder=True` to pretrain it as an autoencoder.")
+        epochs = validate_positive_int(epochs, "epochs")
+        batch_size = validate_positive_int(batch_size, "batch_size")
+        x = np.asarray(x, dtype=self.compute_dtype)
+        if x.ndim < 2 or len(x) == 0:
+            raise ValueError(f"VAEBottom.pretrain: `x` must have shape (N, ..., features) with "
+                             f"N >= 1; got shape {x.shape}.")
+        self._ensure_built(tf.convert_to_tensor(x[:1]))
+        if x.shape[-1] != self.input_dim:
+            raise ValueError(f"VAEBottom.pretrain: `x` has {x.shape[-1]} features, the layer was "
+                             f"built for {self.input_dim}.")
+        optimizer = keras.optimizers.get(optimizer)
+        variables = [v for layer in self._pretrain_layers() for v in layer.trainable_variables]
+        optimizer.build(variables)
+
+        @tf.function(input_signature=[tf.TensorSpec((None,) + x.shape[1:], x.dtype)])
+        def step(batch):
+            with tf.GradientTape() as tape:
+                loss, mse, kl = self._pretrain_losses(batch)
+            grads = tape.gradient(loss, variables)
+            optimizer.apply_gradients(zip(grads, variables))
+            return loss, mse, kl
+
+        order_rng = np.random.default_rng()
+        history = {"loss": [], "reconstruction": [], "kl": []}
+        n = len(x)
+        for epoch in range(epochs):
+            order = order_rng.permutation(n) if shuffle else np.arange(n)
+            totals = np.zeros(3)
+            for start in range(0, n, batch_size):
+                batch = x[order[start:start + batch_size]]
+                values = step(tf.constant(batch))
+                totals += len(batch) * np.array([float(v) for v in values])
+            means = totals / n
+            for key, value in zip(history, means):
+                history[key].append(float(value))
+            if verbose:
+                print(f"VAEBottom.pretrain epoch {epoch + 1}/{epochs}: loss={means[0]:.4f} "
+                      f"reconstruction={means[1]:.4f} kl={means[2]:.4f}")
+        return history
+
+    def _pretrain_layers(self):
+        return [*self.hidden_layers, self.z_mean, self.z_log_var, *self.decoder_layers,
+                self.decoder_output]
+
+    # --- serialization ----------------------------------------------------------------
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"latent_dim": self.latent_dim, "hidden_units": list(self.hidden_units),
+                       "beta": self.beta, "with_decoder": self.with_decoder, "seed": self.seed})
+        return config

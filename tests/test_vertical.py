@@ -1,0 +1,501 @@
+"""VerticalModel: the split-learning protocol in one process (keras_fedpriv.federated).
+
+Two- and three-party models on scikit-learn's breast cancer data (features
+split between parties): training quality, the messages that cross party
+boundaries (shape, values, gradients equal to an independent computation),
+bytes accounting, XLA, MirroredStrategy, `.keras` round trips, callbacks,
+per-party SavedModel export, argument validation and label-DP example ids.
+"""
+
+import os
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_fedpriv as kf
+from keras_fedpriv.demo import load_data
+from keras_fedpriv.federated import (
+    MessageCallback,
+    MessageRecorder,
+    VerticalModel,
+    derive_party_seed,
+    with_example_ids,
+)
+
+
+@pytest.fixture(scope="module")
+def data():
+    xa, xb, y, xa_test, xb_test, y_test = load_data()  # 15/15 features, standardized
+    return dict(train={"party_a": xa, "party_b": xb}, y=y,
+                test={"party_a": xa_test, "party_b": xb_test}, y_test=y_test)
+
+
+def _bottom(n_in, d, name, hidden=16, **dense_kwargs):
+    inp = keras.Input((n_in,), name=f"{name}_in")
+    h = keras.layers.Dense(hidden, activation="relu", name=f"{name}_hidden")(inp)
+    return keras.Model(inp, keras.layers.Dense(d, name=f"{name}_emb", **dense_kwargs)(h), name=name)
+
+
+def _top(d_in):
+    return keras.Sequential([keras.Input((d_in,)), keras.layers.Dense(8, activation="relu"),
+                             keras.layers.Dense(1, activation="sigmoid")], name="top")
+
+
+def _two_party(embedding_dp=None, label_dp=None, d=8, leader="party_b", **kwargs):
+    return VerticalModel({"party_a": _bottom(15, d, "bottom_a"),
+                          "party_b": _bottom(15, d, "bottom_b")},
+                         _top(2 * d), leader=leader, embedding_dp=embedding_dp, label_dp=label_dp,
+                         **kwargs)
+
+
+def _compile(model, lr=3e-3, **kwargs):
+    model.compile(keras.optimizers.Adam(lr), "binary_crossentropy", metrics=["accuracy"], **kwargs)
+    return model
+
+
+def _accuracy(model, data):
+    p = model.predict(data["test"], verbose=0, batch_size=256)
+    return float(np.mean((p > 0.5) == (data["y_test"] > 0.5)))
+
+
+def _zero_one(a):
+    return bool(np.all((a == 0) | (a == 1)))
+
+
+# --- training ------------------------------------------------------------------------
+
+def test_unprotected_two_party_model_trains(data):
+    keras.utils.set_random_seed(1)
+    model = _compile(_two_party())
+    assert model.parties == ("party_a", "party_b") and model.followers == ("party_a",)
+    assert model.leader == "party_b"
+    history = model.fit(data["train"], data["y"], epochs=15, batch_size=32, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0] - 0.3
+    assert _accuracy(model, data) > 0.9
+    # evaluate uses the true labels and the deployed (inference) path.
+    result = model.evaluate(data["test"], data["y_test"], verbose=0, return_dict=True)
+    assert result["accuracy"] > 0.9
+
+
+def test_protected_model_still_trains(data):
+    keras.utils.set_random_seed(2)
+    model = _compile(_two_party(embedding_dp=kf.EmbeddingDPLayer(eps=8.0),
+                                label_dp=kf.LabelDPLayer(4.0)))
+    recorder = MessageRecorder(epochs=(0,), max_steps=2)
+    history = model.fit(with_example_ids(data["train"]), data["y"], epochs=15, batch_size=32,
+                        verbose=0, callbacks=[recorder])
+    assert history.history["loss"][-1] < history.history["loss"][0] - 0.2
+    assert _accuracy(model, data) > 0.85
+    emb = recorder.embeddings("party_a")
+    assert emb.shape == (64, 8) and _zero_one(emb)
+    assert len(recorder.steps()) == 2 and recorder.recorded_epochs == [0]
+    # The follower's copy of the protection is its own layer (own secret key).
+    layer = model.protections["party_a"]
+    assert isinstance(layer, kf.EmbeddingDPLayer) and layer.eps == 8.0
+    assert model.protections.keys() == {"party_a"}  # the leader's embedding is never protected
+    # A later fit without message callbacks drops the message outputs again.
+    history = model.fit(with_example_ids(data["train"]), data["y"], epochs=1, batch_size=64,
+                        verbose=0)
+    assert set(history.history) == {"loss", "accuracy", "bytes_up", "bytes_down",
+                                    "bytes_up_party_a", "bytes_down_party_a"}
+
+
+# --- the messages ----------------------------------------------------------------------
+
+def test_messages_are_the_protocol_gradients(data):
+    """g_p = d loss / d e_p computed independently, and the bottom's SGD update comes from g_p
+    (plus the party's own regularization loss) alone."""
+    keras.utils.set_random_seed(3)
+    lr, n = 0.5, 64
+    bottom_a = _bottom(15, 12, "bottom_a", kernel_regularizer=keras.regularizers.L2(0.05))
+    bottom_b = _bottom(15, 8, "bottom_b")
+    model = VerticalModel({"party_a": bottom_a, "party_b": bottom_b}, _top(20), leader="party_b",
+                          embedding_dp=kf.EmbeddingDPLayer(eps=None))  # deterministic bits
+    model.compile(keras.optimizers.SGD(lr), "binary_crossentropy")
+    x = {k: v[:n] for k, v in data["train"].items()}
+    y = data["y"][:n]
+    before = [v.numpy() for v in bottom_a.trainable_variables]
+    sent_a = tf.constant(model.party_embeddings("party_a", x, training=True))
+    own_b = tf.constant(model.party_embeddings("party_b", x))
+    with tf.GradientTape() as tape:
+        tape.watch(sent_a)
+        pred = model.top(tf.concat([sent_a, own_b], axis=-1), training=True)  # sorted order
+        loss = keras.losses.BinaryCrossentropy()(y, pred)
+    expected_g = tape.gradient(loss, sent_a).numpy()
+
+    seen = []
+
+    class Capture(MessageCallback):
+        def on_messages(self, step, messages):
+            seen.append((step, messages))
+
+    model.fit(x, y, epochs=1, batch_size=n, shuffle=False, verbose=0, callbacks=[Capture()])
+    assert len(seen) == 1
+    step, messages = seen[0]
+    assert step == 0 and messages.epoch == 0 and set(messages.parties) == {"party_a"}
+    got = messages["party_a"]
+    np.testing.assert_array_equal(got.embeddings, sent_a.numpy())
+    assert got.embeddings.shape == (n, 12) and _zero_one(got.embeddings)
+    np.testing.assert_allclose(got.gradients, expected_g, rtol=1e-5, atol=1e-8)
+    assert np.abs(got.gradients).max() > 1e-4
+    np.testing.assert_array_equal(messages.evaluation.labels, y)
+    np.testing.assert_array_equal(messages.evaluation.noisy_labels, y)  # no label DP
+    assert messages.evaluation.example_ids is None
+
+    # The party's update from g_p alone: tape.gradient(e_p, vars, output_gradients=g_p) + its L2,
+    # evaluated at the weights before the step.
+    after = [v.numpy() for v in bottom_a.trainable_variables]
+    for v, value in zip(bottom_a.trainable_variables, before):
+        v.assign(value)
+    with tf.GradientTape() as tape:
+        sent = model.protections["party_a"](bottom_a(x["party_a"], training=True), training=True)
+        reg = tf.add_n(bottom_a.losses)
+    party_grads = tape.gradient([sent, reg], bottom_a.trainable_variables,
+                                output_gradients=[tf.constant(got.gradients), tf.ones_like(reg)])
+    for got_w, b, g in zip(after, before, party_grads):
+        np.testing.assert_allclose(got_w, b - lr * g.numpy(), rtol=1e-5, atol=1e-6)
+        assert np.abs(got_w - b).max() > 1e-5
+
+
+def test_bytes_in_history_equal_hand_computed_totals(data):
+    """Three parties, dict-input top: 1-bit packed bits up for EmbeddingDP, float32 otherwise."""
+    keras.utils.set_random_seed(4)
+    xa, xb = data["train"]["party_a"], data["train"]["party_b"]
+    x = {"party_a": xa, "party_b": xb[:, :8], "party_c": xb[:, 8:]}
+    ins = {p: keras.Input((d,), name=p) for p, d in (("party_a", 12), ("party_b", 6),
+                                                     ("party_c", 5))}
+    out = keras.layers.Dense(1, activation="sigmoid")(
+        keras.layers.Concatenate()([ins["party_a"], ins["party_b"], ins["party_c"]]))
+    top = keras.Model(ins, out)
+    model = VerticalModel({"party_a": _bottom(15, 12, "a"), "party_b": _bottom(8, 6, "b"),
+                           "party_c": _bottom(7, 5, "c")}, top, leader="party_b",
+                          embedding_dp={"party_a": kf.EmbeddingDPLayer(eps=2.0), "party_c": None})
+    assert model.wire_format["party_a"]["up"] == "1-bit packed"
+    assert model.wire_format["party_a"]["up_bytes_per_example"] == 2      # ceil(12 / 8)
+    assert model.wire_format["party_c"]["up_bytes_per_example"] == 20     # 5 * 4
+    _compile(model)
+    n_train, n_val = 300, 98
+    val = ({k: v[n_train:] for k, v in x.items()}, data["y"][n_train:])
+    recorder = MessageRecorder(epochs=None)
+    history = model.fit({k: v[:n_train] for k, v in x.items()}, data["y"][:n_train], epochs=2,
+                        batch_size=64, validation_data=val, verbose=0, callbacks=[recorder]).history
+    up = {"party_a": 2, "party_c": 20}
+    down = {"party_a": 12 * 4, "party_c": 5 * 4}
+    assert history["bytes_up"] == [n_train * 22] * 2
+    assert history["bytes_down"] == [n_train * 68] * 2
+    for p in ("party_a", "party_c"):
+        assert history[f"bytes_up_{p}"] == [n_train * up[p]] * 2
+        assert history[f"bytes_down_{p}"] == [n_train * down[p]] * 2
+        assert recorder.bytes_up(p, epoch=1) == n_train * up[p]
+    assert "bytes_up_party_b" not in history  # the leader sends nothing
+    assert history["val_bytes_up"] == [n_val * 22] * 2  # inference messages go up too
+    assert history["val_bytes_down"] == [0.0, 0.0]
+    assert all(isinstance(v, float) for values in history.values() for v in values)
+    assert recorder.embeddings("party_c").shape == (2 * n_train, 5)
+    assert set(model.protections) == {"party_a", "party_c"} and model.protections["party_c"] is None
+
+
+# --- XLA, MirroredStrategy ----------------------------------------------------------------
+
+def test_jit_compile_fit_with_recorder(data):
+    keras.utils.set_random_seed(5)
+    model = _compile(_two_party(embedding_dp=kf.EmbeddingDPLayer(eps=4.0),
+                                label_dp=kf.LabelDPLayer(2.0)), jit_compile=True)
+    assert model.jit_compile is True
+    n = 384  # 3 full batches: one XLA compilation
+    x = with_example_ids({k: v[:n] for k, v in data["train"].items()})
+    recorder = MessageRecorder(epochs=(1,))
+    history = model.fit(x, data["y"][:n], epochs=2, batch_size=128, verbose=0,
+                        callbacks=[recorder])
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert recorder.recorded_epochs == [1]
+    emb = recorder.embeddings("party_a")
+    assert emb.shape == (n, 8) and _zero_one(emb)
+    assert recorder.cut_gradients("party_a").shape == (n, 8)
+    assert np.abs(recorder.cut_gradients("party_a")).max() > 0
+    assert sorted(recorder.example_ids()) == list(range(n))
+    assert history.history["bytes_up"] == [float(n)] * 2
+
+
+
+
+def test_mirrored_strategy_fit_messages_and_bytes(data, strategy):
+    keras.utils.set_random_seed(6)
+    n = 202  # batches of 64: the last one (10 rows) splits 5 / 5 over the replicas
+    x = with_example_ids({k: v[:n] for k, v in data["train"].items()})
+    with strategy.scope():
+        model = _compile(_two_party(embedding_dp=kf.EmbeddingDPLayer(eps=4.0, seed=11),
+                                    label_dp=kf.LabelDPLayer(1.0)))
+    recorder = MessageRecorder(epochs=None)
+    history = model.fit(x, data["y"][:n], epochs=2, batch_size=64, verbose=0,
+                        callbacks=[recorder]).history
+    # Each replica counts its own rows; the Sum metric adds the replicas: counted once.
+    assert history["bytes_up"] == [float(n)] * 2
+    assert history["bytes_down"] == [float(n * 8 * 4)] * 2
+    for epoch in (0, 1):
+        ids = recorder.example_ids(epoch)
+        assert sorted(ids) == list(range(n))  # every example once: the whole global batch
+        np.testing.assert_array_equal(recorder.labels(epoch), data["y"][:n][ids])
+        assert recorder.cut_gradients("party_a", epoch).shape == (n, 8)
+        assert _zero_one(recorder.embeddings("party_a", epoch))
+    # Randomize-once under replicas too: same noisy label for an id in both epochs.
+    noisy = [recorder.noisy_labels(e)[np.argsort(recorder.example_ids(e))] for e in (0, 1)]
+    np.testing.assert_array_equal(noisy[0], noisy[1])
+    assert np.mean(noisy[0] != data["y"][:n]) > 0.1
+
+
+# --- saving, callbacks ----------------------------------------------------------------------
+
+def test_keras_round_trip_predicts_the_same_and_keeps_training(data, tmp_path):
+    keras.utils.set_random_seed(7)
+    model = _compile(_two_party(embedding_dp=kf.EmbeddingDPLayer(eps=None, ste="hardtanh"),
+                                label_dp=kf.LabelDPLayer(3.0, seed=5)))
+    x = with_example_ids(data["train"])
+    model.fit(x, data["y"], epochs=1, batch_size=64, verbose=0)
+    path = os.path.join(tmp_path, "vertical.keras")
+    model.save(path)
+    back = keras.models.load_model(path)
+    assert type(back) is VerticalModel
+    assert (back.parties, back.followers) == (model.parties, model.followers)
+    assert back.leader == "party_b"
+    layer = back.protections["party_a"]
+    assert type(layer) is kf.EmbeddingDPLayer and (layer.eps, layer.ste) == (None, "hardtanh")
+    assert type(back.label_dp) is kf.LabelDPLayer
+    assert (back.label_dp.eps, back.label_dp.seed) == (3.0, 5)
+    np.testing.assert_array_equal(back.predict(data["test"], verbose=0),
+                                  model.predict(data["test"], verbose=0))
+    # Training goes on where it stopped (optimizer state restored).
+    assert int(back.optimizer.iterations) == int(model.optimizer.iterations) > 0
+    before = [w.copy() for w in back.get_weights()]
+    history = back.fit(x, data["y"], epochs=1, batch_size=64, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert any(np.abs(a - b).max() > 0 for a, b in zip(back.get_weights(), before))
+
+
+def test_seeded_protection_gets_distinct_derived_seeds_per_party(tmp_path):
+    bottoms = {p: _bottom(3, 4, p) for p in ("p1", "p2", "p3")}
+    ins = {p: keras.Input((4,), name=p) for p in ("p1", "p2", "p3")}
+    top = keras.Model(ins, keras.layers.Dense(1)(keras.layers.Concatenate()(list(ins.values()))))
+    model = VerticalModel(bottoms, top, embedding_dp=kf.EmbeddingDPLayer(eps=1.0, seed=123))
+    assert model.leader is None and model.followers == ("p1", "p2", "p3")
+    seeds = {p: model.protections[p].seed for p in model.followers}
+    assert seeds == {p: derive_party_seed(123, p) for p in model.followers}
+    assert len(set(seeds.values())) == 3 and 123 not in seeds.values()
+    keys = {tuple(model.protections[p].rng_key.numpy()) for p in model.followers}
+    assert len(keys) == 3  # three different secret keys
+    path = os.path.join(tmp_path, "seeded.keras")
+    model.save(path)
+    back = keras.models.load_model(path)
+    assert {p: back.protections[p].seed for p in back.followers} == seeds
+    # A leader without features of its own: its SavedModel takes only the followers' messages.
+    x = {p: np.random.default_rng(0).normal(size=(5, 3)).astype("float32") for p in bottoms}
+    msgs = {p: tf.constant(model.party_embeddings(p, x)) for p in model.followers}
+    model.export_leader(os.path.join(tmp_path, "leader"))
+    leader = tf.saved_model.load(os.path.join(tmp_path, "leader"))
+    np.testing.assert_allclose(leader.serve(msgs).numpy(), model.top(msgs).numpy(), rtol=1e-6)
+
+
+def test_callbacks_validation_early_stopping_checkpoint(data, tmp_path):
+    keras.utils.set_random_seed(8)
+    model = _compile(_two_party(embedding_dp=kf.EmbeddingDPLayer(eps=None)))
+    ckpt = os.path.join(tmp_path, "best.keras")
+    weights = os.path.join(tmp_path, "last.weights.h5")
+    callbacks = [keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=10.0),
+                 keras.callbacks.ModelCheckpoint(ckpt, monitor="val_loss", save_best_only=True),
+                 keras.callbacks.ModelCheckpoint(weights, save_weights_only=True),
+                 MessageRecorder(epochs=None)]
+    history = model.fit(data["train"], data["y"], epochs=10, batch_size=64, verbose=0,
+                        validation_data=(data["test"], data["y_test"]), callbacks=callbacks)
+    assert len(history.history["loss"]) == 2  # no val_loss improvement of 10: stopped
+    assert set(history.history) >= {"val_loss", "val_accuracy", "val_bytes_up"}
+    assert callbacks[3].recorded_epochs == [0, 1]
+    best = keras.models.load_model(ckpt)
+    assert type(best) is VerticalModel
+    assert best.evaluate(data["test"], data["y_test"], verbose=0, return_dict=True)["loss"] == \
+        pytest.approx(min(history.history["val_loss"]), rel=1e-5)
+    fresh = _compile(_two_party(embedding_dp=kf.EmbeddingDPLayer(eps=None)))
+    fresh.optimizer.build(fresh.trainable_variables)
+    fresh.load_weights(weights)
+    np.testing.assert_array_equal(fresh.predict(data["test"], verbose=0),
+                                  model.predict(data["test"], verbose=0))
+
+
+# --- export -----------------------------------------------------------------------------------
+
+def _three_party_for_export():
+    keras.utils.set_random_seed(9)
+    bottoms = {"party_a": _bottom(15, 8, "a"), "party_b": _bottom(8, 6, "b"),
+               "party_c": _bottom(7, 5, "c")}
+    return VerticalModel(bottoms, _top(19), leader="party_b",
+                         embedding_dp={"party_a": kf.EmbeddingDPLayer(eps=None)})
+
+
+def test_export_each_party_reproduces_its_embeddings(data, tmp_path):
+    model = _three_party_for_export()
+    _compile(model)
+    xa, xb = data["test"]["party_a"], data["test"]["party_b"]
+    x = {"party_a": xa, "party_b": xb[:, :8], "party_c": xb[:, 8:]}
+    model.fit(x, data["y_test"], epochs=1, batch_size=64, verbose=0)
+    messages = {}
+    for party in model.parties:
+        path = os.path.join(tmp_path, party)
+        model.export_party(party, path)
+        loaded = tf.saved_model.load(path)
+        if party == model.leader:
+            leader = loaded
+            continue
+        served = loaded.serve(tf.constant(x[party])).numpy()
+        want = model.party_embeddings(party, x)
+        assert served.shape == want.shape
+        if party == "party_a":  # quantization only: bit for bit, 0/1
+            assert _zero_one(served)
+            np.testing.assert_array_equal(served, want)
+        else:  # unprotected float embedding
+            np.testing.assert_allclose(served, want, rtol=1e-5, atol=1e-6)
+        messages[party] = served
+    # The leader's SavedModel: its own features + the followers' messages -> prediction.
+    pred = leader.serve({"party_a": tf.constant(messages["party_a"]),
+                         "party_b": tf.constant(x["party_b"]),
+                         "party_c": tf.constant(messages["party_c"])}).numpy()
+    np.testing.assert_allclose(pred, model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_export_randomized_party_keeps_randomizing_without_its_key(data, tmp_path):
+    model = _two_party(embedding_dp=kf.EmbeddingDPLayer(eps=0.5))
+    path = os.path.join(tmp_path, "party_a")
+    model.export_party("party_a", path)
+    served = tf.saved_model.load(path)
+    x = tf.constant(data["test"]["party_a"][:64])
+    a, b = served.serve(x).numpy(), served.serve(x).numpy()
+    assert a.shape == (64, 8) and _zero_one(a) and _zero_one(b)
+    assert np.mean(a != b) > 0.3  # fresh noise every call
+    key = model.protections["party_a"].rng_key.numpy()
+    reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
+    for name in reader.get_variable_to_shape_map():
+        value = reader.get_tensor(name)
+        if isinstance(value, np.ndarray) and value.shape == key.shape:
+            assert not np.array_equal(value, key), name  # the secret key is not in the file
+
+
+# --- validation, example ids --------------------------------------------------------------------
+
+def test_bad_arguments_raise_clear_errors():
+    a, b = _bottom(3, 4, "a"), _bottom(3, 4, "b")
+    top = _top(8)
+    with pytest.raises(TypeError, match="`bottoms`"):
+        VerticalModel([a, b], top)
+    with pytest.raises(TypeError, match=r"`bottoms\['party_b'\]` must be a Keras"):
+        VerticalModel({"party_a": a, "party_b": lambda x: x}, top)
+    with pytest.raises(ValueError, match="reserved"):
+        VerticalModel({"party_a": a, "example_ids": b}, top)
+    with pytest.raises(ValueError, match="identifiers"):
+        VerticalModel({"party a": a, "party_b": b}, top)
+    with pytest.raises(ValueError, match="own bottom"):
+        VerticalModel({"party_a": a, "party_b": a}, top)
+    with pytest.raises(ValueError, match="`leader`.*'party_z'"):
+        VerticalModel({"party_a": a, "party_b": b}, top, leader="party_z")
+    with pytest.raises(TypeError, match="`top`"):
+        VerticalModel({"party_a": a, "party_b": b}, "dense")
+    with pytest.raises(TypeError, match="`label_dp`.*LabelDPLayer"):
+        VerticalModel({"party_a": a, "party_b": b}, top, label_dp=kf.EmbeddingDPLayer(1.0))
+    with pytest.raises(ValueError, match=r"`embedding_dp` names unknown parties \['party_x'\]"):
+        VerticalModel({"party_a": a, "party_b": b}, top, embedding_dp={"party_x": None})
+    with pytest.raises(ValueError, match="leader, whose embedding never leaves"):
+        VerticalModel({"party_a": a, "party_b": b}, top, leader="party_b",
+                      embedding_dp={"party_b": kf.EmbeddingDPLayer(1.0)})
+    shared = kf.EmbeddingDPLayer(1.0)
+    with pytest.raises(ValueError, match="same layer object"):
+        VerticalModel({"party_a": a, "party_b": b}, top,
+                      embedding_dp={"party_a": shared, "party_b": shared})
+    with pytest.raises(TypeError, match="`embedding_dp`"):
+        VerticalModel({"party_a": a, "party_b": b}, top, embedding_dp="edp")
+    with pytest.raises(ValueError, match="at least one follower"):
+        VerticalModel({"party_a": a}, top, leader="party_a")
+    with pytest.raises(ValueError, match="not built"):
+        VerticalModel({"party_a": a, "party_b": keras.Sequential([keras.layers.Dense(2)])}, top)
+    # The top's input rule, checked at construction.
+    with pytest.raises(ValueError, match=r"last dimension 9.*have 8"):
+        VerticalModel({"party_a": a, "party_b": b}, _top(9))
+    two = [keras.Input((4,), name="x1"), keras.Input((4,), name="x2")]
+    with pytest.raises(ValueError, match=r"inputs named \['x1', 'x2'\]"):
+        VerticalModel({"party_a": a, "party_b": b},
+                      keras.Model(two, keras.layers.Concatenate()(two)))
+    model = VerticalModel({"party_a": a, "party_b": b}, top, leader="party_b")
+    with pytest.raises(ValueError, match=r"missing \['party_b'\], unknown \['party_c'\]"):
+        model({"party_a": np.zeros((2, 3)), "party_c": np.zeros((2, 3))})
+    with pytest.raises(TypeError, match="dict keyed by party name"):
+        model(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="unknown party 'party_q'"):
+        model.party_embeddings("party_q", np.zeros((2, 3)))
+    model.compile("sgd", "binary_crossentropy", steps_per_execution=2)
+    with pytest.raises(ValueError, match="steps_per_execution=1"):
+        model.fit({"party_a": np.zeros((4, 3)), "party_b": np.zeros((4, 3))}, np.zeros((4, 1)),
+                  verbose=0, callbacks=[MessageRecorder()])
+    with pytest.raises(TypeError, match="observes the messages of a .*VerticalModel"):
+        MessageRecorder().set_model(keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]))
+    with pytest.raises(ValueError, match="`epochs`"):
+        MessageRecorder(epochs=(-1,))
+    with pytest.raises(ValueError, match="`max_steps`"):
+        MessageRecorder(max_steps=0)
+
+
+def test_missing_example_ids_with_randomize_once_label_dp_raises(data):
+    model = _compile(_two_party(label_dp=kf.LabelDPLayer(1.0)))
+    with pytest.raises(ValueError, match=re.escape("with_example_ids")):
+        model.fit(data["train"], data["y"], epochs=1, batch_size=64, verbose=0)
+    # per_batch=True needs no ids (and composes over epochs, as its docs say).
+    model = _compile(_two_party(label_dp=kf.LabelDPLayer(1.0, per_batch=True)))
+    model.fit(data["train"], data["y"], epochs=1, batch_size=64, verbose=0)
+
+
+def test_example_ids_give_the_same_noisy_labels_every_epoch(data):
+    keras.utils.set_random_seed(10)
+    model = _compile(_two_party(label_dp=kf.LabelDPLayer(0.5)))
+    n = len(data["y"])
+    dataset = with_example_ids(tf.data.Dataset.from_tensor_slices((data["train"], data["y"])))
+    dataset = dataset.shuffle(n, reshuffle_each_iteration=True).batch(64)
+    recorder = MessageRecorder(epochs=(0, 1, 2))
+    model.fit(dataset, epochs=3, verbose=0, shuffle=False, callbacks=[recorder])
+    orders = [recorder.example_ids(e) for e in (0, 1, 2)]
+    assert not np.array_equal(orders[0], orders[1])  # reshuffled between epochs
+    assert sorted(orders[0]) == list(range(n))
+    noisy = [recorder.noisy_labels(e)[np.argsort(ids)] for e, ids in zip((0, 1, 2), orders)]
+    np.testing.assert_array_equal(noisy[0], noisy[1])
+    np.testing.assert_array_equal(noisy[0], noisy[2])
+    # eps = 0.5 flips with probability 1 / (1 + e^0.5) ~ 0.38.
+    assert 0.28 < np.mean(noisy[0] != data["y"]) < 0.48
+    for e, ids in zip((0, 1, 2), orders):
+        np.testing.assert_array_equal(recorder.labels(e), data["y"][ids])  # true labels kept apart
+    assert recorder.embeddings("party_a").shape == (3 * n, 8)
+
+
+def test_with_example_ids_for_arrays_tuples_and_datasets(data):
+    x = with_example_ids(data["train"])
+    np.testing.assert_array_equal(x["example_ids"], np.arange(len(data["y"])))
+    assert x["example_ids"].dtype == np.int64 and "example_ids" not in data["train"]
+    xt, yt = with_example_ids((data["train"], data["y"]), start=10)
+    assert xt["example_ids"][0] == 10 and yt is data["y"]
+    ds = with_example_ids(tf.data.Dataset.from_tensor_slices((data["train"], data["y"])))
+    ids = [int(e[0]["example_ids"]) for e in ds.take(3)]
+    assert ids == [0, 1, 2]
+    with pytest.raises(ValueError, match="before .shuffle"):
+        with_example_ids(tf.data.Dataset.from_tensor_slices((data["train"], data["y"])).batch(8))
+    with pytest.raises(ValueError, match="already"):
+        with_example_ids(x)
+
+
+def test_vertical_guide_quick_start_runs():
+    """The quick start in docs/vertical.md, executed as written."""
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "vertical.md")
+    text = open(path, encoding="utf-8").read()
+    blocks = re.findall(r"<!-- quick-start -->\s*```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 1
+    assert len(blocks[0].strip().splitlines()) <= 15
+    namespace = {}
+    exec(compile(blocks[0], "docs/vertical.md", "exec"), namespace)  # noqa: S102
+    history, recorder = namespace["history"], namespace["recorder"]
+    assert history.history["bytes_up"][0] > 0
+    assert recorder.cut_gradients("party_a").shape[1] == 8
