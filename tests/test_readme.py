@@ -37,3 +37,14 @@ def test_embedding_quick_start():
     assert probs.shape == (32, 1) and np.all((probs >= 0) & (probs <= 1))
     protected = namespace["protected"]
     assert tuple(protected.shape) == (None, 16)
+
+
+def test_vertical_quick_start():
+    namespace = {}
+    exec(_python_blocks()[2], namespace)  # noqa: S102
+    history, attack = namespace["history"], namespace["attack"]
+    # 512 rows x 8 float32 coordinates go up (and come down) per epoch.
+    assert history.history["bytes_up"] == [512 * 8 * 4.0] * 2
+    assert history.history["bytes_down"] == [512 * 8 * 4.0] * 2
+    assert attack.num_evaluated == 512 and 0.0 <= attack.auc <= 1.0
+    assert namespace["recorder"].cut_gradients("party_a").shape == (512, 8)

@@ -164,3 +164,17 @@ def test_mechanism_with_unseeded_noise_inside_tf_function_is_refused():
     f = tf.function(lambda b: M.binary_randomized_response(b, 1.0))
     with pytest.raises(ValueError, match="freeze one secret into the graph"):
         f(tf.constant([0, 1]))
+
+
+def test_validate_int_sequence():
+    from keras_fedpriv.mechanisms.validation import validate_int_sequence
+    assert validate_int_sequence([3, np.int64(4)], "units") == (3, 4)
+    assert validate_int_sequence(5, "units") == (5,)
+    assert validate_int_sequence((), "units") == ()
+    assert validate_int_sequence(range(3), "epochs", minimum=0) == (0, 1, 2)
+    for bad, err in [("12", TypeError), (True, TypeError), ([1, 2.5], TypeError),
+                     ([1, True], TypeError), ([1, 0], ValueError), (None, TypeError)]:
+        with pytest.raises(err, match="`units`"):
+            validate_int_sequence(bad, "units")
+    with pytest.raises(TypeError, match="`units`"):
+        validate_int_sequence(3, "units", allow_scalar=False)

@@ -17,7 +17,11 @@ import numbers
 import numpy as np
 
 from keras_fedpriv.attacks.label_inference import as_float_matrix
-from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
+from keras_fedpriv.mechanisms.validation import (
+    validate_int_sequence,
+    validate_positive_int,
+    validate_seed,
+)
 
 __all__ = ["ReconstructionResult", "feature_reconstruction"]
 
@@ -63,21 +67,6 @@ def _standardizer(array):
     std = array.std(axis=0)
     std = np.where(std > 0, std, 1.0)
     return mean, std
-
-
-def _validate_hidden_units(hidden_units):
-    if isinstance(hidden_units, numbers.Integral) and not isinstance(hidden_units, bool):
-        hidden_units = (hidden_units,)
-    try:
-        units = tuple(hidden_units)
-    except TypeError:
-        raise TypeError(f"`hidden_units` must be a sequence of positive integers (layer widths, "
-                        f"possibly empty for a linear decoder); got {hidden_units!r}.") from None
-    for u in units:
-        if isinstance(u, (bool, np.bool_)) or not isinstance(u, numbers.Integral) or u < 1:
-            raise ValueError(f"`hidden_units` must be a sequence of positive integers; got "
-                             f"{hidden_units!r} (entry {u!r}).")
-    return tuple(int(u) for u in units)
 
 
 def feature_reconstruction(embeddings_aux, features_aux, embeddings_test, features_test,
@@ -156,7 +145,7 @@ def feature_reconstruction(embeddings_aux, features_aux, embeddings_test, featur
     if n_aux < 2:
         raise ValueError(f"`embeddings_aux` must have at least 2 rows (one to train on, one for "
                          f"early stopping); got {n_aux}.")
-    units = _validate_hidden_units(hidden_units)
+    units = validate_int_sequence(hidden_units, "hidden_units", what="layer widths")
     epochs = validate_positive_int(epochs, "epochs")
     batch_size = validate_positive_int(batch_size, "batch_size")
     patience = validate_positive_int(patience, "patience", minimum=0)

@@ -25,6 +25,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_fedpriv.mechanisms.validation import validate_int_sequence
+
 __all__ = ["EXAMPLE_IDS_KEY", "EvaluationData", "PartyMessages", "StepMessages",
            "MessageCallback", "MessageRecorder", "with_example_ids"]
 
@@ -129,20 +131,8 @@ class MessageCallback(keras.callbacks.Callback):
 def _validate_epochs(epochs):
     if epochs is None:
         return None
-    if isinstance(epochs, (bool, np.bool_)):
-        raise TypeError(f"`epochs` must be None (all epochs) or a collection of epoch indices "
-                        f"(integers >= 0); got {epochs!r}.")
-    if isinstance(epochs, numbers.Integral):
-        epochs = (epochs,)
-    try:
-        values = tuple(epochs)
-    except TypeError:
-        raise TypeError(f"`epochs` must be None (all epochs) or a collection of epoch indices "
-                        f"(integers >= 0); got {epochs!r}.") from None
-    for e in values:
-        if isinstance(e, (bool, np.bool_)) or not isinstance(e, numbers.Integral) or e < 0:
-            raise ValueError(f"`epochs` must hold epoch indices (integers >= 0); got {epochs!r}.")
-    return frozenset(int(e) for e in values)
+    return frozenset(validate_int_sequence(epochs, "epochs", minimum=0,
+                                           what="epoch indices (None: all epochs)"))
 
 
 class MessageRecorder(MessageCallback):

@@ -13,17 +13,13 @@ import numpy as np
 import tensorflow as tf
 
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
-from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
+from keras_fedpriv.mechanisms.validation import (
+    validate_eps,
+    validate_int_sequence,
+    validate_positive_int,
+)
 
 __all__ = ["VAEBottom", "kl_to_standard_normal"]
-
-
-def _validate_hidden_units(hidden_units):
-    if isinstance(hidden_units, (str, bytes)) or not isinstance(hidden_units, (tuple, list)):
-        raise TypeError(f"`hidden_units` must be a tuple or list of positive integers (may be "
-                        f"empty); got {hidden_units!r} of type {type(hidden_units).__name__}.")
-    return tuple(validate_positive_int(u, f"hidden_units[{i}]")
-                 for i, u in enumerate(hidden_units))
 
 
 def kl_to_standard_normal(mu, logvar):
@@ -99,7 +95,8 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
                  **kwargs):
         super().__init__(**kwargs)
         self.latent_dim = validate_positive_int(latent_dim, "latent_dim")
-        self.hidden_units = _validate_hidden_units(hidden_units)
+        self.hidden_units = validate_int_sequence(hidden_units, "hidden_units",
+                                                  allow_scalar=False, what="layer widths")
         self.beta = validate_eps(beta, "beta")
         if not isinstance(with_decoder, (bool, np.bool_)):
             raise TypeError(f"`with_decoder` must be a bool (True or False); got "

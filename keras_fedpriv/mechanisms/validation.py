@@ -82,3 +82,41 @@ def validate_positive_int(value, name, *, minimum=1, allow_none=False):
     if int(value) < minimum:
         raise ValueError(f"`{name}` must be an integer >= {minimum}; got {value!r}.")
     return int(value)
+
+
+def validate_int_sequence(value, name, *, minimum=1, allow_scalar=True, what="integers"):
+    """Validate a sequence of integers ``>= minimum`` (e.g. layer widths); return a tuple.
+
+    Args:
+        value: a list/tuple (or other non-string iterable) of integers; with
+            ``allow_scalar`` a single integer stands for a one-element sequence.
+        name: the argument's name, for error messages.
+        minimum: the smallest allowed entry.
+        allow_scalar: accept a bare integer.
+        what: what the entries are, for error messages.
+
+    Raises:
+        TypeError: not a sequence (a string, a bool, a non-iterable), or an
+            entry that is not an integer.
+        ValueError: an entry below ``minimum``.
+    """
+    allowed = (f"`{name}` must be a sequence of {what} (integers >= {minimum})"
+               + (" or a single integer" if allow_scalar else ""))
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        if not allow_scalar:
+            raise TypeError(f"{allowed}; got the integer {value!r}.")
+        value = (value,)
+    if isinstance(value, (str, bytes, bool, np.bool_)):
+        raise TypeError(f"{allowed}; got {value!r} of type {type(value).__name__}.")
+    try:
+        entries = tuple(value)
+    except TypeError:
+        raise TypeError(f"{allowed}; got {value!r} of type {type(value).__name__}.") from None
+    out = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, (bool, np.bool_)) or not isinstance(entry, numbers.Integral):
+            raise TypeError(f"{allowed}; got {value!r} (entry {i}: {entry!r}).")
+        if int(entry) < minimum:
+            raise ValueError(f"{allowed}; got {value!r} (entry {i}: {entry!r}).")
+        out.append(int(entry))
+    return tuple(out)
