@@ -21,6 +21,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/rr_with_prior.py
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/layer_overhead.py
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/vertical_privacy.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
