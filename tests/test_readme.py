@@ -48,3 +48,14 @@ def test_vertical_quick_start():
     assert history.history["bytes_down"] == [512 * 8 * 4.0] * 2
     assert attack.num_evaluated == 512 and 0.0 <= attack.auc <= 1.0
     assert namespace["recorder"].cut_gradients("party_a").shape == (512, 8)
+
+
+def test_horizontal_quick_start():
+    namespace = {}
+    exec(_python_blocks()[3], namespace)  # noqa: S102
+    h = namespace["history"].history
+    d = 64 * 64 + 64 + 64 * 10 + 10
+    assert 4 * d == 19_240
+    assert len(h["val_accuracy"]) == 10
+    assert max(h["upload_bytes_per_client"]) <= 401 < 4 * d
+    assert len(h["lr_global"]) == 10 and h["r_est"][-1] > 1e-5

@@ -1,8 +1,11 @@
-"""Vertical (split) federated learning: `VerticalModel` and its message callbacks.
+"""Federated learning assembly.
 
-See docs/vertical.md.
+Vertical (split) FL: `VerticalModel` and its message callbacks (docs/vertical.md).
+Horizontal FL: `HorizontalFL`, client partitioning and the upload schemes
+(docs/horizontal.md).
 """
 
+from keras_fedpriv.federated.horizontal import HorizontalFL
 from keras_fedpriv.federated.messages import (
     EXAMPLE_IDS_KEY,
     EvaluationData,
@@ -12,8 +15,16 @@ from keras_fedpriv.federated.messages import (
     StepMessages,
     with_example_ids,
 )
+from keras_fedpriv.federated.partition import partition, partition_indices
+from keras_fedpriv.federated.uploads import (
+    ClientUpload,
+    FedAvgUpload,
+    GaussianUpload,
+    SignDSUpload,
+)
 from keras_fedpriv.federated.vertical import VerticalModel, derive_party_seed
 
-__all__ = ["EXAMPLE_IDS_KEY", "EvaluationData", "MessageCallback", "MessageRecorder",
-           "PartyMessages", "StepMessages", "VerticalModel", "derive_party_seed",
-           "with_example_ids"]
+__all__ = ["EXAMPLE_IDS_KEY", "ClientUpload", "EvaluationData", "FedAvgUpload",
+           "GaussianUpload", "HorizontalFL", "MessageCallback", "MessageRecorder",
+           "PartyMessages", "SignDSUpload", "StepMessages", "VerticalModel",
+           "derive_party_seed", "partition", "partition_indices", "with_example_ids"]

@@ -1,5 +1,6 @@
-"""Pure randomizers (no Keras state): randomized response, quantize+RR, validation, RNG."""
+"""Pure randomizers (no Keras state): randomized response, quantize+RR, SignDS, validation, RNG."""
 
+from keras_fedpriv.mechanisms import signds
 from keras_fedpriv.mechanisms.quantize import (
     quantize_keep_probability,
     quantize_rr,
@@ -18,6 +19,7 @@ from keras_fedpriv.mechanisms.randomized_response import (
     rr_with_prior,
     rr_with_prior_k,
 )
+from keras_fedpriv.mechanisms.signds import optimal_output_dim, optimal_threshold, signds_dp_event
 from keras_fedpriv.mechanisms.validation import validate_eps
 
 __all__ = [
@@ -26,6 +28,8 @@ __all__ = [
     "flip_probability",
     "kary_randomized_response",
     "keep_probability",
+    "optimal_output_dim",
+    "optimal_threshold",
     "other_probability",
     "quantize_keep_probability",
     "quantize_rr",
@@ -35,5 +39,7 @@ __all__ = [
     "repeat_event",
     "rr_with_prior",
     "rr_with_prior_k",
+    "signds",
+    "signds_dp_event",
     "validate_eps",
 ]

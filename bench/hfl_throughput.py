@@ -1,0 +1,189 @@
+"""Horizontal FL speed: client updates per second, and SignDS encode time (docs/benchmarks.md).
+
+Two comparisons, each against a baseline measured in the same run:
+
+1. Local training of the clients of a round. `HorizontalFL.train_client` (one
+   traced `tf.function` per client update, reused for every client) vs a naive
+   simulation that calls ``model.set_weights(global)`` and ``model.fit`` once
+   per client (Keras builds a data adapter, an iterator and callbacks every
+   time; the train function itself is cached). Digits split among 100 clients
+   (~14 training rows each), the MLP of bench/hfl_signds.py, batch 32,
+   E local epochs. Target: >= 5x.
+2. SignDS client encoding (`SignDSEncoder.encode`, k = 0.01, eps = 100) of a
+   d = 1M and a d = 10M float32 vector vs one ``tf.math.top_k(x, k)`` over the
+   same vector (the step every top-k based scheme needs). Target: <= 3x.
+
+Usage::
+
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/hfl_throughput.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+import _report  # noqa: E402
+from hfl_signds import digits_split, make_model  # noqa: E402
+from keras_fedpriv.federated import HorizontalFL  # noqa: E402
+from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
+
+TRAIN_TARGET = 5.0
+ENCODE_TARGET = 3.0
+
+
+def naive_round(model, clients, chosen, global_weights, epochs, batch_size):
+    for c in chosen:
+        model.set_weights(global_weights)
+        x, y = clients[c]
+        model.fit(x, y, epochs=epochs, batch_size=batch_size, verbose=0)
+        _ = [w - g for w, g in zip(model.get_weights(), global_weights)]
+
+
+def compiled_round(fl, chosen, global_weights, epochs):
+    for c in chosen:
+        fl.train_client(c, global_weights, epochs)
+
+
+def bench_training(args):
+    clients, _ = digits_split(iid=True, seed=0)
+    rows = []
+    for epochs in (1, 5):
+        model_a = make_model(seed=0)
+        model_b = make_model(seed=0)
+        fl = HorizontalFL(model_b, clients, batch_size=32, seed=0)
+        rng = np.random.default_rng(0)
+        gw_a = model_a.get_weights()
+        gw_b = [v.numpy() for v in model_b.trainable_variables]
+        # warm up both (trace / build the train functions)
+        naive_round(model_a, clients, [0, 1], gw_a, epochs, 32)
+        compiled_round(fl, [0, 1], gw_b, epochs)
+        ratios, naive_t, fast_t = [], [], []
+        for _ in range(args.repeats):
+            chosen = rng.choice(len(clients), args.clients, replace=False)
+            order = ["naive", "fast"] if rng.random() < 0.5 else ["fast", "naive"]
+            times = {}
+            for which in order:
+                t0 = time.perf_counter()
+                if which == "naive":
+                    naive_round(model_a, clients, chosen, gw_a, epochs, 32)
+                else:
+                    compiled_round(fl, chosen, gw_b, epochs)
+                times[which] = time.perf_counter() - t0
+            ratios.append(times["naive"] / times["fast"])
+            naive_t.append(args.clients / times["naive"])
+            fast_t.append(args.clients / times["fast"])
+        med = float(np.median(ratios))
+        row = (epochs, f"{np.median(fast_t):.0f}", f"{np.median(naive_t):.0f}",
+               f"{med:.1f}x", f"{np.percentile(ratios, 25):.1f}-{np.percentile(ratios, 75):.1f}",
+               "yes" if med >= TRAIN_TARGET else "**no**")
+        print("training", row, flush=True)
+        rows.append(row)
+    return rows
+
+
+def bench_encode(args):
+    rows = []
+    rng = np.random.default_rng(0)
+    sizes = (1_000_000,) if args.quick else (1_000_000, 10_000_000)
+    for d in sizes:
+        x = rng.standard_normal(d).astype(np.float32)
+        enc = SignDSEncoder(k=0.01, eps=100.0, seed=0)
+        k = enc.num_topk(d)
+        xt = tf.constant(x)
+        enc.encode(x)
+        tf.math.top_k(xt, k)
+        ratios, enc_t, topk_t = [], [], []
+        for _ in range(args.encode_repeats):
+            t0 = time.perf_counter()
+            enc.encode(x)
+            t1 = time.perf_counter()
+            _ = tf.math.top_k(xt, k).indices.numpy()
+            t2 = time.perf_counter()
+            ratios.append((t1 - t0) / (t2 - t1))
+            enc_t.append(t1 - t0)
+            topk_t.append(t2 - t1)
+        med = float(np.median(ratios))
+        row = (f"{d:,}", f"{k:,}", enc.output_dim(d), f"{1e3 * np.median(enc_t):.0f}",
+               f"{1e3 * np.median(topk_t):.0f}", f"{med:.2f}",
+               "yes" if med <= ENCODE_TARGET else "**no**")
+        print("encode", row, flush=True)
+        rows.append(row)
+    return rows
+
+
+READING = """
+Reading. Both targets are met by a wide margin. The baseline is not slowed by
+retracing: ``model.fit`` on the *same* client's data again and again costs
+about the same (78 ms for E = 1, 221 ms for E = 5, measured once on this
+machine, vs 89 ms on changing clients); it is Keras' per-call and per-epoch
+start-up (data adapter, epoch iterator, callbacks), which dwarfs one or five
+mini-batch steps on ~14 rows. The compiled local step has no such cost, so
+the gap grows with E. For clients with much more data per round the ratio
+shrinks toward 1 (both are then dominated by the same gradient steps); we
+did not vectorize across clients. SignDS encoding is faster than a single
+`tf.math.top_k` because it never sorts: it needs the top-k *set*, not its
+order, and samples h indices from it.
+"""
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, no docs")
+    parser.add_argument("--clients", type=int, default=10, help="clients per timed round")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--encode-repeats", type=int, default=7)
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.encode_repeats = 3, 2
+    started = time.time()
+    train_rows = bench_training(args)
+    encode_rows = bench_encode(args)
+    if args.quick:
+        return
+    train_table = _report.markdown_table(
+        ["local epochs E", "client updates/s, HorizontalFL", "client updates/s, model.fit loop",
+         "speed-up (median)", "IQR", f">= {TRAIN_TARGET:g}x?"], train_rows)
+    encode_table = _report.markdown_table(
+        ["d", "k = 0.01 d", "h", "encode ms", "tf.math.top_k ms", "ratio (median)",
+         f"<= {ENCODE_TARGET:g}?"], encode_rows)
+    body = f"""## Horizontal FL throughput (`bench/hfl_throughput.py`)
+
+Command (run {_report.today()}, {time.time() - started:.0f} s on {_report.machine()}):
+
+```
+TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/hfl_throughput.py
+```
+
+Local training: digits split IID among 100 clients, rounds of {args.clients} clients,
+{args.repeats} timed rounds per row, the two simulations alternating in random
+order; the speed-up is taken per round and the median and interquartile range
+are reported. Baseline: ``model.set_weights(global); model.fit(x_c, y_c,
+epochs=E, batch_size=32, verbose=0)`` per client, with the train function
+already traced.
+
+{train_table}
+
+SignDS encoding vs one `tf.math.top_k` over the same float32 vector (median of
+{args.encode_repeats}; the encoder finds its top-k set with `np.argpartition`, O(d), and
+samples the h indices; top_k sorts its k outputs):
+
+{encode_table}
+{READING}"""
+    path = _report.update_section("hfl_throughput", body)
+    print(f"updated {path}")
+
+
+if __name__ == "__main__":
+    main()

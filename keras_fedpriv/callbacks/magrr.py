@@ -1,0 +1,436 @@
+"""MagRR: estimating the global step size with randomized response (seed 003).
+
+SignDS clients upload only a sign and a set of coordinates, so the server does
+not know how far to move along them. MagRR (ALGORITHMS.md section 5) lets it
+estimate the step size ``r`` of the clients' updates from one randomized bit
+per client and round:
+
+* client: ``b = 1 if r < threshold * r_est else 0``, reported through binary
+  randomized response at ``eps_rr`` (`binary_randomized_response`);
+* server: debias the count of ones, take the majority ``B`` and move
+  ``r_est`` (grow it fast until it reaches the clients' range, then shrink it
+  as the updates get smaller); ``lr_global = lr_factor * r_est * num_clients``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import keras
+import numpy as np
+
+from keras_fedpriv.mechanisms.events import repeat_event
+from keras_fedpriv.mechanisms.random import draw_secret
+from keras_fedpriv.mechanisms.randomized_response import (
+    binary_randomized_response,
+    flip_probability,
+    randomized_response_dp_event,
+)
+from keras_fedpriv.mechanisms.validation import (
+    validate_eps,
+    validate_positive_int,
+    validate_seed,
+)
+
+__all__ = ["MagRR", "debiased_ones"]
+
+GROWTH = "growth"
+CONTRACTION = "contraction"
+_PHASES = (GROWTH, CONTRACTION)
+
+
+def _real(value, name, *, low, low_open, high=None, high_open=False):
+    """Validate a finite real number in a range and return it as float.
+
+    Same rules as `validate_eps` (bools, strings, None, NaN, inf rejected;
+    nothing clamped), with a range of the caller's choice; the message names
+    the argument, the value and the range.
+    """
+    lo = f"> {low}" if low_open else f">= {low}"
+    hi = "" if high is None else (f" and < {high}" if high_open else f" and <= {high}")
+    rng = f"a finite real number {lo}{hi}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be {rng}; got {value!r} of type {type(value).__name__}.")
+    x = float(value)
+    if (math.isnan(x) or math.isinf(x) or x < low or (low_open and x == low)
+            or (high is not None and (x > high or (high_open and x == high)))):
+        raise ValueError(f"`{name}` must be {rng}; got {value!r}.")
+    return x
+
+
+def debiased_ones(num_ones, num_reports, eps):
+    """Unbiased estimate of how many clients hold ``b = 1``.
+
+    With ``N`` binary-RR reports at ``eps`` of which ``N_C`` are ones and
+    ``P = e^eps / (1 + e^eps)`` the probability of reporting the truth,
+    ``E[N_C] = N_T P + (N - N_T)(1 - P)``, so
+    ``N_T = (N_C - N + N P) / (2P - 1)``. Computed with the flip probability
+    ``q = 1 - P`` as ``(N_C - N q) / (1 - 2 q)``, which does not overflow for
+    large eps.
+
+    Args:
+        num_ones: ``N_C``, the number of reports equal to 1.
+        num_reports: ``N``, the number of reports.
+        eps: the randomized-response epsilon, > 0 (at eps = 0 the reports
+            carry no information and nothing can be debiased).
+
+    Returns:
+        ``N_T`` as a float (it can fall outside [0, N] by chance).
+    """
+    eps = validate_eps(eps, "eps", lower_open=True)
+    q = flip_probability(eps)
+    return (float(num_ones) - float(num_reports) * q) / (1.0 - 2.0 * q)
+
+
+@keras.saving.register_keras_serializable(package="keras_fedpriv")
+class MagRR(keras.callbacks.Callback):
+    """Server-side step-size estimation for SignDS by randomized response (MagRR).
+
+    Each federated round, every participating client compares its private
+    true step size ``r`` (e.g. ``|mean|`` of its update over its top-k set,
+    in the chosen sign direction) with the server's current estimate
+    ``r_est`` and reports one bit through binary randomized response at
+    ``eps_rr``:
+
+    * growth phase: ``b = 1 if r < growth_threshold * r_est`` (``2 r_est``);
+    * contraction phase: ``b = 1 if r < contraction_threshold * r_est``.
+
+    The server counts ``N_C`` ones among the ``N`` reports, debiases them to
+    ``N_T = (N_C - N + N P) / (2P - 1)`` with ``P = e^eps_rr / (1 + e^eps_rr)``
+    (`debiased_ones`) and takes ``B = 1 if N_T > N / 2``. Then:
+
+    * growth: ``B = 0`` -> ``r_est *= growth_factor``; ``B = 1`` ->
+      ``rounds_in_range += 1``, and once it reaches ``switch_after`` the phase
+      becomes contraction (``B = 1`` rounds are counted, not required to be
+      consecutive);
+    * contraction: ``B = 1`` -> ``r_est /= contraction_factor``; ``B = 0`` ->
+      keep ``r_est``.
+
+    **Order.** As in the reference implementation, ``r_est`` is updated first
+    and the round's learning rate is computed from the *updated* value:
+    ``lr_global = lr_factor * r_est * num_clients``, where ``num_clients`` is
+    the number of clients whose sparse updates are averaged this round.
+    If fewer than ``min_report_fraction * num_clients`` reports arrive (or
+    none), the round falls back to ``lr_global = fallback_lr`` and leaves
+    ``r_est``, the phase and ``rounds_in_range`` unchanged.
+
+    ``r_est`` is kept in full float64 precision. The reference rounds it to 6
+    decimals after every update, so it can never go below 1e-6 (and its
+    initial 1e-5 is nearly at that floor); this class does not round.
+
+    In the contraction phase ``r_est`` can only shrink or stay: if the
+    clients' steps grow again, the estimate does not follow (as in the seed
+    and the reference).
+
+    **Privacy.** Each participating client releases one eps_rr-randomized
+    bit per round it takes part in (`dp_event`), i.e. ``eps_rr``-LDP per
+    round, composed over the rounds the client participates in. The bit is
+    computed from ``r_est``, which is public (sent by the server).
+
+    **Randomness.** ``seed=None`` (default): every call of `client_reports`
+    draws a fresh 64-bit secret from OS entropy. An int ``seed`` seeds a
+    numpy generator from which each call draws a fresh 63-bit seed, so a
+    sequence of calls is reproducible; the seed is then saved in
+    `get_config`, so treat it as a secret. `state_dict` never holds
+    randomness. In a real deployment each client randomizes on its own
+    device; `client_reports` simulates all clients of a round at once.
+
+    Use as a Keras callback: a federated driver calls `round` (or
+    `client_reports` + `server_update`) once per federated round, before
+    aggregation, then fires ``on_epoch_end``, which writes ``r_est``,
+    ``lr_global``, ``magrr_phase`` (0 growth, 1 contraction) and
+    ``magrr_debiased_ones`` into the logs (so `History` records them).
+    Nothing here depends on the driver.
+
+    Constants (this class's default = the seed's value; the reference is
+    MindSpore Federated's implementation):
+
+    ==========================  ==============  ===================
+    argument                    default (seed)  reference
+    ==========================  ==============  ===================
+    ``eps_rr``                  5.0             5 (hard-coded)
+    ``r_init``                  1e-5            1e-5
+    ``growth_factor``           5.0             5 (seed: no number)
+    ``switch_after``            10              10 (seed: no number)
+    ``growth_threshold``        2.0             2.0
+    ``contraction_threshold``   1.0             0.5
+    ``contraction_factor``      2.0 (halve)     1.5
+    ``lr_factor``               2.0             3.0
+    ``min_report_fraction``     0.05            0.05
+    ``fallback_lr``             1.0             ``sign_global_lr`` (1)
+    ==========================  ==============  ===================
+
+    Args:
+        eps_rr: epsilon of each client's randomized-response bit, > 0.
+        r_init: initial ``r_est``, finite and > 0.
+        growth_factor: ``r_est`` multiplier in the growth phase, > 1.
+        switch_after: number of growth rounds with ``B = 1`` after which the
+            contraction phase starts, an integer >= 1.
+        growth_threshold: a client reports ``b = 1`` in the growth phase when
+            ``r < growth_threshold * r_est``; > 0.
+        contraction_threshold: the same in the contraction phase; > 0.
+        contraction_factor: ``r_est`` divisor in the contraction phase, > 1.
+        lr_factor: ``lr_global = lr_factor * r_est * num_clients``; > 0.
+        min_report_fraction: fall back to ``fallback_lr`` when fewer than this
+            fraction of ``num_clients`` reports arrive; in [0, 1].
+        fallback_lr: the fallback global learning rate, finite and > 0.
+        seed: None (fresh OS-entropy secret per call) or an int for
+            reproducible reports.
+
+    Attributes:
+        r_est: current estimate (float).
+        phase: ``"growth"`` or ``"contraction"``.
+        rounds_in_range: growth rounds with ``B = 1`` so far.
+        last_lr_global: learning rate of the last `server_update` (None before).
+        last_debiased_ones: ``N_T`` of the last `server_update` (NaN when it
+            had no reports, None before any).
+        num_releases: number of rounds in which `client_reports` released
+            bits (each participating client released one bit per round).
+
+    Example:
+        >>> magrr = MagRR(eps_rr=5.0)
+        >>> r = np.abs(np.random.default_rng(0).normal(0.05, 0.005, size=100))
+        >>> lr = magrr.round(r)  # num_clients defaults to len(r)
+        >>> magrr.r_est  # every r >= 2 * 1e-5: B = 0, so r_est grew 5x
+        5e-05
+    """
+
+    def __init__(self, eps_rr=5.0, r_init=1e-5, growth_factor=5.0, switch_after=10,
+                 growth_threshold=2.0, contraction_threshold=1.0, contraction_factor=2.0,
+                 lr_factor=2.0, min_report_fraction=0.05, fallback_lr=1.0, seed=None):
+        super().__init__()
+        self.eps_rr = validate_eps(eps_rr, "eps_rr", lower_open=True)
+        self.r_init = _real(r_init, "r_init", low=0, low_open=True)
+        self.growth_factor = _real(growth_factor, "growth_factor", low=1, low_open=True)
+        self.switch_after = validate_positive_int(switch_after, "switch_after")
+        self.growth_threshold = _real(growth_threshold, "growth_threshold", low=0, low_open=True)
+        self.contraction_threshold = _real(contraction_threshold, "contraction_threshold",
+                                           low=0, low_open=True)
+        self.contraction_factor = _real(contraction_factor, "contraction_factor",
+                                        low=1, low_open=True)
+        self.lr_factor = _real(lr_factor, "lr_factor", low=0, low_open=True)
+        self.min_report_fraction = _real(min_report_fraction, "min_report_fraction",
+                                         low=0, low_open=False, high=1)
+        self.fallback_lr = _real(fallback_lr, "fallback_lr", low=0, low_open=True)
+        self.seed = validate_seed(seed)
+        self._rng = None if self.seed is None else np.random.default_rng(self.seed)
+
+        self.r_est = self.r_init
+        self.phase = GROWTH
+        self.rounds_in_range = 0
+        self.last_lr_global = None
+        self.last_debiased_ones = None
+        self.num_releases = 0
+
+    # --- privacy -----------------------------------------------------------
+
+    @property
+    def epsilon(self):
+        """The per-round local-DP epsilon of each client's report (``eps_rr``)."""
+        return self.eps_rr
+
+    def dp_event(self, rounds=1):
+        """The per-client `dp_accounting` event of ``rounds`` participations.
+
+        One eps_rr binary randomized response per round the client takes part
+        in, composed explicitly (`repeat_event`). Account it with a PLD
+        accountant whose neighbouring relation is ``REPLACE_ONE``.
+        """
+        rounds = validate_positive_int(rounds, "rounds")
+        return repeat_event(randomized_response_dp_event(self.eps_rr, 2), rounds)
+
+    # --- client side -------------------------------------------------------
+
+    @property
+    def threshold(self):
+        """The current multiplier of ``r_est`` in the clients' rule."""
+        return self.growth_threshold if self.phase == GROWTH else self.contraction_threshold
+
+    def client_reports(self, magnitudes):
+        """Randomized bits of the clients of one round.
+
+        Args:
+            magnitudes: 1-D array of the clients' private true step sizes
+                ``r`` (finite, >= 0), one per client.
+
+        Returns:
+            int32 numpy array of 0/1: ``b = [r < threshold * r_est]`` passed
+            through binary randomized response at ``eps_rr``.
+        """
+        r = _validate_magnitudes(magnitudes)
+        if r.size == 0:
+            return np.zeros((0,), np.int32)
+        bits = (r < self.threshold * self.r_est).astype(np.int32)
+        seed = draw_secret() if self._rng is None else int(self._rng.integers(0, 2**63))
+        reports = binary_randomized_response(bits, self.eps_rr, seed=seed)
+        self.num_releases += 1
+        return np.asarray(keras.ops.convert_to_numpy(reports), dtype=np.int32)
+
+    # --- server side -------------------------------------------------------
+
+    def server_update(self, reports, num_clients=None):
+        """Update ``r_est`` from one round's reports and return ``lr_global``.
+
+        Args:
+            reports: 1-D array of the clients' randomized 0/1 bits.
+            num_clients: number of clients whose sparse updates are averaged
+                this round (an integer >= 1); None means ``len(reports)``.
+
+        Returns:
+            ``lr_global = lr_factor * r_est * num_clients`` with the updated
+            ``r_est``, or ``fallback_lr`` when fewer than
+            ``min_report_fraction * num_clients`` reports (or none) arrived.
+        """
+        reports = _validate_reports(reports)
+        n = int(reports.size)
+        if num_clients is not None or n > 0:
+            num_clients = validate_positive_int(n if num_clients is None else num_clients,
+                                                "num_clients")
+        if n == 0:
+            self.last_debiased_ones = float("nan")
+            self.last_lr_global = self.fallback_lr
+            return self.last_lr_global
+        n_t = debiased_ones(int(reports.sum()), n, self.eps_rr)
+        self.last_debiased_ones = n_t
+        if n < self.min_report_fraction * num_clients:
+            self.last_lr_global = self.fallback_lr
+            return self.last_lr_global
+        majority = n_t > n / 2.0
+        if self.phase == GROWTH:
+            if majority:
+                self.rounds_in_range += 1
+                if self.rounds_in_range >= self.switch_after:
+                    self.phase = CONTRACTION
+            else:
+                self.r_est *= self.growth_factor
+        elif majority:
+            self.r_est /= self.contraction_factor
+        self.last_lr_global = self.lr_factor * self.r_est * num_clients
+        return self.last_lr_global
+
+    def round(self, magnitudes, num_clients=None):
+        """One federated round: `client_reports` then `server_update`.
+
+        Args:
+            magnitudes: the clients' true step sizes (see `client_reports`).
+            num_clients: see `server_update`; None means ``len(magnitudes)``.
+
+        Returns:
+            This round's ``lr_global``.
+        """
+        if num_clients is not None:  # fail before any bit is released
+            num_clients = validate_positive_int(num_clients, "num_clients")
+        return self.server_update(self.client_reports(magnitudes), num_clients)
+
+    # --- Keras callback ----------------------------------------------------
+
+    def on_epoch_end(self, epoch, logs=None):
+        """Write ``r_est``, ``lr_global``, ``magrr_phase``, ``magrr_debiased_ones`` into logs."""
+        if isinstance(logs, dict):
+            logs.update(self.log_values())
+
+    def log_values(self):
+        """The numeric values written into the Keras logs (NaN where undefined)."""
+        nan = float("nan")
+        return {
+            "r_est": float(self.r_est),
+            "lr_global": nan if self.last_lr_global is None else float(self.last_lr_global),
+            "magrr_phase": 0 if self.phase == GROWTH else 1,
+            "magrr_debiased_ones": (nan if self.last_debiased_ones is None
+                                    else float(self.last_debiased_ones)),
+        }
+
+    # --- (de)serialization and checkpoints ----------------------------------
+
+    def get_config(self):
+        """Every constructor argument; ``seed`` only if one was given."""
+        config = {
+            "eps_rr": self.eps_rr,
+            "r_init": self.r_init,
+            "growth_factor": self.growth_factor,
+            "switch_after": self.switch_after,
+            "growth_threshold": self.growth_threshold,
+            "contraction_threshold": self.contraction_threshold,
+            "contraction_factor": self.contraction_factor,
+            "lr_factor": self.lr_factor,
+            "min_report_fraction": self.min_report_fraction,
+            "fallback_lr": self.fallback_lr,
+        }
+        if self.seed is not None:
+            config["seed"] = self.seed
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def state_dict(self):
+        """The server state to checkpoint: r_est, phase, rounds_in_range, num_releases.
+
+        No randomness is included (a restored seeded instance does not replay
+        the same reports).
+        """
+        return {"r_est": float(self.r_est), "phase": self.phase,
+                "rounds_in_range": int(self.rounds_in_range),
+                "num_releases": int(self.num_releases)}
+
+    def load_state_dict(self, state):
+        """Restore a `state_dict` (``num_releases`` is optional)."""
+        if not isinstance(state, dict):
+            raise TypeError(f"`state` must be a dict from MagRR.state_dict(); got "
+                            f"{type(state).__name__}.")
+        missing = [k for k in ("r_est", "phase", "rounds_in_range") if k not in state]
+        if missing:
+            raise ValueError(f"`state` is missing {missing}; expected the keys of "
+                             f"MagRR.state_dict().")
+        r_est = _real(state["r_est"], "state['r_est']", low=0, low_open=True)
+        phase = state["phase"]
+        if phase not in _PHASES:
+            raise ValueError(f"`state['phase']` must be one of {_PHASES}; got {phase!r}.")
+        rounds = validate_positive_int(state["rounds_in_range"], "state['rounds_in_range']",
+                                       minimum=0)
+        releases = validate_positive_int(state.get("num_releases", self.num_releases),
+                                         "state['num_releases']", minimum=0)
+        self.r_est, self.phase, self.rounds_in_range = r_est, phase, rounds
+        self.num_releases = releases
+
+
+def _validate_magnitudes(magnitudes):
+    try:
+        r = np.asarray(magnitudes)
+    except Exception as err:  # pragma: no cover - exotic inputs
+        raise TypeError(f"`magnitudes` must be a 1-D array of finite reals >= 0; got "
+                        f"{type(magnitudes).__name__}.") from err
+    if r.dtype == bool or not (np.issubdtype(r.dtype, np.integer)
+                               or np.issubdtype(r.dtype, np.floating)):
+        raise TypeError(f"`magnitudes` must be a 1-D array of finite reals >= 0; got dtype "
+                        f"{r.dtype}.")
+    r = np.atleast_1d(r).astype(np.float64)
+    if r.ndim != 1:
+        raise ValueError(f"`magnitudes` must be 1-D (one step size per client); got shape "
+                         f"{r.shape}.")
+    bad = ~np.isfinite(r) | (r < 0)
+    if bad.any():
+        raise ValueError(f"`magnitudes` must be finite reals >= 0; got {r[bad][:5].tolist()} "
+                         f"at positions {np.flatnonzero(bad)[:5].tolist()}.")
+    return r
+
+
+def _validate_reports(reports):
+    try:
+        b = np.asarray(reports)
+    except Exception as err:  # pragma: no cover - exotic inputs
+        raise TypeError(f"`reports` must be a 1-D array of 0/1 values; got "
+                        f"{type(reports).__name__}.") from err
+    if not (b.dtype == bool or np.issubdtype(b.dtype, np.integer)
+            or np.issubdtype(b.dtype, np.floating)):
+        raise TypeError(f"`reports` must be a 1-D array of 0/1 values; got dtype {b.dtype}.")
+    b = np.atleast_1d(b)
+    if b.ndim != 1:
+        raise ValueError(f"`reports` must be 1-D (one bit per client); got shape {b.shape}.")
+    bad = ~((b == 0) | (b == 1))
+    if bad.any():
+        raise ValueError(f"`reports` must hold only 0/1 values; got {b[bad][:5].tolist()} "
+                         f"at positions {np.flatnonzero(bad)[:5].tolist()}.")
+    return b.astype(np.int64)

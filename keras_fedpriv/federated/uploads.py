@@ -1,0 +1,175 @@
+"""What a horizontal-FL client uploads, and how the server aggregates it.
+
+Three schemes, one small class each, with the same two methods:
+
+* ``client_message(delta, num_examples) -> ClientUpload``: on the client,
+  from its flat float32 update ``delta = new - old``;
+* ``aggregate(uploads, global_lr=None) -> np.ndarray``: on the server, the
+  dense float32 step to add to the global weights.
+
+`FedAvgUpload` (dense float update, averaged with weights = client sizes; no
+protection), `SignDSUpload` (SignDS: a sign and a few indices, ALGORITHMS.md
+section 4) and `GaussianUpload` (clip + Gaussian noise per client, the seed's
+`DP_ENCRYPT` baseline). The mechanisms themselves live in
+`keras_fedpriv.mechanisms` and `keras_fedpriv.optimizers`; this module only
+routes updates through them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event, gaussian_mechanism, secret_generator
+from keras_fedpriv.mechanisms.validation import validate_eps
+from keras_fedpriv.optimizers.signds import SignDSEncoder, aggregate as signds_aggregate
+
+__all__ = ["ClientUpload", "FedAvgUpload", "GaussianUpload", "SignDSUpload", "as_upload"]
+
+
+@dataclasses.dataclass
+class ClientUpload:
+    """One client's upload in one round.
+
+    Attributes:
+        message: what crosses the wire (a float32 array, or a `SignDSMessage`).
+        nbytes: its size in bytes.
+        num_examples: the client's number of training examples.
+        magnitude: SignDS only: the client's private step size (|mean of its
+            update over its top-k set)), which never leaves the client except
+            through MagRR's randomized response; None otherwise.
+    """
+
+    message: Any
+    nbytes: int
+    num_examples: int
+    magnitude: float | None = None
+
+
+def _mean(arrays, weights):
+    weights = np.asarray(weights, dtype=np.float64)
+    weights = weights / weights.sum()
+    out = np.zeros_like(np.asarray(arrays[0], dtype=np.float64))
+    for w, a in zip(weights, arrays):
+        out += w * np.asarray(a, dtype=np.float64)
+    return out.astype(np.float32)
+
+
+class FedAvgUpload:
+    """Plain FedAvg: the dense float32 update, averaged weighted by client data size."""
+
+    name = "fedavg"
+
+    def client_message(self, delta, num_examples):
+        delta = np.asarray(delta, dtype=np.float32)
+        return ClientUpload(delta, delta.size * 4, int(num_examples))
+
+    def aggregate(self, uploads, global_lr=None):
+        lr = 1.0 if global_lr is None else global_lr
+        return np.float32(lr) * _mean([u.message for u in uploads],
+                                      [u.num_examples for u in uploads])
+
+    def dp_event(self):
+        return None
+
+    def describe(self):
+        return "FedAvg (no protection)"
+
+
+class SignDSUpload:
+    """SignDS: each client uploads a fair-coin sign and h sorted int32 indices.
+
+    The server averages the clients' sparse sign vectors with equal weights
+    (client sizes are not uploaded) and scales by ``global_lr``, which a
+    `keras_fedpriv.callbacks.MagRR` callback replaces every round when present.
+
+    Args:
+        encoder: a `SignDSEncoder` (or None for the default one).
+        global_lr: the server's step when no MagRR estimate is available
+            (the seed's ``sign_global_lr``).
+    """
+
+    name = "signds"
+
+    def __init__(self, encoder=None, global_lr=1.0):
+        if encoder is None:
+            encoder = SignDSEncoder()
+        if not isinstance(encoder, SignDSEncoder):
+            raise TypeError(f"`encoder` must be a SignDSEncoder; got {encoder!r}.")
+        self.encoder = encoder
+        self.global_lr = validate_eps(global_lr, "global_lr", lower_open=True)
+
+    def client_message(self, delta, num_examples):
+        message, magnitude = self.encoder.encode_with_magnitude(delta)
+        return ClientUpload(message, message.nbytes, int(num_examples), float(magnitude))
+
+    def aggregate(self, uploads, global_lr=None):
+        lr = self.global_lr if global_lr is None else global_lr
+        return signds_aggregate([u.message for u in uploads], global_lr=lr,
+                                weights=[1.0] * len(uploads))
+
+    def dp_event(self):
+        return self.encoder.dp_event()
+
+    def describe(self):
+        e = self.encoder
+        return f"SignDS (k={e.k:g}, eps={e.epsilon:g})"
+
+
+class GaussianUpload:
+    """Clip each client's update to ``clip_norm`` and add Gaussian noise before upload.
+
+    The server takes the plain mean (equal weights). One round is
+    `gaussian_dp_event(noise_multiplier)` per participating client (local DP).
+
+    Args:
+        clip_norm: L2 clipping bound C.
+        noise_multiplier: noise std / C.
+        seed: None (fresh OS-entropy secret) or an int.
+    """
+
+    name = "gaussian"
+
+    def __init__(self, clip_norm=1.0, noise_multiplier=1.0, seed=None):
+        self.clip_norm = validate_eps(clip_norm, "clip_norm", lower_open=True)
+        self.noise_multiplier = validate_eps(noise_multiplier, "noise_multiplier",
+                                             lower_open=True)
+        self._rng = secret_generator(seed)
+
+    def client_message(self, delta, num_examples):
+        noisy = gaussian_mechanism(delta, self.clip_norm, self.noise_multiplier, self._rng)
+        return ClientUpload(noisy, noisy.size * 4, int(num_examples))
+
+    def aggregate(self, uploads, global_lr=None):
+        lr = 1.0 if global_lr is None else global_lr
+        return np.float32(lr) * _mean([u.message for u in uploads], [1.0] * len(uploads))
+
+    def dp_event(self):
+        return gaussian_dp_event(self.noise_multiplier)
+
+    def describe(self):
+        return f"Gaussian (clip {self.clip_norm:g}, z={self.noise_multiplier:g})"
+
+
+def as_upload(upload):
+    """Normalize the ``upload=`` argument of `HorizontalFL`.
+
+    Accepts ``"fedavg"``, ``"signds"`` (default encoder), a `SignDSEncoder`,
+    or an upload object (`FedAvgUpload`, `SignDSUpload`, `GaussianUpload` or
+    anything with ``client_message`` and ``aggregate``).
+    """
+    if isinstance(upload, str):
+        if upload == "fedavg":
+            return FedAvgUpload()
+        if upload == "signds":
+            return SignDSUpload()
+        raise ValueError(f"`upload` must be 'fedavg', 'signds', a SignDSEncoder or an upload "
+                         f"object (FedAvgUpload, SignDSUpload, GaussianUpload); got {upload!r}.")
+    if isinstance(upload, SignDSEncoder):
+        return SignDSUpload(upload)
+    if hasattr(upload, "client_message") and hasattr(upload, "aggregate"):
+        return upload
+    raise TypeError(f"`upload` must be 'fedavg', 'signds', a SignDSEncoder or an upload object "
+                    f"(FedAvgUpload, SignDSUpload, GaussianUpload); got {upload!r}.")

@@ -1,0 +1,204 @@
+"""`SignDS`: a client-side optimizer wrapper whose round update is a SignDS message.
+
+Local steps use the wrapped optimizer unchanged. A *round* starts with
+`SignDS.begin_round` (snapshot of the weights) and ends with `SignDS.end_round`:
+the net update since the snapshot is encoded by a `SignDSEncoder` into a
+`SignDSMessage` (a sign and h indices, what the client uploads), and the
+weights go back to the snapshot (a client keeps nothing of its plain update;
+its next model is the server's). The `SignDSRounds` callback does this from
+``model.fit``: one round every ``epochs_per_round`` epochs.
+
+Example:
+    >>> opt = SignDS(keras.optimizers.SGD(0.05), SignDSEncoder(k=0.2, eps=10))
+    >>> model.compile(opt, "sparse_categorical_crossentropy")
+    >>> rounds = SignDSRounds(epochs_per_round=2, on_message=upload)
+    >>> model.fit(x, y, epochs=10, callbacks=[rounds])   # 5 messages to `upload`
+    >>> opt.messages[-1].indices, opt.messages[-1].nbytes
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
+from keras_fedpriv.optimizers.signds import SignDSEncoder, decode, flatten_update, unflatten_update
+
+__all__ = ["SignDS", "SignDSRounds"]
+
+
+@keras.saving.register_keras_serializable(package="keras_fedpriv")
+class SignDS(keras.optimizers.Optimizer):
+    """Wrap a Keras optimizer so that a round's net update leaves as a SignDS message.
+
+    Args:
+        optimizer: the inner optimizer (instance or identifier such as
+            ``"adam"``) that makes the local steps.
+        encoder: a `SignDSEncoder` (default: ``SignDSEncoder()``).
+        name: optimizer name.
+
+    Attributes:
+        messages: the `SignDSMessage` of every finished round, oldest first.
+        last_magnitude: the last round's private top-k mean (for MagRR's
+            client report; never part of the message).
+    """
+
+    def __init__(self, optimizer, encoder=None, name=None, **kwargs):
+        super().__init__(learning_rate=0.0, name=name or "signds", **kwargs)
+        self.inner_optimizer = keras.optimizers.get(optimizer)
+        if encoder is None:
+            encoder = SignDSEncoder()
+        if not isinstance(encoder, SignDSEncoder):
+            raise TypeError(f"`encoder` must be a SignDSEncoder; got {encoder!r}.")
+        self.encoder = encoder
+        self.messages = []
+        self.last_magnitude = None
+        self._round_vars = None
+        self._round_start = None
+
+    # --- delegation to the inner optimizer (pattern of keras' LossScaleOptimizer)
+    def build(self, var_list):
+        self.inner_optimizer.build(var_list)
+        super().build(var_list)
+
+    @property
+    def variables(self):
+        return self._variables + self.inner_optimizer.variables
+
+    def apply(self, grads, trainable_variables=None):
+        if not self.built:
+            self.build(trainable_variables)
+            self.built = True
+        self.inner_optimizer.apply(grads, trainable_variables)
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        own = len(self._variables)
+        new_tv, new_inner = self.inner_optimizer.stateless_apply(
+            optimizer_variables[own:], grads, trainable_variables)
+        return new_tv, list(optimizer_variables[:own]) + list(new_inner)
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        self.inner_optimizer.learning_rate = value
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    # --- rounds
+    def begin_round(self, variables):
+        """Snapshot ``variables`` (e.g. ``model.trainable_variables``) as the round's start."""
+        self._round_vars = list(variables)
+        self._round_start = [np.array(v.numpy()) for v in self._round_vars]
+
+    @property
+    def in_round(self):
+        """Whether `begin_round` was called and `end_round` not yet."""
+        return self._round_vars is not None
+
+    def end_round(self, server_lr=None):
+        """Encode the net update since `begin_round`; reset the weights; return the message.
+
+        Args:
+            server_lr: None (default): the weights go back to the round's
+                start, as on a client that waits for the server's next model.
+                A float: the weights become ``start + server_lr * decode(message)``,
+                i.e. what a server with this one client would apply (for
+                single-process experiments).
+
+        Returns:
+            The round's `SignDSMessage` (also appended to ``messages``).
+        """
+        if not self.in_round:
+            raise RuntimeError("end_round() without begin_round(): call "
+                               "optimizer.begin_round(model.trainable_variables) first "
+                               "(the SignDSRounds callback does both).")
+        current = [v.numpy() for v in self._round_vars]
+        delta, shapes = flatten_update([c - s for c, s in zip(current, self._round_start)])
+        message, magnitude = self.encoder.encode_with_magnitude(delta)
+        new = self._round_start
+        if server_lr is not None:
+            server_lr = validate_eps(server_lr, "server_lr", lower_open=True)
+            step = unflatten_update(np.float32(server_lr) * decode(message), shapes)
+            new = [s + d.astype(s.dtype) for s, d in zip(self._round_start, step)]
+        for v, value in zip(self._round_vars, new):
+            v.assign(value)
+        self.messages.append(message)
+        self.last_magnitude = float(magnitude)
+        self._round_vars = self._round_start = None
+        return message
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "encoder": self.encoder.get_config(),
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(config.pop("optimizer"),
+                                                      custom_objects=custom_objects)
+        encoder = SignDSEncoder(**config.pop("encoder"))
+        return cls(inner, encoder=encoder, **config)
+
+
+class SignDSRounds(keras.callbacks.Callback):
+    """Run SignDS rounds inside ``model.fit``: one round every ``epochs_per_round`` epochs.
+
+    The model must be compiled with a `SignDS` optimizer. At the end of each
+    round the callback calls ``optimizer.end_round()``, passes the message to
+    ``on_message`` (your upload function), logs ``upload_bytes`` and
+    ``upload_indices`` for that epoch, and starts the next round. Epochs after
+    the last full round are not uploaded.
+
+    Args:
+        epochs_per_round: local epochs per round (>= 1).
+        on_message: optional callable ``f(message)``.
+        server_lr: passed to `SignDS.end_round` (None: reset to the round's
+            start, as a deployed client does).
+    """
+
+    def __init__(self, epochs_per_round=1, on_message=None, server_lr=None):
+        super().__init__()
+        self.epochs_per_round = validate_positive_int(epochs_per_round, "epochs_per_round")
+        if on_message is not None and not callable(on_message):
+            raise TypeError(f"`on_message` must be callable or None; got {on_message!r}.")
+        self.on_message = on_message
+        self.server_lr = (None if server_lr is None
+                          else validate_eps(server_lr, "server_lr", lower_open=True))
+
+    def _optimizer(self):
+        opt = self.model.optimizer
+        if not isinstance(opt, SignDS):
+            raise TypeError("SignDSRounds needs a model compiled with a SignDS optimizer; "
+                            f"got {type(opt).__name__}.")
+        return opt
+
+    def on_train_begin(self, logs=None):
+        self._optimizer().begin_round(self.model.trainable_variables)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self.epochs_per_round:
+            return
+        opt = self._optimizer()
+        message = opt.end_round(self.server_lr)
+        if logs is not None:
+            logs["upload_bytes"] = float(message.nbytes)
+            logs["upload_indices"] = float(len(message.indices))
+        if self.on_message is not None:
+            self.on_message(message)
+        opt.begin_round(self.model.trainable_variables)
+
+    def on_train_end(self, logs=None):
+        opt = self.model.optimizer
+        if isinstance(opt, SignDS) and opt.in_round:
+            opt._round_vars = opt._round_start = None  # partial round: nothing uploaded
