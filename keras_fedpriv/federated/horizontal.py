@@ -184,7 +184,12 @@ class HorizontalFL:
             validation_data: ``(x, y)`` evaluated on the global model after
                 every round; logs ``val_<metric>``.
             callbacks: Keras callbacks. A `keras_fedpriv.callbacks.MagRR`
-                among them sets SignDS's global learning rate every round.
+                among them sets SignDS's global learning rate every round. A
+                callback with a method ``on_federated_round(fl, round,
+                client_ids, logs)`` gets it called after aggregation and
+                evaluation, before ``on_epoch_end``, with this object and the
+                ids of the round's clients (their data: ``fl.clients[i]``);
+                `LaplaceEvaluation` uses it to run inference on the clients.
             verbose: 0 silent, 1 a progress bar over rounds.
             initial_round: round to start at (to resume).
 
@@ -244,6 +249,10 @@ class HorizontalFL:
                 vx, vy = validation_data
                 scores = model.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
                 logs.update({f"val_{k}": float(v) for k, v in scores.items()})
+            for callback in callbacks:
+                hook = getattr(callback, "on_federated_round", None)
+                if hook is not None:
+                    hook(self, rnd, chosen, logs)
             logs["round_time_s"] = time.perf_counter() - started
             cb.on_epoch_end(rnd, logs)
             if progbar is not None:
