@@ -1,4 +1,5 @@
-"""Pure randomizers (no Keras state): randomized response, quantize+RR, SignDS, validation, RNG."""
+"""Pure randomizers (no Keras state): randomized response, quantize+RR, SignDS, Laplace,
+clip+Gaussian, validation, RNG."""
 
 from keras_fedpriv.mechanisms import signds
 from keras_fedpriv.mechanisms.quantize import (
@@ -8,6 +9,8 @@ from keras_fedpriv.mechanisms.quantize import (
     quantize_turn_on_probability,
 )
 from keras_fedpriv.mechanisms.events import repeat_event
+from keras_fedpriv.mechanisms.gaussian import clip_by_l2_norm, gaussian_dp_event, gaussian_mechanism
+from keras_fedpriv.mechanisms.laplace import laplace, laplace_dp_event, laplace_scale
 from keras_fedpriv.mechanisms.random import draw_secret
 from keras_fedpriv.mechanisms.randomized_response import (
     binary_randomized_response,
@@ -24,10 +27,16 @@ from keras_fedpriv.mechanisms.validation import validate_eps
 
 __all__ = [
     "binary_randomized_response",
+    "clip_by_l2_norm",
     "draw_secret",
     "flip_probability",
+    "gaussian_dp_event",
+    "gaussian_mechanism",
     "kary_randomized_response",
     "keep_probability",
+    "laplace",
+    "laplace_dp_event",
+    "laplace_scale",
     "optimal_output_dim",
     "optimal_threshold",
     "other_probability",
