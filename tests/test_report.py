@@ -1,0 +1,131 @@
+"""Privacy reports: events collected from models and runs, composed with dp-accounting."""
+
+import math
+
+import dp_accounting
+import keras
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+import keras_fedpriv as kf
+from keras_fedpriv.callbacks import MagRR
+from keras_fedpriv.federated import (
+    GaussianUpload,
+    HorizontalFL,
+    VerticalModel,
+    partition,
+    with_example_ids,
+)
+from keras_fedpriv.mechanisms import randomized_response_dp_event
+from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon
+from keras_fedpriv.optimizers import SignDSEncoder
+from keras_fedpriv.privacy import EpsilonLogger, compose_epsilon, privacy_report
+
+
+def _vertical(label_dp=None, embedding_dp=None):
+    rng = np.random.default_rng(0)
+    xa = rng.normal(size=(128, 6)).astype("float32")
+    xb = rng.normal(size=(128, 4)).astype("float32")
+    y = (xa[:, 0] + xb[:, 0] > 1).astype("float32")
+    bottom = lambda n: keras.Sequential([keras.Input((n,)), keras.layers.Dense(8)])  # noqa: E731
+    top = keras.Sequential([keras.Input((16,)), keras.layers.Dense(1, activation="sigmoid")])
+    model = VerticalModel({"party_a": bottom(6), "party_b": bottom(4)}, top, leader="party_b",
+                          label_dp=label_dp, embedding_dp=embedding_dp)
+    model.compile("adam", "binary_crossentropy")
+    return model, with_example_ids({"party_a": xa, "party_b": xb}), y
+
+
+def _rows(report):
+    return {r["mechanism"].split()[0]: r for r in report.rows()}
+
+
+def test_label_dp_once_is_one_release_and_embedding_dp_one_per_epoch():
+    model, x, y = _vertical(kf.LabelDPLayer(eps=1.0, seed=0), kf.EmbeddingDPLayer(eps=2.0))
+    logger = EpsilonLogger(delta=1e-6)
+    history = model.fit(x, y, epochs=3, batch_size=64, verbose=0, callbacks=[logger])
+    report = privacy_report(history, delta=1e-6)
+    rows = _rows(report)
+    assert rows["LabelDPLayer"]["releases"] == 1
+    assert rows["LabelDPLayer"]["eps_per_release"] == pytest.approx(1.0, abs=1e-3)
+    assert rows["LabelDPLayer"]["eps_composed"] == pytest.approx(1.0, abs=1e-3)
+    emb = rows["EmbeddingDPLayer"]
+    assert emb["releases"] == 3
+    # 8 coordinates, each binary RR at eps/2 = 1: 8 per release (pure), at most 24 for three
+    assert emb["eps_per_release"] == pytest.approx(8.0, rel=1e-3)
+    assert 8.0 < emb["eps_composed"] <= 24.0 + 1e-6
+    assert report.epsilon >= emb["eps_composed"]
+    eps = history.history["epsilon"]
+    assert len(eps) == 3 and eps[0] < eps[1] < eps[2]
+    assert eps[-1] == pytest.approx(report.epsilon, rel=1e-6)
+    text = str(report)
+    assert "LabelDPLayer" in text and "all of the above" in text
+
+
+def test_per_batch_label_dp_is_one_release_per_epoch():
+    model, x, y = _vertical(kf.LabelDPLayer(eps=1.0, per_batch=True, seed=0))
+    history = model.fit(x, y, epochs=4, batch_size=64, verbose=0)
+    row = _rows(privacy_report(history))["LabelDPLayer"]
+    assert row["releases"] == 4
+    assert 1.0 < row["eps_composed"] <= 4.0 + 1e-6
+
+
+def test_composition_matches_dp_accounting_accountants():
+    rr = randomized_response_dp_event(1.5, 4)
+    acc = dp_accounting.pld.PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.ComposedDpEvent([rr] * 7))
+    assert compose_epsilon([(rr, 7)], 1e-5) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-3)
+    gauss = GaussianUpload(1.0, 2.0, seed=0).dp_event()
+    assert compose_epsilon([(gauss, 5)], 1e-5) == pytest.approx(
+        gaussian_epsilon(2.0, 1e-5, count=5), rel=1e-3)
+    # mixed events compose to more than either alone, less than the sum
+    both = compose_epsilon([(rr, 7), (gauss, 5)], 1e-5)
+    assert max(compose_epsilon([(rr, 7)], 1e-5), compose_epsilon([(gauss, 5)], 1e-5)) < both
+    assert both < compose_epsilon([(rr, 7)], 1e-5) + compose_epsilon([(gauss, 5)], 1e-5) + 1e-6
+
+
+def test_rdp_accountant_is_valid_but_looser_for_pure_dp():
+    rr = randomized_response_dp_event(1.0, 2)
+    pld = compose_epsilon([(rr, 10)], 1e-5)
+    rdp = compose_epsilon([(rr, 10)], 1e-5, accountant="rdp")
+    assert pld <= 10.0 + 1e-6 and pld < rdp
+
+
+def test_horizontal_run_counts_the_busiest_client_and_magrr():
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16).astype("float32")
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
+    model.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    magrr = MagRR(eps_rr=2.0, seed=0)
+    fl = HorizontalFL(model, partition(x[:200], y[:200], 10, seed=0),
+                      upload=SignDSEncoder(k=0.2, eps=5.0, seed=0), seed=0)
+    logger = EpsilonLogger(callbacks=[magrr])
+    history = fl.fit(rounds=6, clients_per_round=4, callbacks=[magrr, logger], verbose=0)
+    report = privacy_report(fl, callbacks=[magrr])
+    rows = _rows(report)
+    busiest = int(fl.participation.max())
+    assert 3 <= busiest <= 6
+    assert rows["SignDS"]["releases"] == busiest == rows["MagRR"]["releases"]
+    assert rows["SignDS"]["eps_per_release"] == pytest.approx(5.0, rel=1e-3)
+    assert rows["MagRR"]["eps_per_release"] == pytest.approx(2.0, rel=1e-3)
+    assert report.epsilon <= busiest * 7.0 + 1e-6
+    assert history.history["epsilon"][-1] == pytest.approx(report.epsilon, rel=1e-6)
+    assert history.history["epsilon"][0] <= history.history["epsilon"][-1]
+
+
+def test_unprotected_releases_are_infinite():
+    model, x, y = _vertical(embedding_dp=kf.EmbeddingDPLayer(eps=None))
+    model.fit(x, y, epochs=1, batch_size=64, verbose=0)
+    report = privacy_report(model)
+    assert math.isinf(report.epsilon)
+    assert "not private" in str(report)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="accountant"):
+        privacy_report(keras.Sequential([keras.Input((2,))]), accountant="moments")
+    with pytest.raises((TypeError, ValueError), match="delta"):
+        privacy_report(keras.Sequential([keras.Input((2,))]), delta=-1.0)
+    with pytest.raises(TypeError, match="cannot collect"):
+        privacy_report("model.keras")
