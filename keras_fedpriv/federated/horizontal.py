@@ -190,6 +190,8 @@ class HorizontalFL:
                 evaluation, before ``on_epoch_end``, with this object and the
                 ids of the round's clients (their data: ``fl.clients[i]``);
                 `LaplaceEvaluation` uses it to run inference on the clients.
+                ``on_federated_train_begin(fl)``, if a callback has it, is
+                called before ``on_train_begin``.
             verbose: 0 silent, 1 a progress bar over rounds.
             initial_round: round to start at (to resume).
 
@@ -216,6 +218,10 @@ class HorizontalFL:
         model.stop_training = False
         tv = list(model.trainable_variables)
         dim = int(sum(int(np.prod(v.shape)) for v in tv))
+        for callback in callbacks:
+            hook = getattr(callback, "on_federated_train_begin", None)
+            if hook is not None:
+                hook(self)
         cb.on_train_begin()
         logs = {}
         for rnd in range(initial_round, rounds):
