@@ -176,8 +176,8 @@ already traced.
 {train_table}
 
 SignDS encoding vs one `tf.math.top_k` over the same float32 vector (median of
-{args.encode_repeats}; the encoder finds its top-k set with `np.partition` and one comparison, O(d), and
-samples the h indices; top_k sorts its k outputs):
+{args.encode_repeats}; the encoder finds its top-k set with `np.partition` and one
+comparison, O(d), and samples the h indices; top_k sorts its k outputs):
 
 {encode_table}
 {READING}"""

@@ -25,8 +25,8 @@ deviation over seeds of each arm and of the paired difference.
 
 Usage::
 
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/rr_with_prior.py            # full run, updates docs
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/rr_with_prior.py --quick    # 2 seeds, no docs
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/rr_with_prior.py          # full run, updates docs
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/rr_with_prior.py --quick  # 2 seeds, no docs
 """
 
 from __future__ import annotations

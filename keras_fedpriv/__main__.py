@@ -24,7 +24,8 @@ def _seed(text):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**31); got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"must be an integer in [0, 2**31); got {text!r}") from None
     if not 0 <= value < 2**31:
         raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**31); got {value}")
     return value

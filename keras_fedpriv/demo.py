@@ -252,7 +252,8 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
     say("keras-fedpriv demo: vertical (split) learning with label DP, embedding DP and a VAE "
         "bottom")
     say(f"Data: scikit-learn breast cancer ({len(y_train) + len(y_test)} examples, 30 features, "
-        f"label 1 = malignant), stratified {100 - int(TEST_SIZE * 100)}/{int(TEST_SIZE * 100)} split "
+        f"label 1 = malignant), stratified "
+        f"{100 - int(TEST_SIZE * 100)}/{int(TEST_SIZE * 100)} split "
         f"({len(y_train)} train / {len(y_test)} test), standardized on the training split.")
     say(f"Parties: follower party_a holds features 1-{xa_train.shape[1]}; leader party_b holds "
         f"features {xa_train.shape[1] + 1}-30 and the labels.")

@@ -160,7 +160,8 @@ def test_seeded_noise_reproduces_and_secret_noise_does_not():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(eps=0.0), "eps"), (dict(eps=-1.0), "eps"), (dict(eps=float("nan")), "eps"),
-    (dict(eps=True), "eps"), (dict(eps="1"), "eps"), (dict(eps=1.0, sensitivity=0.0), "sensitivity"),
+    (dict(eps=True), "eps"), (dict(eps="1"), "eps"),
+    (dict(eps=1.0, sensitivity=0.0), "sensitivity"),
     (dict(eps=1.0, sampler="float"), "sampler"),
 ])
 def test_bad_arguments_name_themselves(kwargs, match):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import dp_accounting
-import keras
 from keras import ops
 import tensorflow as tf
 

@@ -1,4 +1,4 @@
-"""Privacy reports: collect the DpEvents of every mechanism used and compose them with dp-accounting.
+"""Privacy reports: collect the DpEvents of every mechanism used; compose them with dp-accounting.
 
 `privacy_report(obj, ...)` accepts a Keras model (the `LabelDPLayer` and
 `EmbeddingDPLayer` layers inside it, a `VerticalModel` included), a Keras

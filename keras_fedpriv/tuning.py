@@ -1,0 +1,155 @@
+"""Tune eps with keras-tuner: eps as a hyperparameter and a privacy-utility objective.
+
+Three pieces:
+
+* `eps_hyperparameter(hp, ...)`: ``hp.Float("eps", ..., sampling="log")`` with
+  the package's eps validation on the bounds; use its value to build the
+  layers (`LabelDPLayer(eps=...)`, `EmbeddingDPLayer(eps=...)`, SignDS, ...).
+* `PrivacyUtility`: a callback that logs, every epoch, the composed
+  ``epsilon`` of the model's privacy layers (`keras_fedpriv.privacy.privacy_report`)
+  and a score ``privacy_utility`` that trades utility against it:
+  ``mode="budget"``: the utility metric if eps <= ``budget``, else
+  ``penalty`` (so the tuner maximizes utility under an eps budget);
+  ``mode="weighted"``: ``utility - weight * eps``.
+* `privacy_objective()`: the `keras_tuner.Objective` that maximizes it, for
+  `RandomSearch`, `BayesianOptimization` and `Hyperband` alike.
+
+Hyperparameter search on private data leaks too. Every trial trains on the
+same private data and the tuner's choice depends on the trials' results; the
+eps that `PrivacyUtility` logs is that of ONE trial's training run, not of the
+search. By basic composition, a search costs the sum of its trials' eps
+(`search_epsilon`; Papernot and Steinke, "Hyperparameter tuning with Renyi
+differential privacy", ICLR 2022, give much better bounds for random search
+with a random number of trials; we do not implement them). The sound ways
+out: tune on public or proxy data and train once on the private data, or
+report the search's eps.
+
+Example::
+
+    def build(hp):
+        eps = eps_hyperparameter(hp, min_value=0.5, max_value=8.0)
+        model = VerticalModel(bottoms, top, leader="party_b", label_dp=LabelDPLayer(eps=eps))
+        model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+        return model
+
+    tuner = keras_tuner.RandomSearch(build, objective=privacy_objective(), max_trials=10)
+    tuner.search(x, y, validation_data=(xv, yv), epochs=20,
+                 callbacks=[PrivacyUtility(budget=2.0)])
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import keras
+
+from keras_fedpriv.mechanisms.validation import validate_eps
+from keras_fedpriv.privacy.report import privacy_report
+
+__all__ = ["PrivacyUtility", "eps_hyperparameter", "privacy_objective", "search_epsilon"]
+
+OBJECTIVE_NAME = "privacy_utility"
+
+
+def eps_hyperparameter(hp, name="eps", min_value=0.1, max_value=10.0, sampling="log",
+                       default=None):
+    """Register eps as a keras-tuner ``Float`` hyperparameter and return its value.
+
+    Args:
+        hp: the `keras_tuner.HyperParameters` of the trial.
+        name: the hyperparameter's name.
+        min_value, max_value: the range (finite, 0 < min_value < max_value).
+        sampling: ``"log"`` (default; eps matters multiplicatively) or
+            ``"linear"``.
+        default: the default value (default: the geometric mean of the range).
+    """
+    lo = validate_eps(min_value, "min_value", lower_open=True)
+    hi = validate_eps(max_value, "max_value", lower_open=True)
+    if not lo < hi:
+        raise ValueError(f"`min_value` must be below `max_value`; got {min_value!r} and "
+                         f"{max_value!r}.")
+    if sampling not in ("log", "linear"):
+        raise ValueError(f"`sampling` must be 'log' or 'linear'; got {sampling!r}.")
+    if default is None:
+        default = math.sqrt(lo * hi) if sampling == "log" else (lo + hi) / 2
+    return hp.Float(name, min_value=lo, max_value=hi, sampling=sampling, default=float(default))
+
+
+def privacy_objective(name=OBJECTIVE_NAME):
+    """The keras-tuner objective that maximizes the `PrivacyUtility` score."""
+    import keras_tuner
+
+    return keras_tuner.Objective(name, direction="max")
+
+
+class PrivacyUtility(keras.callbacks.Callback):
+    """Log ``epsilon`` and a privacy-utility score ``privacy_utility`` every epoch.
+
+    Args:
+        utility: the logged metric that measures utility (default
+            ``"val_accuracy"``; it must be in the logs at epoch end).
+        budget: eps budget for ``mode="budget"``.
+        mode: ``"budget"`` (default when ``budget`` is given): the score is
+            the utility if eps <= budget, else ``penalty``; ``"weighted"``:
+            ``utility - weight * eps``.
+        weight: the weight of eps in ``mode="weighted"``.
+        penalty: the score of a trial over budget.
+        delta: delta of the composed eps.
+        accountant: ``"pld"`` or ``"rdp"``.
+    """
+
+    def __init__(self, utility="val_accuracy", budget=None, mode=None, weight=0.01,
+                 penalty=-1.0, delta=1e-5, accountant="pld"):
+        super().__init__()
+        if not isinstance(utility, str):
+            raise TypeError(f"`utility` must be the name of a logged metric; got {utility!r}.")
+        mode = mode or ("budget" if budget is not None else "weighted")
+        if mode not in ("budget", "weighted"):
+            raise ValueError(f"`mode` must be 'budget' or 'weighted'; got {mode!r}.")
+        if mode == "budget" and budget is None:
+            raise ValueError("`mode='budget'` needs `budget` (the largest acceptable eps).")
+        self.utility = utility
+        self.mode = mode
+        self.budget = None if budget is None else validate_eps(budget, "budget", lower_open=True)
+        self.weight = validate_eps(weight, "weight")
+        if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real):
+            raise TypeError(f"`penalty` must be a number; got {penalty!r}.")
+        self.penalty = float(penalty)
+        self.delta = validate_eps(delta, "delta", upper=1.0)
+        self.accountant = accountant
+
+    def score(self, utility, eps):
+        """The privacy-utility score of a utility value at eps."""
+        if self.mode == "budget":
+            return float(utility) if eps <= self.budget else self.penalty
+        return float(utility) - self.weight * eps
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        if self.utility not in logs:
+            raise ValueError(f"PrivacyUtility: the utility metric {self.utility!r} is not in the "
+                             f"logs (have: {sorted(logs)}); pass validation data or another "
+                             f"`utility=`.")
+        eps = privacy_report(self.model, epochs=epoch + 1, delta=self.delta,
+                             accountant=self.accountant).epsilon
+        logs["epsilon"] = eps
+        logs[OBJECTIVE_NAME] = self.score(logs[self.utility], eps)
+
+
+def search_epsilon(trial_epsilons):
+    """A valid eps for a whole search on the same private data: the sum of the trials' eps.
+
+    Basic composition: each trial released the data once at its own eps (and,
+    for trials with a delta, the deltas add up likewise). Loose, but valid
+    for any tuner and any way it picks the next trial.
+
+    Args:
+        trial_epsilons: the eps of every trial that ran (e.g. the logged
+            ``epsilon`` of each completed trial).
+    """
+    values = [validate_eps(e, "trial_epsilons") for e in trial_epsilons]
+    if not values:
+        raise ValueError("`trial_epsilons` must list the eps of at least one trial.")
+    return float(sum(values))

@@ -1,0 +1,97 @@
+"""eps as a keras-tuner hyperparameter, the privacy-utility objective, with three tuners."""
+
+import keras
+import keras_tuner as kt
+import numpy as np
+import pytest
+
+import keras_fedpriv as kf
+from keras_fedpriv.federated import VerticalModel, with_example_ids
+from keras_fedpriv.tuning import (
+    PrivacyUtility,
+    eps_hyperparameter,
+    privacy_objective,
+    search_epsilon,
+)
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    xa = rng.normal(size=(256, 6)).astype("float32")
+    xb = rng.normal(size=(256, 4)).astype("float32")
+    y = (xa[:, 0] + xb[:, 0] > 0).astype("float32")
+    train = (with_example_ids({"party_a": xa[:192], "party_b": xb[:192]}), y[:192])
+    val = ({"party_a": xa[192:], "party_b": xb[192:]}, y[192:])
+    return train, val
+
+
+def _build(hp):
+    eps = eps_hyperparameter(hp, min_value=0.25, max_value=8.0)
+    bottom = lambda n: keras.Sequential([keras.Input((n,)), keras.layers.Dense(4)])  # noqa: E731
+    top = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1, activation="sigmoid")])
+    model = VerticalModel({"party_a": bottom(6), "party_b": bottom(4)}, top, leader="party_b",
+                          label_dp=kf.LabelDPLayer(eps=eps))
+    model.compile(keras.optimizers.Adam(0.05), "binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+@pytest.mark.parametrize("tuner_cls", ["RandomSearch", "BayesianOptimization", "Hyperband"])
+def test_each_tuner_maximizes_utility_under_an_eps_budget(tuner_cls, tmp_path):
+    (x, y), val = _data()
+    common = dict(objective=privacy_objective(), directory=str(tmp_path), project_name="t",
+                  overwrite=True, seed=0)
+    if tuner_cls == "Hyperband":
+        tuner = kt.Hyperband(_build, max_epochs=3, factor=3, hyperband_iterations=1, **common)
+    else:
+        tuner = getattr(kt, tuner_cls)(_build, max_trials=4, **common)
+    tuner.search(x, y, validation_data=val, epochs=3, batch_size=64, verbose=0,
+                 callbacks=[PrivacyUtility(budget=2.0)])
+    trials = [t for t in tuner.oracle.trials.values() if t.status == "COMPLETED"]
+    assert len(trials) >= 2
+    for t in trials:
+        eps = t.hyperparameters.get("eps")
+        assert 0.25 <= eps <= 8.0
+        logged_eps = t.metrics.get_last_value("epsilon")
+        # labels randomized once: one release at the trial's eps
+        assert logged_eps == pytest.approx(eps, rel=1e-3)
+        score = t.metrics.get_last_value("privacy_utility")
+        if eps > 2.0:
+            assert score == -1.0
+        else:
+            assert score == pytest.approx(t.metrics.get_last_value("val_accuracy"))
+    best = tuner.oracle.get_best_trials(1)[0]
+    assert best.hyperparameters.get("eps") <= 2.0 or all(
+        t.hyperparameters.get("eps") > 2.0 for t in trials)
+
+
+def test_weighted_mode_and_search_epsilon():
+    cb = PrivacyUtility(weight=0.1)
+    assert cb.mode == "weighted"
+    assert cb.score(0.9, 2.0) == pytest.approx(0.7)
+    assert search_epsilon([1.5] * 10) == 15.0
+    with pytest.raises(ValueError, match="trial_epsilons"):
+        search_epsilon([])
+
+
+def test_eps_hyperparameter_is_log_sampled_in_range():
+    hp = kt.HyperParameters()
+    value = eps_hyperparameter(hp, min_value=0.1, max_value=10.0)
+    assert value == pytest.approx(1.0)  # default: the geometric mean
+    spec = hp.space[0]
+    assert spec.sampling == "log" and spec.min_value == 0.1 and spec.max_value == 10.0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(min_value=0.0), "min_value"), (dict(min_value=5.0, max_value=1.0), "min_value"),
+    (dict(max_value=float("inf")), "max_value"), (dict(sampling="reverse_log"), "sampling"),
+])
+def test_bad_hyperparameter_ranges(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        eps_hyperparameter(kt.HyperParameters(), **kwargs)
+
+
+def test_missing_utility_metric_is_a_clear_error():
+    (x, y), _ = _data()
+    model = _build(kt.HyperParameters())
+    with pytest.raises(ValueError, match="val_accuracy"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[PrivacyUtility(budget=1.0)])
