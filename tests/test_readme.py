@@ -4,6 +4,7 @@ import pathlib
 import re
 
 import numpy as np
+import pytest
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -59,3 +60,15 @@ def test_horizontal_quick_start():
     assert len(h["val_accuracy"]) == 10
     assert max(h["upload_bytes_per_client"]) <= 401 < 4 * d
     assert len(h["lr_global"]) == 10 and h["r_est"][-1] > 1e-5
+
+
+def test_report_quick_start_follows_the_horizontal_one():
+    namespace = {}
+    exec(_python_blocks()[3], namespace)  # noqa: S102
+    exec(_python_blocks()[4], namespace)  # noqa: S102
+    report, fl = namespace["report"], namespace["fl"]
+    rows = {r["mechanism"]: r for r in report.rows()}
+    assert set(rows) == {"SignDS upload", "MagRR"}
+    assert rows["SignDS upload"]["releases"] == fl.participation.max()
+    assert rows["SignDS upload"]["eps_per_release"] == pytest.approx(100.0, rel=1e-3)
+    assert report.epsilon > 100.0

@@ -745,6 +745,20 @@ class VerticalModel(keras.Model):
         archive.add_endpoint("serve", serve, input_signature=[signature])
         archive.write_out(filepath, verbose=verbose)
 
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
+               **kwargs):
+        """`keras.Model.export` with the parties' input signature filled in.
+
+        The whole model in one SavedModel (all parties' parts together: for
+        tests and single-site serving; in deployment each party serves only
+        its own part, see `export_party`). ``input_signature`` defaults to
+        one dict keyed by party name with each party's feature spec.
+        """
+        if input_signature is None:
+            input_signature = [{p: self._tensor_spec(p) for p in self._parties}]
+        return super().export(filepath, format=format, verbose=verbose,
+                              input_signature=input_signature, **kwargs)
+
     def _tensor_spec(self, party):
         return tree.map_structure(
             lambda t: tf.TensorSpec((None,) + tuple(t.shape[1:]), t.dtype),

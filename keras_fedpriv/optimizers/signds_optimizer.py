@@ -27,6 +27,23 @@ from keras_fedpriv.optimizers.signds import SignDSEncoder, decode, flatten_updat
 __all__ = ["SignDS", "SignDSRounds"]
 
 
+class _RoundState:
+    """The round's model variables and start values, kept out of the optimizer's variables.
+
+    Keras tracks every variable (or list of variables) assigned to an
+    optimizer attribute as an optimizer variable; a plain holder object is not
+    inspected, so the model's weights are neither saved with the optimizer
+    nor counted by `stateless_apply`.
+    """
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self):
+        self.variables = None
+        self.start = None
+
+
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
 class SignDS(keras.optimizers.Optimizer):
     """Wrap a Keras optimizer so that a round's net update leaves as a SignDS message.
@@ -53,8 +70,7 @@ class SignDS(keras.optimizers.Optimizer):
         self.encoder = encoder
         self.messages = []
         self.last_magnitude = None
-        self._round_vars = None
-        self._round_start = None
+        self._round = _RoundState()
 
     # --- delegation to the inner optimizer (pattern of keras' LossScaleOptimizer)
     def build(self, var_list):
@@ -95,13 +111,13 @@ class SignDS(keras.optimizers.Optimizer):
     # --- rounds
     def begin_round(self, variables):
         """Snapshot ``variables`` (e.g. ``model.trainable_variables``) as the round's start."""
-        self._round_vars = list(variables)
-        self._round_start = [np.array(v.numpy()) for v in self._round_vars]
+        self._round.variables = list(variables)
+        self._round.start = [np.array(v.numpy()) for v in self._round.variables]
 
     @property
     def in_round(self):
         """Whether `begin_round` was called and `end_round` not yet."""
-        return self._round_vars is not None
+        return self._round.variables is not None
 
     def end_round(self, server_lr=None):
         """Encode the net update since `begin_round`; reset the weights; return the message.
@@ -120,19 +136,20 @@ class SignDS(keras.optimizers.Optimizer):
             raise RuntimeError("end_round() without begin_round(): call "
                                "optimizer.begin_round(model.trainable_variables) first "
                                "(the SignDSRounds callback does both).")
-        current = [v.numpy() for v in self._round_vars]
-        delta, shapes = flatten_update([c - s for c, s in zip(current, self._round_start)])
+        start = self._round.start
+        current = [v.numpy() for v in self._round.variables]
+        delta, shapes = flatten_update([c - s for c, s in zip(current, start)])
         message, magnitude = self.encoder.encode_with_magnitude(delta)
-        new = self._round_start
+        new = start
         if server_lr is not None:
             server_lr = validate_eps(server_lr, "server_lr", lower_open=True)
             step = unflatten_update(np.float32(server_lr) * decode(message), shapes)
-            new = [s + d.astype(s.dtype) for s, d in zip(self._round_start, step)]
-        for v, value in zip(self._round_vars, new):
+            new = [s + d.astype(s.dtype) for s, d in zip(start, step)]
+        for v, value in zip(self._round.variables, new):
             v.assign(value)
         self.messages.append(message)
         self.last_magnitude = float(magnitude)
-        self._round_vars = self._round_start = None
+        self._round.clear()
         return message
 
     def get_config(self):
@@ -201,4 +218,4 @@ class SignDSRounds(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         opt = self.model.optimizer
         if isinstance(opt, SignDS) and opt.in_round:
-            opt._round_vars = opt._round_start = None  # partial round: nothing uploaded
+            opt._round.clear()  # partial round: nothing uploaded
