@@ -37,6 +37,7 @@ from keras_fedpriv.mechanisms.laplace import (
 )
 from keras_fedpriv.mechanisms.random import draw_secret
 from keras_fedpriv.mechanisms.validation import (
+    config_with_seed,
     validate_eps,
     validate_positive_int,
     validate_seed,
@@ -611,9 +612,7 @@ class LaplaceEvaluation(keras.callbacks.Callback):
             "sampler": self.sampler,
             "silhouette_sample_size": self.silhouette_sample_size,
         }
-        if self.seed is not None:
-            config["seed"] = self.seed
-        return config
+        return config_with_seed(config, self.seed)
 
     @classmethod
     def from_config(cls, config):

@@ -28,6 +28,7 @@ from keras_fedpriv.mechanisms.randomized_response import (
     randomized_response_dp_event,
 )
 from keras_fedpriv.mechanisms.validation import (
+    config_with_seed,
     validate_eps,
     validate_positive_int,
     validate_seed,
@@ -357,9 +358,7 @@ class MagRR(keras.callbacks.Callback):
             "min_report_fraction": self.min_report_fraction,
             "fallback_lr": self.fallback_lr,
         }
-        if self.seed is not None:
-            config["seed"] = self.seed
-        return config
+        return config_with_seed(config, self.seed)
 
     @classmethod
     def from_config(cls, config):

@@ -14,7 +14,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["validate_eps", "validate_seed", "validate_positive_int"]
+__all__ = ["config_with_seed", "validate_eps", "validate_seed", "validate_positive_int"]
 
 
 def validate_eps(eps, name="eps", *, allow_none=False, lower_open=False, upper=None):
@@ -120,3 +120,12 @@ def validate_int_sequence(value, name, *, minimum=1, allow_scalar=True, what="in
             raise ValueError(f"{allowed}; got {value!r} (entry {i}: {entry!r}).")
         out.append(int(entry))
     return tuple(out)
+
+
+def config_with_seed(config, seed):
+    """``config`` plus ``"seed"`` when the user passed one explicitly.
+
+    A secret drawn from OS entropy is never written into a config (ALGORITHMS.md
+    section 0): whoever holds a saved config must not be able to replay the noise.
+    """
+    return config if seed is None else dict(config, seed=seed)

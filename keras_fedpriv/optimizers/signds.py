@@ -32,6 +32,7 @@ import numpy as np
 from keras_fedpriv.mechanisms import signds as _signds
 from keras_fedpriv.mechanisms.random import draw_secret
 from keras_fedpriv.mechanisms.validation import (
+    config_with_seed,
     validate_eps,
     validate_positive_int,
     validate_seed,
@@ -317,9 +318,7 @@ class SignDSEncoder:
         """Constructor arguments; the seed only if one was passed explicitly."""
         config = {"k": self.k, "eps": self.eps, "thr_ratio": self.thr_ratio,
                   "dim_out": self.dim_out, "max_dim_out": self.max_dim_out}
-        if self.seed is not None:
-            config["seed"] = self.seed
-        return config
+        return config_with_seed(config, self.seed)
 
     @classmethod
     def from_config(cls, config):
