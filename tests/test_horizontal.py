@@ -264,3 +264,20 @@ def test_client_optimizer_state_is_reset_for_every_client():
     np.testing.assert_allclose(first, again, atol=1e-7)
     assert int(model.optimizer.iterations.numpy()) == 3
     assert np.abs(first).max() > 1e-3
+
+
+def test_keras_early_stopping_and_checkpoint_work_per_round(tmp_path):
+    x, y = _digits()
+    clients = partition(x[:300], y[:300], 5, seed=0)
+    path = str(tmp_path / "best.keras")
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)
+    ckpt = keras.callbacks.ModelCheckpoint(path, monitor="val_accuracy", save_best_only=True)
+    model = _model()
+    hist = HorizontalFL(model, clients, seed=0).fit(
+        rounds=10, clients_per_round=2, validation_data=(x[300:400], y[300:400]),
+        callbacks=[stop, ckpt], verbose=0)
+    # min_delta=10 makes every round "no improvement": stops after patience + 1 rounds
+    assert len(hist.history["loss"]) == 2
+    back = keras.models.load_model(path)
+    acc = back.evaluate(x[300:400], y[300:400], verbose=0, return_dict=True)["accuracy"]
+    assert acc == pytest.approx(max(hist.history["val_accuracy"]), abs=1e-6)
