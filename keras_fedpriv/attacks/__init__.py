@@ -1,4 +1,4 @@
-"""Attacks that measure how much a vertical-FL protocol leaks (ALGORITHMS.md section 7).
+"""Attacks that measure how much a federated protocol leaks (ALGORITHMS.md section 7).
 
 * `norm_label_inference`, `direction_label_inference`: a follower infers the
   leader's binary labels from the cut-layer gradients it receives (Li et al.,
@@ -6,6 +6,9 @@
 * `feature_reconstruction`: the leader trains an inverse decoder from
   embeddings to the follower's features on auxiliary rows; metric: MSE
   relative to predicting the mean (1.0 = nothing learned).
+* `gradient_inversion` (DLG / iDLG, horizontal FL): the server reconstructs a
+  client's training examples from its uploaded update; metric: MSE relative to
+  predicting the mean, after matching (docs/gradient_inversion.md).
 
 All take plain (N, d) numpy arrays or TensorFlow tensors; see docs/attacks.md.
 """
@@ -14,11 +17,17 @@ from keras_fedpriv.attacks.feature_reconstruction import (  # noqa: F401
     ReconstructionResult,
     feature_reconstruction,
 )
+from keras_fedpriv.attacks.gradient_inversion import (  # noqa: F401
+    InversionResult,
+    gradient_inversion,
+    infer_label_idlg,
+)
 from keras_fedpriv.attacks.label_inference import (  # noqa: F401
     AttackResult,
     direction_label_inference,
     norm_label_inference,
 )
 
-__all__ = ["AttackResult", "ReconstructionResult", "direction_label_inference",
-           "feature_reconstruction", "norm_label_inference"]
+__all__ = ["AttackResult", "InversionResult", "ReconstructionResult",
+           "direction_label_inference", "feature_reconstruction", "gradient_inversion",
+           "infer_label_idlg", "norm_label_inference"]
