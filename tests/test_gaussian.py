@@ -9,8 +9,8 @@ from keras_fedpriv.mechanisms.gaussian import (
     gaussian_dp_event,
     gaussian_epsilon,
     gaussian_mechanism,
-    secret_generator,
 )
+from keras_fedpriv.mechanisms.random import secret_generator
 
 N = 200_000
 

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import numbers
 
 import numpy as np
 
-from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
+from keras_fedpriv.mechanisms.validation import (
+    validate_positive_int,
+    validate_real,
+    validate_seed,
+)
 
 __all__ = ["InversionResult", "gradient_inversion", "infer_label_idlg"]
 
@@ -204,16 +207,6 @@ class InversionResult:
 # --------------------------------------------------------------------------- validation
 
 
-def _positive_real(value, name, *, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) \
-            or not np.isfinite(value) or value <= 0:
-        raise ValueError(f"`{name}` must be a finite number > 0"
-                         f"{' or None' if allow_none else ''}; got {value!r}.")
-    return float(value)
-
-
 def _check_model(model):
     import keras
 
@@ -358,7 +351,7 @@ def infer_label_idlg(model, target_update, *, lr_local=None, seed=0):
     """
     tv = _check_model(model)
     flat, sizes = _flatten_target(target_update, tv)
-    lr_local = _positive_real(lr_local, "lr_local", allow_none=True)
+    lr_local = validate_real(lr_local, "lr_local", low=0, low_open=True, allow_none=True)
     try:
         num_classes = int(model.outputs[0].shape[-1])
     except (AttributeError, ValueError, IndexError, TypeError):
@@ -510,8 +503,8 @@ def gradient_inversion(model, target_update, num_examples=1, *, labels=None, lab
     if not isinstance(label_mode, str) or label_mode not in _LABEL_MODES:
         raise ValueError(f"`label_mode` must be one of {_LABEL_MODES} (or pass known "
                          f"`labels=`); got {label_mode!r}.")
-    learning_rate = _positive_real(learning_rate, "learning_rate")
-    lr_local = _positive_real(lr_local, "lr_local", allow_none=True)
+    learning_rate = validate_real(learning_rate, "learning_rate", low=0, low_open=True)
+    lr_local = validate_real(lr_local, "lr_local", low=0, low_open=True, allow_none=True)
     flat, sizes = _flatten_target(target_update, tv)
     if not np.any(flat):
         raise ValueError("`target_update` is all zeros: there is nothing to match (the "

@@ -35,7 +35,7 @@ from keras_fedpriv.mechanisms.laplace import (
     laplace_grid,
     laplace_scale,
 )
-from keras_fedpriv.mechanisms.random import draw_secret
+from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.mechanisms.validation import (
     config_with_seed,
     validate_eps,
@@ -313,7 +313,7 @@ class LaplaceEvaluation(keras.callbacks.Callback):
                 f"sensitivity=2.0 unless you are reproducing the seed.", stacklevel=2)
         if self.seed is None:
             self._noise_rng = None
-            self._server_rng = np.random.default_rng(draw_secret())
+            self._server_rng = secret_generator()
         else:
             noise_ss, server_ss = np.random.SeedSequence(self.seed).spawn(2)
             self._noise_rng = np.random.default_rng(noise_ss)

@@ -14,8 +14,6 @@ per client and round:
 
 from __future__ import annotations
 
-import math
-import numbers
 
 import keras
 import numpy as np
@@ -31,6 +29,7 @@ from keras_fedpriv.mechanisms.validation import (
     config_with_seed,
     validate_eps,
     validate_positive_int,
+    validate_real,
     validate_seed,
 )
 
@@ -39,25 +38,6 @@ __all__ = ["MagRR", "debiased_ones"]
 GROWTH = "growth"
 CONTRACTION = "contraction"
 _PHASES = (GROWTH, CONTRACTION)
-
-
-def _real(value, name, *, low, low_open, high=None, high_open=False):
-    """Validate a finite real number in a range and return it as float.
-
-    Same rules as `validate_eps` (bools, strings, None, NaN, inf rejected;
-    nothing clamped), with a range of the caller's choice; the message names
-    the argument, the value and the range.
-    """
-    lo = f"> {low}" if low_open else f">= {low}"
-    hi = "" if high is None else (f" and < {high}" if high_open else f" and <= {high}")
-    rng = f"a finite real number {lo}{hi}"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`{name}` must be {rng}; got {value!r} of type {type(value).__name__}.")
-    x = float(value)
-    if (math.isnan(x) or math.isinf(x) or x < low or (low_open and x == low)
-            or (high is not None and (x > high or (high_open and x == high)))):
-        raise ValueError(f"`{name}` must be {rng}; got {value!r}.")
-    return x
 
 
 def debiased_ones(num_ones, num_reports, eps):
@@ -202,18 +182,18 @@ class MagRR(keras.callbacks.Callback):
                  lr_factor=2.0, min_report_fraction=0.05, fallback_lr=1.0, seed=None):
         super().__init__()
         self.eps_rr = validate_eps(eps_rr, "eps_rr", lower_open=True)
-        self.r_init = _real(r_init, "r_init", low=0, low_open=True)
-        self.growth_factor = _real(growth_factor, "growth_factor", low=1, low_open=True)
+        self.r_init = validate_real(r_init, "r_init", low=0, low_open=True)
+        self.growth_factor = validate_real(growth_factor, "growth_factor", low=1, low_open=True)
         self.switch_after = validate_positive_int(switch_after, "switch_after")
-        self.growth_threshold = _real(growth_threshold, "growth_threshold", low=0, low_open=True)
-        self.contraction_threshold = _real(contraction_threshold, "contraction_threshold",
+        self.growth_threshold = validate_real(growth_threshold, "growth_threshold", low=0, low_open=True)
+        self.contraction_threshold = validate_real(contraction_threshold, "contraction_threshold",
                                            low=0, low_open=True)
-        self.contraction_factor = _real(contraction_factor, "contraction_factor",
+        self.contraction_factor = validate_real(contraction_factor, "contraction_factor",
                                         low=1, low_open=True)
-        self.lr_factor = _real(lr_factor, "lr_factor", low=0, low_open=True)
-        self.min_report_fraction = _real(min_report_fraction, "min_report_fraction",
+        self.lr_factor = validate_real(lr_factor, "lr_factor", low=0, low_open=True)
+        self.min_report_fraction = validate_real(min_report_fraction, "min_report_fraction",
                                          low=0, low_open=False, high=1)
-        self.fallback_lr = _real(fallback_lr, "fallback_lr", low=0, low_open=True)
+        self.fallback_lr = validate_real(fallback_lr, "fallback_lr", low=0, low_open=True)
         self.seed = validate_seed(seed)
         self._rng = None if self.seed is None else np.random.default_rng(self.seed)
 
@@ -383,7 +363,7 @@ class MagRR(keras.callbacks.Callback):
         if missing:
             raise ValueError(f"`state` is missing {missing}; expected the keys of "
                              f"MagRR.state_dict().")
-        r_est = _real(state["r_est"], "state['r_est']", low=0, low_open=True)
+        r_est = validate_real(state["r_est"], "state['r_est']", low=0, low_open=True)
         phase = state["phase"]
         if phase not in _PHASES:
             raise ValueError(f"`state['phase']` must be one of {_PHASES}; got {phase!r}.")

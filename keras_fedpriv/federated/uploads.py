@@ -22,11 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from keras_fedpriv.mechanisms.gaussian import (
-    gaussian_dp_event,
-    gaussian_mechanism,
-    secret_generator,
-)
+from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event, gaussian_mechanism
+from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.mechanisms.validation import validate_eps
 from keras_fedpriv.optimizers.signds import SignDSEncoder, aggregate as signds_aggregate
 

@@ -9,7 +9,7 @@ neighbours (local DP: any update replaced by any other) the sensitivity is
 ``2 * clip_norm`` and the event is ``GaussianDpEvent(noise_multiplier / 2)``
 (`gaussian_dp_event(..., local=True)`, the default).
 
-Noise is drawn with numpy's PCG64 from a 64-bit secret (`draw_secret`) unless
+Noise is drawn with numpy's PCG64 from a 64-bit secret (`secret_generator`) unless
 a seed is given. This is the floating-point Gaussian; like every textbook
 float sampler it is not hardened against the low-order-bit attacks of Mironov
 (2012) and is offered as a comparison baseline, not as the recommended defense.
@@ -20,21 +20,10 @@ from __future__ import annotations
 import dp_accounting
 import numpy as np
 
-from keras_fedpriv.mechanisms.random import draw_secret
-from keras_fedpriv.mechanisms.validation import validate_eps, validate_seed
+from keras_fedpriv.mechanisms.random import secret_generator
+from keras_fedpriv.mechanisms.validation import validate_real
 
-__all__ = ["clip_by_l2_norm", "gaussian_dp_event", "gaussian_epsilon", "gaussian_mechanism",
-           "secret_generator"]
-
-
-def secret_generator(seed=None):
-    """A numpy Generator keyed by ``seed``, or by a fresh 64-bit OS-entropy secret."""
-    seed = validate_seed(seed)
-    return np.random.default_rng(draw_secret() if seed is None else seed)
-
-
-def _positive(value, name):
-    return validate_eps(value, name, lower_open=True)
+__all__ = ["clip_by_l2_norm", "gaussian_dp_event", "gaussian_epsilon", "gaussian_mechanism"]
 
 
 def clip_by_l2_norm(update, clip_norm):
@@ -44,7 +33,7 @@ def clip_by_l2_norm(update, clip_norm):
         ValueError: ``clip_norm`` not a finite number > 0, or ``update`` has
             NaN or infinite entries.
     """
-    clip_norm = _positive(clip_norm, "clip_norm")
+    clip_norm = validate_real(clip_norm, "clip_norm", low=0, low_open=True)
     update = np.asarray(update, dtype=np.float32).ravel()
     if not np.all(np.isfinite(update)):
         raise ValueError("`update` has NaN or infinite entries; clip a finite update.")
@@ -65,7 +54,7 @@ def gaussian_mechanism(update, clip_norm, noise_multiplier, rng=None):
     Returns:
         The noisy float32 update (same length as ``update``).
     """
-    noise_multiplier = _positive(noise_multiplier, "noise_multiplier")
+    noise_multiplier = validate_real(noise_multiplier, "noise_multiplier", low=0, low_open=True)
     clipped, _ = clip_by_l2_norm(update, clip_norm)
     rng = secret_generator() if rng is None else rng
     noise = rng.standard_normal(clipped.shape[0], dtype=np.float64) * (noise_multiplier * clip_norm)
@@ -81,7 +70,7 @@ def gaussian_dp_event(noise_multiplier, local=True):
             other: sensitivity 2C, so the effective multiplier is z / 2);
             False for add/remove of a client (sensitivity C).
     """
-    z = _positive(noise_multiplier, "noise_multiplier")
+    z = validate_real(noise_multiplier, "noise_multiplier", low=0, low_open=True)
     return dp_accounting.GaussianDpEvent(z / 2.0 if local else z)
 
 

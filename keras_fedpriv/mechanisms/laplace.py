@@ -45,7 +45,7 @@ import math
 import dp_accounting
 import numpy as np
 
-from keras_fedpriv.mechanisms.gaussian import secret_generator
+from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
 
 __all__ = ["SAMPLERS", "discrete_laplace_integers", "laplace", "laplace_dp_event", "laplace_grid",

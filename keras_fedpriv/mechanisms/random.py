@@ -30,11 +30,14 @@ import secrets
 import numpy as np
 import tensorflow as tf
 
+from keras_fedpriv.mechanisms.validation import validate_seed
+
 __all__ = [
     "draw_secret",
     "philox4x32",
     "probability_threshold",
     "random_words",
+    "secret_generator",
     "words_from_ids",
     "seed_to_key_words",
     "uniform_words",
@@ -53,6 +56,16 @@ def draw_secret():
         value = secrets.randbits(64)
         if value & _MASK32 and value >> 32:  # both key words non-zero
             return value
+
+
+def secret_generator(seed=None):
+    """A numpy Generator keyed by ``seed``, or by a fresh 64-bit OS-entropy secret.
+
+    For the mechanisms that run on the host in numpy (SignDS, Laplace,
+    clip+Gaussian, MagRR's reports, auditing): never numpy's global RNG.
+    """
+    seed = validate_seed(seed)
+    return np.random.default_rng(draw_secret() if seed is None else seed)
 
 
 def seed_to_key_words(seed):

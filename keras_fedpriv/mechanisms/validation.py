@@ -14,7 +14,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["config_with_seed", "validate_eps", "validate_seed", "validate_positive_int"]
+__all__ = ["config_with_seed", "validate_eps", "validate_positive_int", "validate_real",
+           "validate_seed"]
 
 
 def validate_eps(eps, name="eps", *, allow_none=False, lower_open=False, upper=None):
@@ -37,24 +38,50 @@ def validate_eps(eps, name="eps", *, allow_none=False, lower_open=False, upper=N
         ValueError: for NaN, infinities, negative values and values outside
             ``(lower, upper]``.
     """
-    low = "> 0" if lower_open else ">= 0"
-    rng = f"a finite real number {low}" + (f" and <= {upper}" if upper is not None else "")
-    if eps is None:
+    return validate_real(eps, name, low=0, low_open=lower_open, high=upper,
+                         allow_none=allow_none)
+
+
+def validate_real(value, name, *, low=None, high=None, low_open=False, high_open=False,
+                  allow_none=False):
+    """Validate a finite real number in a range and return it as a Python float.
+
+    The rules of `validate_eps` (bools, strings, ``None`` unless allowed, NaN
+    and infinities rejected; nothing clamped) with a range of the caller's
+    choice. The message names the argument, the value and the range.
+
+    Args:
+        value: the value to check.
+        name: the argument name used in error messages.
+        low, high: optional bounds (None: unbounded on that side).
+        low_open, high_open: whether each bound is excluded.
+        allow_none: whether ``None`` is a valid value (returned unchanged).
+
+    Raises:
+        TypeError: for bools, strings, ``None`` (unless allowed) and other
+            non-real values.
+        ValueError: for NaN, infinities and values outside the range.
+    """
+    parts = []
+    if low is not None:
+        parts.append(f"> {low}" if low_open else f">= {low}")
+    if high is not None:
+        parts.append(f"< {high}" if high_open else f"<= {high}")
+    rng = "a finite real number" + (" " + " and ".join(parts) if parts else "")
+    if value is None:
         if allow_none:
             return None
         raise TypeError(f"`{name}` must be {rng}; got None.")
-    # numpy bools are rejected too: True is not a privacy level. numpy floats
+    # numpy bools are rejected too: True is not a number here. numpy floats
     # and ints are numbers.Real and pass.
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"`{name}` must be {rng}; got {eps!r} of type {type(eps).__name__}.")
-    value = float(eps)
-    if math.isnan(value) or math.isinf(value):
-        raise ValueError(f"`{name}` must be {rng}; got {eps!r}.")
-    if value < 0 or (lower_open and value == 0):
-        raise ValueError(f"`{name}` must be {rng}; got {eps!r}.")
-    if upper is not None and value > upper:
-        raise ValueError(f"`{name}` must be {rng}; got {eps!r}.")
-    return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be {rng}; got {value!r} of type {type(value).__name__}.")
+    x = float(value)
+    if (math.isnan(x) or math.isinf(x)
+            or (low is not None and (x < low or (low_open and x == low)))
+            or (high is not None and (x > high or (high_open and x == high)))):
+        raise ValueError(f"`{name}` must be {rng}; got {value!r}.")
+    return x
 
 
 def validate_seed(seed, name="seed"):

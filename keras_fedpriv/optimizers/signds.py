@@ -30,11 +30,12 @@ import warnings
 import numpy as np
 
 from keras_fedpriv.mechanisms import signds as _signds
-from keras_fedpriv.mechanisms.random import draw_secret
+from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.mechanisms.validation import (
     config_with_seed,
     validate_eps,
     validate_positive_int,
+    validate_real,
     validate_seed,
 )
 
@@ -51,17 +52,6 @@ __all__ = [
 MAX_DIM_OUT = 50
 #: The reference server rejects messages with more indices than this.
 DEFAULT_MAX_DIM_OUT = 100
-
-
-def _validate_real(value, name, low, high, *, low_open=False):
-    allowed = (f"`{name}` must be a finite real number in "
-               f"{'(' if low_open else '['}{low}, {high}]")
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{allowed}; got {value!r} of type {type(value).__name__}.")
-    v = float(value)
-    if not math.isfinite(v) or v > high or v < low or (low_open and v == low):
-        raise ValueError(f"{allowed}; got {value!r}.")
-    return v
 
 
 def _to_numpy(x):
@@ -205,9 +195,9 @@ class SignDSEncoder:
 
     def __init__(self, k=0.01, eps=100.0, thr_ratio=0.6, dim_out=0,
                  max_dim_out=DEFAULT_MAX_DIM_OUT, seed=None):
-        self.k = _validate_real(k, "k", 0, 0.25, low_open=True)
+        self.k = validate_real(k, "k", low=0, high=0.25, low_open=True)
         self.eps = validate_eps(eps, "eps", lower_open=True, upper=100)
-        self.thr_ratio = _validate_real(thr_ratio, "thr_ratio", 0.5, 1)
+        self.thr_ratio = validate_real(thr_ratio, "thr_ratio", low=0.5, high=1)
         if isinstance(dim_out, (bool, np.bool_)) or not isinstance(dim_out, numbers.Integral):
             raise TypeError(f"`dim_out` must be an integer in [0, {MAX_DIM_OUT}]; got "
                             f"{dim_out!r} of type {type(dim_out).__name__}.")
@@ -217,8 +207,7 @@ class SignDSEncoder:
         self.dim_out = int(dim_out)
         self.max_dim_out = validate_positive_int(max_dim_out, "max_dim_out", allow_none=True)
         self.seed = validate_seed(seed)
-        secret = draw_secret() if self.seed is None else self.seed
-        self._rng = np.random.default_rng(secret)
+        self._rng = secret_generator(self.seed)
         self._warned = set()
 
     # -- parameters for a given d ------------------------------------------

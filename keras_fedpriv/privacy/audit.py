@@ -67,7 +67,7 @@ import numbers
 
 import numpy as np
 
-from keras_fedpriv.mechanisms.random import draw_secret
+from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.mechanisms.validation import (
     validate_eps,
     validate_positive_int,
@@ -430,7 +430,7 @@ def audit(mechanism, input_a, input_b, num_trials, statistic=None, confidence=0.
     batch_size = validate_positive_int(batch_size, "batch_size", allow_none=True)
     statistic = _default_statistic if statistic is None else statistic
     alpha = 1.0 - confidence
-    rng = np.random.default_rng(draw_secret() if seed is None else seed)
+    rng = secret_generator(seed)
 
     n_sel = num_trials // 2
     n_eval = num_trials - n_sel
@@ -544,8 +544,7 @@ def audit_label_dp_layer(eps, mode="binary", num_classes=10, per_batch=False,
     if not isinstance(per_batch, bool):
         raise TypeError(f"`per_batch` must be a bool; got {per_batch!r}.")
     seed = validate_seed(seed)
-    layer_seed = int(np.random.default_rng(draw_secret() if seed is None else seed)
-                     .integers(0, 2**63))
+    layer_seed = int(secret_generator(seed).integers(0, 2**63))
     layer = LabelDPLayer(eps, mode=mode, num_classes=None if mode == "binary" else k,
                          seed=layer_seed, per_batch=per_batch)
     next_id = [0]
@@ -613,8 +612,7 @@ def audit_embedding_dp_layer(eps, num_coordinates=1, num_trials=DEFAULT_TRIALS, 
     eps = validate_eps(eps)
     d = validate_positive_int(num_coordinates, "num_coordinates")
     seed = validate_seed(seed)
-    layer_seed = int(np.random.default_rng(draw_secret() if seed is None else seed)
-                     .integers(0, 2**63))
+    layer_seed = int(secret_generator(seed).integers(0, 2**63))
     layer = EmbeddingDPLayer(eps, seed=layer_seed)
 
     def mechanism(x, n, rng):
@@ -689,8 +687,7 @@ def audit_magrr(eps, num_trials=DEFAULT_TRIALS, seed=None, confidence=0.95):
 
     eps = validate_eps(eps, "eps", lower_open=True)
     seed = validate_seed(seed)
-    magrr_seed = int(np.random.default_rng(draw_secret() if seed is None else seed)
-                     .integers(0, 2**63))
+    magrr_seed = int(secret_generator(seed).integers(0, 2**63))
     magrr = MagRR(eps_rr=eps, seed=magrr_seed)
     cut = magrr.threshold * magrr.r_est
 
