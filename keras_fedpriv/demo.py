@@ -42,6 +42,7 @@ from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
 from keras_fedpriv.layers.vae_bottom import VAEBottom
 from keras_fedpriv.privacy import deldp
 from keras_fedpriv.privatize import privatize_labels
+from keras_fedpriv.text_table import text_table
 
 __all__ = ["DEFAULT_EPOCHS", "QUICK_EPOCHS", "configurations", "load_data", "build_model",
            "run_demo", "format_table"]
@@ -191,14 +192,7 @@ def format_table(rows):
     headers = ("protection", "eps", "test acc", "norm AUC", "direction AUC", "what is protected")
     cells = [(r["protection"], r["eps"], f"{r['accuracy']:.3f}", f"{r['norm_auc']:.2f}",
               f"{r['direction_auc']:.2f}", r["protected"]) for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    align = ("<", "<", ">", ">", ">", "<")
-
-    def line(values):
-        return "  ".join(f"{v:{a}{w}}" for v, a, w in zip(values, align, widths)).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), rule] + [line(c) for c in cells])
+    return text_table(headers, cells, align=("<", "<", ">", ">", ">", "<"))
 
 
 def _check_epochs(epochs):

@@ -24,6 +24,7 @@ from keras_fedpriv.federated.partition import partition
 from keras_fedpriv.federated.uploads import GaussianUpload, SignDSUpload
 from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon
 from keras_fedpriv.optimizers.signds import SignDSEncoder
+from keras_fedpriv.text_table import text_table
 
 __all__ = ["DEFAULT_ROUNDS", "QUICK_ROUNDS", "run_horizontal_demo", "format_horizontal_table"]
 
@@ -61,14 +62,7 @@ def format_horizontal_table(rows):
     cells = [(r["upload"], r["eps"], f"{r['accuracy']:.3f}", f"{r['upload_bytes']:.0f}",
               f"{r['dense_bytes'] / r['upload_bytes']:.0f}x smaller"
               if r["upload_bytes"] < r["dense_bytes"] else "1x", r["protected"]) for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    align = ("<", "<", ">", ">", ">", "<")
-
-    def line(values):
-        return "  ".join(f"{v:{a}{w}}" for v, a, w in zip(values, align, widths)).rstrip()
-
-    return "\n".join([line(headers), "  ".join("-" * w for w in widths)]
-                     + [line(c) for c in cells])
+    return text_table(headers, cells, align=("<", "<", ">", ">", ">", "<"))
 
 
 def run_horizontal_demo(rounds=None, seed=None, quick=False, out=sys.stdout):

@@ -27,20 +27,9 @@ import tensorflow as tf
 
 from keras_fedpriv.federated.uploads import SignDSUpload, as_upload
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
+from keras_fedpriv.optimizers.signds import flatten_update, unflatten_update
 
 __all__ = ["HorizontalFL"]
-
-
-def _flatten(arrays):
-    return np.concatenate([np.asarray(a, np.float32).ravel() for a in arrays])
-
-
-def _split_like(flat, like):
-    out, start = [], 0
-    for a in like:
-        out.append(flat[start:start + a.size].reshape(a.shape).astype(a.dtype, copy=False))
-        start += a.size
-    return out
 
 
 class HorizontalFL:
@@ -169,7 +158,7 @@ class HorizontalFL:
         n = len(x)
         order = np.concatenate([self._rng.permutation(n) for _ in range(local_epochs)])
         deltas, loss = self._local_train(global_weights, x, y, order.astype(np.int32))
-        return _flatten([d.numpy() for d in deltas]), float(loss)
+        return flatten_update(deltas)[0], float(loss)
 
     # ------------------------------------------------------------------- fit
     def fit(self, rounds, clients_per_round=10, local_epochs=1, validation_data=None,
@@ -240,8 +229,8 @@ class HorizontalFL:
             if magrr is not None:
                 lr = magrr.round([u.magnitude for u in uploads], num_clients=len(uploads))
             step = self.upload.aggregate(uploads, global_lr=lr)
-            new_flat = _flatten(global_weights) + step
-            for v, w in zip(tv, _split_like(new_flat, global_weights)):
+            flat, shapes = flatten_update(global_weights)
+            for v, w in zip(tv, unflatten_update(flat + step, shapes)):
                 v.assign(w)
             logs = {
                 "loss": float(np.mean(losses)),

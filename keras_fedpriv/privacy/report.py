@@ -43,6 +43,7 @@ import keras
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
+from keras_fedpriv.text_table import text_table
 
 __all__ = ["EpsilonLogger", "PrivacyReport", "Release", "compose_epsilon", "privacy_report",
            "pure_epsilon"]
@@ -196,12 +197,9 @@ class PrivacyReport:
         cells = [(r["mechanism"], r["protects"], _fmt(r["eps_per_release"]), str(r["releases"]),
                   _fmt(r["eps_composed"])) for r in self.rows()]
         cells.append(("all of the above", "", "", "", _fmt(self.epsilon)))
-        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
-        line = lambda v: "  ".join(f"{x:<{w}}" for x, w in zip(v, widths)).rstrip()  # noqa: E731
-        out = [line(header), "  ".join("-" * w for w in widths)] + [line(c) for c in cells]
         notes = [f"- {r.mechanism}: {r.note}" for r in self.releases if r.note]
-        out.append(f"Accountant: {self.accountant.upper()} (dp-accounting).")
-        return "\n".join(out + notes)
+        return "\n".join([text_table(header, cells),
+                          f"Accountant: {self.accountant.upper()} (dp-accounting)."] + notes)
 
 
 def _fmt(eps):
@@ -209,20 +207,13 @@ def _fmt(eps):
 
 
 # ------------------------------------------------------------- collection
-def _model_layers(model):
-    return [layer for layer in model._flatten_layers(include_self=False, recursive=True)]
-
-
 def _from_model(model, epochs, extra_releases):
     from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
     from keras_fedpriv.layers.label_dp import LabelDPLayer
 
     rows = []
-    seen = set()
-    for layer in _model_layers(model):
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
+    # _flatten_layers visits every (nested) layer once, even if it is shared
+    for layer in model._flatten_layers(include_self=False, recursive=True):
         if isinstance(layer, LabelDPLayer):
             if layer.per_batch:
                 rows.append(Release(f"LabelDPLayer {layer.name!r}", "labels",
