@@ -174,3 +174,13 @@ def test_non_finite_values_are_rejected():
         laplace(np.array([[0.5, np.nan]]), 1.0)
     with pytest.raises(ValueError, match="num_values"):
         laplace_dp_event(1.0, 2.0)
+
+
+@pytest.mark.parametrize("sampler", ["discrete", "continuous"])
+def test_event_covers_a_distance_larger_than_the_calibrated_sensitivity(sampler):
+    """Noise calibrated to the seed's sensitivity 1 on probability vectors (distance 2): 2 eps."""
+    acc = dp_accounting.pld.PLDAccountant()
+    acc.compose(laplace_dp_event(1.5, 1.0, num_values=10, sampler=sampler, distance=2.0))
+    assert acc.get_epsilon(1e-9) == pytest.approx(3.0, rel=0.01)
+    with pytest.raises(ValueError, match="distance"):
+        laplace_dp_event(1.5, 1.0, num_values=10, sampler=sampler, distance=0.0)

@@ -18,21 +18,18 @@ in the clear (ALGORITHMS.md section 6):
 
 from __future__ import annotations
 
-import math
-import numbers
 import time
 import warnings
 from collections import OrderedDict
 
-import dp_accounting
 import keras
 import numpy as np
 
 from keras_fedpriv.mechanisms.events import repeat_event
 from keras_fedpriv.mechanisms.laplace import (
+    SAMPLERS,
     laplace,
     laplace_dp_event,
-    laplace_grid,
     laplace_scale,
 )
 from keras_fedpriv.mechanisms.random import secret_generator
@@ -40,6 +37,7 @@ from keras_fedpriv.mechanisms.validation import (
     config_with_seed,
     validate_eps,
     validate_positive_int,
+    validate_real,
     validate_seed,
 )
 
@@ -51,7 +49,6 @@ MAX_EPS = 500000.0
 PROBABILITY_TOLERANCE = 1e-3
 #: The clustering scores this callback can log, by name.
 METRICS = ("silhouette", "calinski_harabasz", "davies_bouldin")
-_SAMPLERS = ("discrete", "continuous")
 _INFERENCE_BATCH = 1024
 
 
@@ -88,17 +85,6 @@ def _validate_bool(value, name):
         raise TypeError(f"`{name}` must be True or False; got {value!r} of type "
                         f"{type(value).__name__}.")
     return bool(value)
-
-
-def _validate_sensitivity(value):
-    rng = "a finite real number > 0"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`sensitivity` must be {rng}; got {value!r} of type "
-                        f"{type(value).__name__}.")
-    x = float(value)
-    if math.isnan(x) or math.isinf(x) or x <= 0:
-        raise ValueError(f"`sensitivity` must be {rng}; got {value!r}.")
-    return x
 
 
 def _as_rows(x, name):
@@ -289,7 +275,7 @@ class LaplaceEvaluation(keras.callbacks.Callback):
                  silhouette_sample_size=None, seed=None):
         super().__init__()
         self.eps = validate_eps(eps, "eps", lower_open=True, upper=MAX_EPS)
-        self.sensitivity = _validate_sensitivity(sensitivity)
+        self.sensitivity = validate_real(sensitivity, "sensitivity", low=0, low_open=True)
         self.metrics = _validate_metrics(metrics)
         self.cluster_client_num = validate_positive_int(cluster_client_num,
                                                         "cluster_client_num", allow_none=True)
@@ -297,8 +283,8 @@ class LaplaceEvaluation(keras.callbacks.Callback):
         self.num_eval_clients = validate_positive_int(num_eval_clients, "num_eval_clients")
         self.from_logits = _validate_bool(from_logits, "from_logits")
         self.log_clean = _validate_bool(log_clean, "log_clean")
-        if sampler not in _SAMPLERS:
-            raise ValueError(f"`sampler` must be one of {_SAMPLERS}; got {sampler!r}.")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"`sampler` must be one of {SAMPLERS}; got {sampler!r}.")
         self.sampler = sampler
         self.silhouette_sample_size = validate_positive_int(
             silhouette_sample_size, "silhouette_sample_size", minimum=2, allow_none=True)
@@ -380,16 +366,8 @@ class LaplaceEvaluation(keras.callbacks.Callback):
         elif self.num_classes is not None and num_classes != self.num_classes:
             raise ValueError(f"`num_classes`={num_classes} differs from the model's output "
                              f"length {self.num_classes} seen in the evaluations.")
-        if self.sensitivity == 2.0:
-            event = laplace_dp_event(self.eps, 2.0, num_values=num_classes,
-                                     sampler=self.sampler)
-        elif self.sampler == "continuous":
-            event = dp_accounting.LaplaceDpEvent(
-                noise_multiplier=self.sensitivity / (2.0 * self.eps))
-        else:
-            gamma, _, a = laplace_grid(self.eps, self.sensitivity, num_classes)
-            event = dp_accounting.dp_event.DiscreteLaplaceDpEvent(
-                noise_parameter=a, sensitivity=math.ceil(2.0 / gamma) + num_classes)
+        event = laplace_dp_event(self.eps, self.sensitivity, num_values=num_classes,
+                                 sampler=self.sampler, distance=2.0)
         return repeat_event(event, evaluations)
 
     # --- Keras callback ----------------------------------------------------

@@ -46,7 +46,11 @@ import dp_accounting
 import numpy as np
 
 from keras_fedpriv.mechanisms.random import secret_generator
-from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
+from keras_fedpriv.mechanisms.validation import (
+    validate_eps,
+    validate_positive_int,
+    validate_real,
+)
 
 __all__ = ["SAMPLERS", "discrete_laplace_integers", "laplace", "laplace_dp_event", "laplace_grid",
            "laplace_scale"]
@@ -137,27 +141,37 @@ def laplace(values, eps, sensitivity=2.0, rng=None, sampler="discrete"):
     return (m + discrete_laplace_integers(a, x.shape, rng)).astype(np.float64) * gamma
 
 
-def laplace_dp_event(eps, sensitivity=2.0, num_values=None, sampler="discrete"):
+def laplace_dp_event(eps, sensitivity=2.0, num_values=None, sampler="discrete",
+                     distance=None):
     """The dp_accounting event of one row.
 
     Args:
-        eps, sensitivity: as in `laplace`.
+        eps, sensitivity: as in `laplace` (the noise is calibrated to them).
         num_values: entries per row (needed for the discrete sampler, whose
             integer sensitivity depends on it).
         sampler: as in `laplace`.
+        distance: the L1 distance between neighbouring rows that the event
+            must cover, when it differs from ``sensitivity`` (e.g. 2 for
+            probability vectors whose noise was calibrated to the seed's
+            sensitivity 1). Default: ``sensitivity``.
 
     Returns:
-        ``DiscreteLaplaceDpEvent(a, C)`` for the discrete sampler (exactly
-        what it does: eps = a C), ``LaplaceDpEvent(1 / eps)`` for the
-        continuous one (the idealized real-valued mechanism; its float
+        ``DiscreteLaplaceDpEvent(a, ceil(distance / gamma) + k)`` for the
+        discrete sampler (exactly what it does: eps = a C at ``distance =
+        sensitivity``), ``LaplaceDpEvent(sensitivity / (eps distance))`` for
+        the continuous one (the idealized real-valued mechanism; its float
         implementation does not achieve it).
     """
     sampler = _check_sampler(sampler)
     laplace_scale(eps, sensitivity)
+    distance = float(sensitivity) if distance is None else validate_real(
+        distance, "distance", low=0, low_open=True)
     if sampler == "continuous":
-        return dp_accounting.LaplaceDpEvent(noise_multiplier=1.0 / float(eps))
+        return dp_accounting.LaplaceDpEvent(
+            noise_multiplier=float(sensitivity) / (float(eps) * distance))
     if num_values is None:
         raise ValueError("`num_values` (entries per row) is needed for the discrete sampler's "
                          "event: its integer sensitivity is ceil(sensitivity/gamma) + num_values.")
-    _, c, a = laplace_grid(eps, sensitivity, num_values)
-    return dp_accounting.dp_event.DiscreteLaplaceDpEvent(noise_parameter=a, sensitivity=c)
+    gamma, _, a = laplace_grid(eps, sensitivity, num_values)
+    return dp_accounting.dp_event.DiscreteLaplaceDpEvent(
+        noise_parameter=a, sensitivity=math.ceil(distance / gamma) + int(num_values))
