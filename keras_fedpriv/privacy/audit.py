@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 
 import numpy as np
 
@@ -71,6 +70,7 @@ from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.mechanisms.validation import (
     validate_eps,
     validate_positive_int,
+    validate_real,
     validate_seed,
 )
 
@@ -103,32 +103,15 @@ DEFAULT_TRIALS = 200_000
 
 
 def _validate_trials(num_trials):
-    if isinstance(num_trials, (bool, np.bool_)) or not isinstance(num_trials, numbers.Integral):
-        raise TypeError(f"`num_trials` must be an integer >= {MIN_TRIALS} (runs per input); got "
-                        f"{num_trials!r} of type {type(num_trials).__name__}.")
-    if int(num_trials) < MIN_TRIALS:
-        raise ValueError(f"`num_trials` must be an integer >= {MIN_TRIALS} (runs per input); got "
-                         f"{num_trials!r}.")
-    return int(num_trials)
-
-
-def _validate_open_unit(value, name, *, low_closed=False):
-    rng = "[0, 1)" if low_closed else "(0, 1)"
-    allowed = f"`{name}` must be a finite real number in {rng}"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{allowed}; got {value!r} of type {type(value).__name__}.")
-    v = float(value)
-    if not math.isfinite(v) or v >= 1.0 or v < 0.0 or (v == 0.0 and not low_closed):
-        raise ValueError(f"{allowed}; got {value!r}.")
-    return v
+    return validate_positive_int(num_trials, "num_trials", minimum=MIN_TRIALS)
 
 
 def _validate_confidence(confidence):
-    return _validate_open_unit(confidence, "confidence")
+    return validate_real(confidence, "confidence", low=0, high=1, low_open=True, high_open=True)
 
 
 def _validate_delta(delta):
-    return _validate_open_unit(delta, "delta", low_closed=True)
+    return validate_real(delta, "delta", low=0, high=1, high_open=True)
 
 
 def _validate_choice(value, name, choices):
