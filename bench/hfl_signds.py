@@ -34,15 +34,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import _report  # noqa: E402
 from keras_fedpriv.callbacks import MagRR  # noqa: E402
-from keras_fedpriv.federated import GaussianUpload, HorizontalFL, SignDSUpload, partition  # noqa
+from keras_fedpriv.demo_horizontal import build_mlp, load_digits_clients  # noqa: E402
+from keras_fedpriv.federated import GaussianUpload, HorizontalFL, SignDSUpload  # noqa: E402
 from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 
@@ -59,22 +58,13 @@ ALPHA = 0.5
 
 
 def digits_split(iid=True, seed=0):
-    """(clients, (x_test, y_test)) for digits: 20% test, 100 clients."""
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, stratify=y, random_state=0)
-    clients = partition(x_tr, y_tr, NUM_CLIENTS, alpha=None if iid else ALPHA, seed=seed)
-    return clients, (x_te, y_te)
+    """(clients, (x_test, y_test)) for digits: 20% test, 100 clients (as in the demo)."""
+    return load_digits_clients(NUM_CLIENTS, alpha=None if iid else ALPHA, seed=seed)
 
 
 def make_model(seed=0):
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
-                              keras.layers.Dense(10)])
-    model.compile(keras.optimizers.SGD(LOCAL_LR),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-    return model
+    return build_mlp(LOCAL_LR)
 
 
 def configs():

@@ -26,13 +26,15 @@ from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon
 from keras_fedpriv.optimizers.signds import SignDSEncoder
 from keras_fedpriv.text_table import text_table
 
-__all__ = ["DEFAULT_ROUNDS", "QUICK_ROUNDS", "run_horizontal_demo", "format_horizontal_table"]
+__all__ = ["DEFAULT_ROUNDS", "QUICK_ROUNDS", "build_mlp", "format_horizontal_table",
+           "load_digits_clients", "run_horizontal_demo"]
 
 DEFAULT_ROUNDS = 30
 QUICK_ROUNDS = 5
 NUM_CLIENTS = 100
 CLIENTS_PER_ROUND = 20
 LOCAL_EPOCHS = 5
+LOCAL_LR = 0.05
 
 
 def _configs(seed):
@@ -55,6 +57,36 @@ def _configs(seed):
         ("Gaussian", f"{gauss_eps:.0f}*", lambda: (GaussianUpload(1.0, 1.0, seed=sub(5)), []),
          "update: clipped to 1, + N(0, 1) noise"),
     ]
+
+
+def load_digits_clients(num_clients=NUM_CLIENTS, alpha=None, seed=None):
+    """Digits (x / 16, float32): a stratified 20% test split, the rest among clients.
+
+    Args:
+        num_clients: number of clients.
+        alpha: None for an IID split, else Dirichlet(alpha) label skew.
+        seed: seeds the split among clients (the test split is always the same).
+
+    Returns:
+        ``(clients, (x_test, y_test))`` with ``clients`` a list of ``(x, y)``.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, stratify=y, random_state=0)
+    return partition(x_tr, y_tr, num_clients, alpha=alpha, seed=seed), (x_te, y_te)
+
+
+def build_mlp(learning_rate=LOCAL_LR):
+    """The MLP 64-128-10 (logits) compiled with SGD, the clients' local optimizer."""
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
+                              keras.layers.Dense(10)])
+    model.compile(keras.optimizers.SGD(learning_rate),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
 
 
 def format_horizontal_table(rows):
@@ -82,19 +114,13 @@ def run_horizontal_demo(rounds=None, seed=None, quick=False, out=sys.stdout):
         (mean bytes per client per round), ``dense_bytes`` (the float32
         model), ``history`` (the Keras History dict).
     """
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
     rounds = rounds if rounds is not None else (QUICK_ROUNDS if quick else DEFAULT_ROUNDS)
 
     def say(text=""):
         if out is not None:
             print(text, file=out, flush=True)
 
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, stratify=y, random_state=0)
-    clients = partition(x_tr, y_tr, NUM_CLIENTS, seed=seed)
+    clients, (x_te, y_te) = load_digits_clients(seed=seed)
     configs = _configs(seed)
     if quick:
         configs = configs[:3]
@@ -107,11 +133,7 @@ def run_horizontal_demo(rounds=None, seed=None, quick=False, out=sys.stdout):
         t0 = time.perf_counter()
         if seed is not None:
             keras.utils.set_random_seed(seed + 100 + i)
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
-                                  keras.layers.Dense(10)])
-        model.compile(keras.optimizers.SGD(0.05),
-                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
+        model = build_mlp()
         upload, callbacks = make()
         fl = HorizontalFL(model, clients, upload=upload, seed=None if seed is None else seed + i)
         h = fl.fit(rounds, CLIENTS_PER_ROUND, LOCAL_EPOCHS, validation_data=(x_te, y_te),
