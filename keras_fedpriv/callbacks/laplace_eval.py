@@ -25,6 +25,7 @@ from collections import OrderedDict
 import keras
 import numpy as np
 
+from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, register_protection
 from keras_fedpriv.mechanisms.events import repeat_event
 from keras_fedpriv.mechanisms.laplace import (
     SAMPLERS,
@@ -307,6 +308,7 @@ class LaplaceEvaluation(keras.callbacks.Callback):
 
         self.num_classes = None
         self.num_evaluations = 0
+        self._ledger = ReleaseLedger()
         self.client_releases = {}
         self.last_scores = None
         self.last_server_view = None
@@ -369,6 +371,19 @@ class LaplaceEvaluation(keras.callbacks.Callback):
         event = laplace_dp_event(self.eps, self.sensitivity, num_values=num_classes,
                                  sampler=self.sampler, distance=2.0)
         return repeat_event(event, evaluations)
+
+    def _release_kind(self):
+        return ReleaseKind("LaplaceEvaluation", "inference results (softmax outputs)", CLIENT,
+                           self.dp_event(), "each evaluation releases every evaluated example's "
+                           "output once; counted per client evaluated")
+
+    def privacy_ledger(self):
+        """Every evaluation so far, per client (`ReleaseLedger`, unit: client)."""
+        return self._ledger
+
+    def set_model(self, model):
+        super().set_model(model)
+        register_protection(model, self)
 
     # --- Keras callback ----------------------------------------------------
 
@@ -474,8 +489,10 @@ class LaplaceEvaluation(keras.callbacks.Callback):
         self.num_evaluations += 1
         if self.cluster_client_num is None:
             self._buffer.clear()
+        kind = self._release_kind()
         for cid, noisy, clean in reports:
             self.client_releases[cid] = self.client_releases.get(cid, 0) + 1
+            self._ledger.record(kind, [int(cid)])
             self._buffer.pop(cid, None)
             self._buffer[cid] = (noisy, clean)
         if self.cluster_client_num is not None:

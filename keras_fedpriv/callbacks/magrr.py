@@ -18,7 +18,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_fedpriv.mechanisms.events import repeat_event
+from keras_fedpriv.mechanisms.events import pure_epsilon, repeat_event
+from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, register_protection
 from keras_fedpriv.mechanisms.random import draw_secret
 from keras_fedpriv.mechanisms.randomized_response import (
     binary_randomized_response,
@@ -203,13 +204,22 @@ class MagRR(keras.callbacks.Callback):
         self.last_lr_global = None
         self.last_debiased_ones = None
         self.num_releases = 0
+        self._ledger = ReleaseLedger()
 
     # --- privacy -----------------------------------------------------------
 
     @property
     def epsilon(self):
-        """The per-round local-DP epsilon of each client's report (``eps_rr``)."""
-        return self.eps_rr
+        """Pure eps of one client's report in one round (``eps_rr`` as realized)."""
+        return pure_epsilon(self.dp_event())
+
+    def privacy_ledger(self):
+        """Every report so far, per client (`ReleaseLedger`, unit: client)."""
+        return self._ledger
+
+    def set_model(self, model):
+        super().set_model(model)
+        register_protection(model, self)
 
     def dp_event(self, rounds=1):
         """The per-client `dp_accounting` event of ``rounds`` participations.
@@ -228,24 +238,39 @@ class MagRR(keras.callbacks.Callback):
         """The current multiplier of ``r_est`` in the clients' rule."""
         return self.growth_threshold if self.phase == GROWTH else self.contraction_threshold
 
-    def client_reports(self, magnitudes):
+    def client_reports(self, magnitudes, client_ids=None):
         """Randomized bits of the clients of one round.
 
         Args:
             magnitudes: 1-D array of the clients' private true step sizes
                 ``r`` (finite, >= 0), one per client.
+            client_ids: the clients' ids (integers >= 0), for per-client
+                release counts; None: each report counts for every client.
 
         Returns:
             int32 numpy array of 0/1: ``b = [r < threshold * r_est]`` passed
             through binary randomized response at ``eps_rr``.
         """
         r = _validate_magnitudes(magnitudes)
+        if client_ids is not None:
+            client_ids = np.asarray(client_ids).reshape(-1)
+            if client_ids.shape != r.shape or client_ids.dtype.kind not in "iu":
+                raise ValueError(f"`client_ids` must hold one integer id per magnitude "
+                                 f"({r.size}); got shape {client_ids.shape} and dtype "
+                                 f"{client_ids.dtype}.")
         if r.size == 0:
             return np.zeros((0,), np.int32)
         bits = (r < self.threshold * self.r_est).astype(np.int32)
         seed = draw_secret() if self._rng is None else int(self._rng.integers(0, 2**63))
         reports = binary_randomized_response(bits, self.eps_rr, seed=seed)
         self.num_releases += 1
+        kind = ReleaseKind("MagRR", "a client's step size (1 bit per round)", CLIENT,
+                           self.dp_event(1), "one randomized-response bit per round a client "
+                           "takes part in")
+        if client_ids is None:
+            self._ledger.record(kind, units=None, count=1)
+        else:
+            self._ledger.record(kind, units=client_ids)
         return np.asarray(keras.ops.convert_to_numpy(reports), dtype=np.int32)
 
     # --- server side -------------------------------------------------------
@@ -290,7 +315,7 @@ class MagRR(keras.callbacks.Callback):
         self.last_lr_global = self.lr_factor * self.r_est * num_clients
         return self.last_lr_global
 
-    def round(self, magnitudes, num_clients=None):
+    def round(self, magnitudes, num_clients=None, client_ids=None):
         """One federated round: `client_reports` then `server_update`.
 
         Args:
@@ -302,7 +327,7 @@ class MagRR(keras.callbacks.Callback):
         """
         if num_clients is not None:  # fail before any bit is released
             num_clients = validate_positive_int(num_clients, "num_clients")
-        return self.server_update(self.client_reports(magnitudes), num_clients)
+        return self.server_update(self.client_reports(magnitudes, client_ids), num_clients)
 
     # --- Keras callback ----------------------------------------------------
 

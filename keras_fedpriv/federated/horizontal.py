@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_fedpriv.federated.uploads import SignDSUpload, as_upload
+from keras_fedpriv.mechanisms.ledger import register_protection
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 from keras_fedpriv.optimizers.signds import flatten_update, unflatten_update
 
@@ -47,6 +48,15 @@ class HorizontalFL:
         batch_size: local mini-batch size.
         seed: None or an int; drives client sampling and local shuffling
             (not the privacy mechanisms, which have their own secrets).
+        log_client_loss: also log ``sim_client_loss``, the mean of the
+            round's clients' exact local training losses. A SIMULATION-ONLY
+            diagnostic: no upload scheme releases it (with one client per
+            round it is that client's own loss), so it is off by default.
+
+    Privacy: every upload is recorded by the upload scheme with the client's
+    id, and the callbacks that release (MagRR, LaplaceEvaluation) record
+    theirs; `keras_fedpriv.privacy.privacy_report` of this object, of the
+    model or of the History gives the busiest client's composed eps.
 
     Only trainable weights are federated. Non-trainable state (random-seed
     states, BatchNormalization statistics) stays as the last client left it;
@@ -63,7 +73,8 @@ class HorizontalFL:
         >>> history = fl.fit(rounds=20, clients_per_round=10, validation_data=(xt, yt))
     """
 
-    def __init__(self, model, clients, upload="fedavg", batch_size=32, seed=None):
+    def __init__(self, model, clients, upload="fedavg", batch_size=32, seed=None,
+                 log_client_loss=False):
         if not isinstance(model, keras.Model):
             raise TypeError(f"`model` must be a keras.Model; got {type(model).__name__}.")
         if not getattr(model, "compiled", False) or model.optimizer is None:
@@ -80,6 +91,9 @@ class HorizontalFL:
         self.clients = [self._check_client(i, c) for i, c in enumerate(clients)]
         self.num_clients = len(self.clients)
         self.participation = np.zeros(self.num_clients, np.int64)
+        self.log_client_loss = bool(log_client_loss)
+        self._callbacks_seen = []
+        register_protection(model, self)
         x0 = self.clients[0][0]
         if not model.built:
             model(x0[:1])
@@ -184,11 +198,12 @@ class HorizontalFL:
             verbose: 0 silent, 1 a progress bar over rounds.
             initial_round: round to start at (to resume).
 
-        Logged per round: ``loss`` (mean local training loss of the
-        round's clients), ``upload_bytes_per_client``, ``upload_bytes`` (sum
+        Logged per round: ``upload_bytes_per_client``, ``upload_bytes`` (sum
         over the round's clients), ``download_bytes_per_client`` (the dense
         float32 model), ``global_lr``, ``round_time_s`` and the validation
-        metrics; callbacks (MagRR) add their own.
+        metrics (computed by the server on its own data); callbacks (MagRR)
+        add their own. The clients' local losses are not logged: no upload
+        releases them (see ``log_client_loss``).
         """
         rounds = validate_positive_int(rounds, "rounds")
         clients_per_round = validate_positive_int(clients_per_round, "clients_per_round")
@@ -199,11 +214,17 @@ class HorizontalFL:
         initial_round = validate_positive_int(initial_round, "initial_round", minimum=0)
         callbacks = list(callbacks or [])
         magrr = self._find_magrr(callbacks)
+        for callback in callbacks:
+            if callable(getattr(callback, "privacy_ledger", None)) and not any(
+                    callback is c for c in self._callbacks_seen):
+                self._callbacks_seen.append(callback)
         model = self.model
         cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False,
                                           model=model, verbose=0, epochs=rounds, steps=1)
-        progbar = keras.utils.Progbar(rounds, verbose=1 if verbose else 0,
-                                      unit_name="round") if verbose else None
+        # stateful: the bar shows this round's values, not averages over rounds
+        progbar = keras.utils.Progbar(rounds, verbose=1 if verbose else 0, unit_name="round",
+                                      stateful_metrics=("val_loss", "val_accuracy")
+                                      ) if verbose else None
         model.stop_training = False
         tv = list(model.trainable_variables)
         dim = int(sum(int(np.prod(v.shape)) for v in tv))
@@ -222,24 +243,27 @@ class HorizontalFL:
             uploads, losses = [], []
             for c in chosen:
                 delta, loss = self.train_client(c, global_weights, local_epochs)
-                uploads.append(self.upload.client_message(delta, len(self.clients[c][0])))
+                uploads.append(self.upload.client_message(delta, len(self.clients[c][0]),
+                                                          client_id=int(c)))
                 losses.append(loss)
             self.participation[chosen] += 1
             lr = None
             if magrr is not None:
-                lr = magrr.round([u.magnitude for u in uploads], num_clients=len(uploads))
+                lr = magrr.round([u.magnitude for u in uploads], num_clients=len(uploads),
+                                 client_ids=chosen)
             step = self.upload.aggregate(uploads, global_lr=lr)
             flat, shapes = flatten_update(global_weights)
             for v, w in zip(tv, unflatten_update(flat + step, shapes)):
                 v.assign(w)
             logs = {
-                "loss": float(np.mean(losses)),
                 "upload_bytes_per_client": float(np.mean([u.nbytes for u in uploads])),
                 "upload_bytes": float(sum(u.nbytes for u in uploads)),
                 "download_bytes_per_client": float(4 * dim),
                 "global_lr": float(lr if lr is not None else getattr(self.upload, "global_lr",
                                                                       1.0)),
             }
+            if self.log_client_loss:  # simulation-only: never released by the protocol
+                logs["sim_client_loss"] = float(np.mean(losses))
             if validation_data is not None:
                 vx, vy = validation_data
                 scores = model.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
@@ -252,11 +276,15 @@ class HorizontalFL:
             cb.on_epoch_end(rnd, logs)
             if progbar is not None:
                 progbar.update(rnd + 1, values=[(k, v) for k, v in logs.items()
-                                                if k in ("loss", "val_loss", "val_accuracy")])
+                                       if k in ("val_loss", "val_accuracy")])
             if model.stop_training:
                 break
         cb.on_train_end(logs)
         return model.history
+
+    def privacy_protections(self):
+        """The upload scheme and the releasing callbacks of every `fit` so far."""
+        return [self.upload] + list(self._callbacks_seen)
 
     def _find_magrr(self, callbacks):
         from keras_fedpriv.callbacks.magrr import MagRR

@@ -2,8 +2,10 @@
 
 Three schemes, one small class each, with the same two methods:
 
-* ``client_message(delta, num_examples) -> ClientUpload``: on the client,
-  from its flat float32 update ``delta = new - old``;
+* ``client_message(delta, num_examples, client_id=None) -> ClientUpload``:
+  on the client, from its flat float32 update ``delta = new - old``; the
+  upload is a release about client ``client_id`` and is recorded in the
+  scheme's `privacy_ledger` (FedAvg's as not private);
 * ``aggregate(uploads, global_lr=None) -> np.ndarray``: on the server, the
   dense float32 step to add to the global weights.
 
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event, gaussian_mechanism
+from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, non_private_event
 from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.mechanisms.validation import validate_eps
 from keras_fedpriv.optimizers.signds import SignDSEncoder, aggregate as signds_aggregate
@@ -58,14 +61,31 @@ def _mean(arrays, weights):
     return out.astype(np.float32)
 
 
+def _units(client_id):
+    return None if client_id is None else [int(client_id)]
+
+
 class FedAvgUpload:
-    """Plain FedAvg: the dense float32 update, averaged weighted by client data size."""
+    """Plain FedAvg: the dense float32 update, averaged weighted by client data size.
+
+    No protection: every upload is recorded as a release without DP.
+    """
 
     name = "fedavg"
 
-    def client_message(self, delta, num_examples):
+    def __init__(self):
+        self._ledger = ReleaseLedger()
+
+    def client_message(self, delta, num_examples, client_id=None):
         delta = np.asarray(delta, dtype=np.float32)
+        self._ledger.record(ReleaseKind("FedAvg upload", "a client's update (in the clear)",
+                                        CLIENT, non_private_event(),
+                                        "plain updates are not private"), _units(client_id))
         return ClientUpload(delta, delta.size * 4, int(num_examples))
+
+    def privacy_ledger(self):
+        """Every upload so far, per client (all without DP)."""
+        return self._ledger
 
     def aggregate(self, uploads, global_lr=None):
         lr = 1.0 if global_lr is None else global_lr
@@ -102,9 +122,13 @@ class SignDSUpload:
         self.encoder = encoder
         self.global_lr = validate_eps(global_lr, "global_lr", lower_open=True)
 
-    def client_message(self, delta, num_examples):
-        message, magnitude = self.encoder.encode_with_magnitude(delta)
+    def client_message(self, delta, num_examples, client_id=None):
+        message, magnitude = self.encoder.encode_with_magnitude(delta, client_id=client_id)
         return ClientUpload(message, message.nbytes, int(num_examples), float(magnitude))
+
+    def privacy_protections(self):
+        """The encoder, which records every message it encodes."""
+        return [self.encoder]
 
     def aggregate(self, uploads, global_lr=None):
         lr = self.global_lr if global_lr is None else global_lr
@@ -138,10 +162,19 @@ class GaussianUpload:
         self.noise_multiplier = validate_eps(noise_multiplier, "noise_multiplier",
                                              lower_open=True)
         self._rng = secret_generator(seed)
+        self._ledger = ReleaseLedger()
 
-    def client_message(self, delta, num_examples):
+    def client_message(self, delta, num_examples, client_id=None):
         noisy = gaussian_mechanism(delta, self.clip_norm, self.noise_multiplier, self._rng)
+        self._ledger.record(ReleaseKind("Gaussian upload", "a client's update (clipped + "
+                                        "noise)", CLIENT, self.dp_event(),
+                                        "one release per update a client uploads"),
+                            _units(client_id))
         return ClientUpload(noisy, noisy.size * 4, int(num_examples))
+
+    def privacy_ledger(self):
+        """Every noisy update so far, per client."""
+        return self._ledger
 
     def aggregate(self, uploads, global_lr=None):
         lr = 1.0 if global_lr is None else global_lr

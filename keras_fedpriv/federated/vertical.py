@@ -10,6 +10,7 @@ received, and each party updates its own bottom from that gradient alone.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
 import re
 
@@ -30,7 +31,8 @@ from keras_fedpriv.federated.messages import (
 )
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
 from keras_fedpriv.layers.label_dp import LabelDPLayer
-from keras_fedpriv.layers.secret_rng import SecretRandomMixin
+from keras_fedpriv.layers.secret_rng import SecretRandomMixin, _LocalVariable
+from keras_fedpriv.mechanisms.ledger import EXAMPLE, ReleaseKind, ReleaseLedger, non_private_event
 
 __all__ = ["VerticalModel", "derive_party_seed"]
 
@@ -51,6 +53,17 @@ def derive_party_seed(seed, party, bits=64):
 
 def _is_bit_protection(layer):
     return isinstance(layer, EmbeddingDPLayer)
+
+
+def _has_ledger(layer):
+    return callable(getattr(layer, "privacy_ledger", None))
+
+
+def _takes_example_ids(layer):
+    try:
+        return "example_ids" in inspect.signature(layer.call).parameters
+    except (TypeError, ValueError):  # pragma: no cover - exotic layers
+        return False
 
 
 def _spec_of(t):
@@ -183,6 +196,12 @@ class VerticalModel(keras.Model):
         self._capture_messages = False
         self._message_callbacks = []
         self._dispatcher = None
+        # What leaves a party without a DP mechanism, counted where it is sent:
+        # one slot per follower (embedding calls), the last for training steps
+        # whose cut gradients come from unprotected labels.
+        self.unprotected_releases = _LocalVariable(
+            np.zeros(len(self._followers) + 1, np.int64), trainable=False,
+            name="unprotected_releases")
         self._build_protocol()
         self._check_disjoint_variables()
 
@@ -375,16 +394,58 @@ class VerticalModel(keras.Model):
                              f"{missing}, unknown {unknown}.")
         return {p: inputs[p] for p in self._parties}, inputs.get(EXAMPLE_IDS_KEY)
 
-    def _party_forward(self, party, features, training):
-        """Party's side: (raw embedding, what it sends, its own losses)."""
+    def _count_unprotected(self, slot, rows):
+        update = tf.one_hot(slot, len(self._followers) + 1, dtype=tf.int64)
+        self.unprotected_releases.assign_add(update * tf.cast(rows > 0, tf.int64))
+
+    def _party_forward(self, party, features, training, example_ids=None):
+        """Party's side: (raw embedding, what it sends, its own losses).
+
+        A follower's message is a release: its protection records it (with
+        ``example_ids`` when it takes them); without a protection that keeps
+        a ledger, this model records it as a release without DP.
+        """
         bottom = self.bottoms[party]
         z = bottom(features, training=training)
         losses = list(bottom.losses)
         protection = self.protections.get(party)
+        if party != self._leader and not _has_ledger(protection):
+            self._count_unprotected(self._followers.index(party), _rows(z))
         if protection is None:
             return z, z, losses
-        sent = protection(z, training=training)
+        if example_ids is not None and _takes_example_ids(protection):
+            sent = protection(z, training=training, example_ids=example_ids)
+        else:
+            sent = protection(z, training=training)
         return z, sent, losses + list(protection.losses)
+
+    def privacy_ledger(self):
+        """What this model sent without a DP mechanism (`ReleaseLedger`, unit: example).
+
+        The protections' own releases are in their ledgers (found by
+        `keras_fedpriv.privacy.privacy_report` through the model's layers).
+        Recorded here: embeddings of followers without a protection that
+        keeps a ledger, and training steps without ``label_dp`` (the cut
+        gradients sent to the followers are computed from the true labels).
+        """
+        counts = self.unprotected_releases.numpy()
+        ledger = ReleaseLedger()
+        for i, p in enumerate(self._followers):
+            if counts[i]:
+                protection = self.protections.get(p)
+                what = ("no protection" if protection is None else
+                        f"its protection {type(protection).__name__} has no DP accounting")
+                ledger.record(ReleaseKind(f"VerticalModel follower {p!r}",
+                                          "a follower's embedding", EXAMPLE, non_private_event(),
+                                          f"sent without a DP mechanism ({what})"),
+                              units=None, count=int(counts[i]))
+        if counts[-1]:
+            ledger.record(ReleaseKind("VerticalModel leader", "labels (through the cut "
+                                      "gradients)", EXAMPLE, non_private_event(),
+                                      "no label_dp: the gradients sent to the followers are "
+                                      "computed from the true labels"),
+                          units=None, count=int(counts[-1]))
+        return ledger
 
     def _sum_losses(self, losses):
         if not losses:
@@ -392,8 +453,8 @@ class VerticalModel(keras.Model):
         return tf.add_n([self._aggregate_additional_loss(loss) for loss in losses])
 
     def call(self, inputs, training=None):
-        features, _ = self._split_inputs(inputs)
-        sent = {p: self._party_forward(p, features[p], training)[1] for p in self._parties}
+        features, ids = self._split_inputs(inputs)
+        sent = {p: self._party_forward(p, features[p], training, ids)[1] for p in self._parties}
         return self.top(self._combine(sent), training=training)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
@@ -464,7 +525,8 @@ class VerticalModel(keras.Model):
         for p in self._parties:
             tape = tf.GradientTape()
             with tape:
-                _, sent[p], losses = self._party_forward(p, features[p], training=True)
+                _, sent[p], losses = self._party_forward(p, features[p], training=True,
+                                                         example_ids=ids)
                 local[p] = self._sum_losses(losses)
                 local_scaled[p] = None if local[p] is None else scale(local[p])
             tapes[p] = tape
@@ -472,6 +534,8 @@ class VerticalModel(keras.Model):
         # 2. The leader: top on what arrived (no autograd history crosses the wire).
         received = {p: tf.stop_gradient(sent[p]) for p in self._parties}
         y_train = self._privatize_labels(y, ids)
+        if self.label_dp is None and y is not None:
+            self._count_unprotected(len(self._followers), _rows(tree.flatten(y)[0]))
         top_vars = list(self.top.trainable_variables)
         with tf.GradientTape() as leader_tape:
             for t in received.values():
@@ -536,10 +600,11 @@ class VerticalModel(keras.Model):
 
     def test_step(self, data):
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        features, _ = self._split_inputs(x)
+        features, ids = self._split_inputs(x)
         sent, total_local = {}, []
         for p in self._parties:
-            _, sent[p], losses = self._party_forward(p, features[p], training=False)
+            _, sent[p], losses = self._party_forward(p, features[p], training=False,
+                                                     example_ids=ids)
             if losses:
                 total_local.append(self._sum_losses(losses))
         y_pred = self.top(self._combine(sent), training=False)

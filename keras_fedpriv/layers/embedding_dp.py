@@ -6,7 +6,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_fedpriv.layers import release_counter as rc
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
+from keras_fedpriv.mechanisms.events import pure_epsilon
+from keras_fedpriv.mechanisms.ledger import (
+    EXAMPLE,
+    ReleaseKind,
+    ReleaseLedger,
+    non_private_event,
+)
 from keras_fedpriv.mechanisms.quantize import quantize_rr, quantize_rr_dp_event
 from keras_fedpriv.mechanisms.validation import validate_eps
 
@@ -14,7 +22,7 @@ STE_MODES = ("identity", "hardtanh")
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
-class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
+class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
     """Protect the embedding a follower sends: one-bit quantization + RR.
 
     Forward: ``B = 1 if x > 0 else 0``; with ``eps`` set, each coordinate of
@@ -30,6 +38,15 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
     ``dp(x) + (g(x) - stop_gradient(g(x)))``, whose second term is exactly 0
     for finite x while its gradient is g'(x).
 
+    **Every call is a release** of each row's embedding, recorded where it
+    happens (`privacy_ledger`): training passes, evaluation and prediction
+    passes (with ``at_inference=True`` they are randomized too; with
+    ``at_inference=False`` they release the plain sign pattern, which the
+    ledger records as not private), and every call of a layer shared by
+    several inputs. Pass ``example_ids`` to count per example (a
+    `VerticalModel` does when its inputs have ``"example_ids"``); without
+    ids each call counts as a release of every example.
+
     Backward (straight-through): ``ste="identity"`` passes the upstream
     gradient unchanged (g(x) = x); ``ste="hardtanh"`` zeroes it where
     ``|x| > 1`` (g(x) = clip(x, -1, 1)).
@@ -43,6 +60,12 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
             False, inference only quantizes, which releases the sign pattern
             without any DP guarantee.
         ste: ``"identity"`` or ``"hardtanh"``.
+
+    Call arguments:
+        inputs: the embedding, a floating tensor (batch, ...).
+        training: randomize (with ``at_inference=False``: only when True).
+        example_ids: optional integer tensor (batch,) naming the rows, for
+            per-example release counts.
 
     Returns (call):
         A tensor of the input's shape and dtype holding 0.0 and 1.0.
@@ -64,14 +87,23 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
         self.at_inference = at_inference
         self.ste = ste
         self._init_rng(seed)
+        self._init_release_counter()
         self._convert_input_args = False  # keep the input's dtype (no autocast)
         self._allow_non_tensor_positional_args = True
         self._num_coordinates = None
 
     @property
     def epsilon(self):
-        """The eps parameter; each coordinate is (eps/2)-DP. None: no DP."""
-        return self.eps
+        """Pure eps of one release of one example's embedding (all d coordinates).
+
+        ``d * eps' / 2`` where eps' is the realized per-coordinate budget;
+        ``inf`` for ``eps=None``; None before the layer knows d (not built).
+        """
+        if self.eps is None:
+            return float("inf")
+        if self._num_coordinates is None:
+            return None
+        return pure_epsilon(self.dp_event())
 
     def build(self, input_shape=None):
         self._record_shape(input_shape)
@@ -85,7 +117,7 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, example_ids=None):
         x = tf.convert_to_tensor(inputs)
         self._record_shape(x.shape)
         if not x.dtype.is_floating:
@@ -102,10 +134,16 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
             x = tf.debugging.assert_all_finite(
                 x, "EmbeddingDPLayer: the embedding has NaN or inf values")
         randomize = self.eps is not None and (bool(training) or self.at_inference)
+        rows = tf.shape(x)[0]
         if randomize:
             noisy = quantize_rr(x, self.eps, noise=self._next_words(tf.shape(x)))
+            if example_ids is not None:
+                self._count_release(rc.FRESH_IDS, rows, tf.reshape(example_ids, [-1]))
+            else:
+                self._count_release(rc.FRESH_ANON, rows)
         else:
             noisy = quantize_rr(x, None)
+            self._count_release(rc.NON_PRIVATE, rows)
         g = x if self.ste == "identity" else tf.clip_by_value(x, -1.0, 1.0)
         # Exactly zero for finite x, gradient g'(x): the output stays 0.0 / 1.0.
         return noisy + (g - tf.stop_gradient(g))
@@ -117,6 +155,28 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
             raise ValueError("EmbeddingDPLayer.dp_event: the layer is not built yet; pass "
                              "num_coordinates (the embedding size).")
         return quantize_rr_dp_event(self.eps, d)
+
+    def privacy_ledger(self):
+        """What this layer has released so far, as a `ReleaseLedger` (unit: example)."""
+        totals = self._release_totals()
+        ledger = ReleaseLedger()
+        name = f"EmbeddingDPLayer {self.name!r}"
+        if totals[rc.NON_PRIVATE]:
+            ledger.record(ReleaseKind(name, "a follower's embedding", EXAMPLE, non_private_event(),
+                                      "quantization only (eps=None, or inference with "
+                                      "at_inference=False): the sign pattern, no DP"),
+                          units=None, count=int(totals[rc.NON_PRIVATE]))
+        if self.eps is None or self._num_coordinates is None:
+            return ledger
+        kind = ReleaseKind(name, "a follower's embedding", EXAMPLE, self.dp_event(),
+                           "every call is a release of each row (counted per example id; calls "
+                           "without ids count for every example)")
+        if totals[rc.FRESH_ANON]:
+            ledger.record(kind, units=None, count=int(totals[rc.FRESH_ANON]))
+        ids, counts = self._release_id_counts_nonzero()
+        if ids.size:
+            ledger.record_counts(kind, ids, counts, approximate=bool(totals[rc.FOLDED]))
+        return ledger
 
     def get_config(self):
         config = super().get_config()

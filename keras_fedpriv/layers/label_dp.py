@@ -6,8 +6,10 @@ import keras
 import tensorflow as tf
 
 from keras_fedpriv.layers import label_formats
+from keras_fedpriv.layers import release_counter as rc
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
-from keras_fedpriv.mechanisms.events import repeat_event
+from keras_fedpriv.mechanisms.events import pure_epsilon, repeat_event
+from keras_fedpriv.mechanisms.ledger import EXAMPLE, ReleaseKind, ReleaseLedger
 from keras_fedpriv.mechanisms.randomized_response import (
     kary_randomized_response,
     randomized_response_dp_event,
@@ -17,7 +19,7 @@ from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
-class LabelDPLayer(SecretRandomMixin, keras.layers.Layer):
+class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
     """Label differential privacy by randomized response, once per example.
 
     Binary labels flip with ``p = 1 / (1 + e^eps)``; one-hot or sparse labels
@@ -40,7 +42,21 @@ class LabelDPLayer(SecretRandomMixin, keras.layers.Layer):
     (basic composition; `dp_event(num_epochs=E)` gives dp_accounting the
     exact composition). Use it only when you account for that.
 
-    At ``training=False`` (inference, evaluation) labels pass unchanged.
+    **With a prior, every call is a new release.** The candidate set of
+    RR-with-prior depends on the prior; two calls for the same example under
+    the same coins but different priors could rule labels out with
+    certainty. So calls with a ``prior`` draw fresh noise and each counts as
+    a release of its examples (privatize once with `privatize_labels` to
+    spend eps once).
+
+    **Releases are recorded where they happen** (`privacy_ledger`): a call
+    keyed by example id releases each example once, however often it is
+    repeated; a fresh-noise call (``per_batch=True`` without ids, or a
+    prior) is a release of each of its examples, counted per example id
+    when ids are given and for every example otherwise.
+
+    At ``training=False`` (inference, evaluation) labels pass unchanged and
+    nothing is released.
 
     Args:
         eps: privacy parameter, a finite real >= 0 (0 = labels are pure noise).
@@ -85,15 +101,15 @@ class LabelDPLayer(SecretRandomMixin, keras.layers.Layer):
             raise TypeError(f"`per_batch` must be a bool; got {per_batch!r}.")
         self.per_batch = per_batch
         self._init_rng(seed)
+        self._init_release_counter()
         self._convert_input_args = False  # keep the labels' own dtype
         self._allow_non_tensor_positional_args = True
         self._resolved = None
-        self._used_prior = False
 
     @property
     def epsilon(self):
-        """The eps of one release of one example's label."""
-        return self.eps
+        """Pure eps of one release of one example's label (as realized by the integer thresholds)."""
+        return pure_epsilon(self.dp_event())
 
     def build(self, input_shape=None):
         if input_shape is not None:
@@ -118,6 +134,7 @@ class LabelDPLayer(SecretRandomMixin, keras.layers.Layer):
         with tf.control_dependencies(deps):
             class_ids = label_formats.to_class_ids(labels, mode)
         n = tf.shape(class_ids)[0]
+        ids = None
         if example_ids is not None:
             ids = tf.reshape(tf.convert_to_tensor(example_ids), [-1])
             if not ids.dtype.is_integer:
@@ -127,10 +144,18 @@ class LabelDPLayer(SecretRandomMixin, keras.layers.Layer):
                     ids.shape[0] != class_ids.shape[0]:
                 raise ValueError(f"LabelDPLayer: `example_ids` has {ids.shape[0]} entries but "
                                  f"there are {class_ids.shape[0]} labels.")
-            words = self._words_for_ids(ids)[:2]
-        elif self.per_batch:
+        if prior is not None or (ids is None and self.per_batch):
+            # Fresh noise: a new release of every example in the call.
             both = self._next_words(tf.stack([2, n]))
             words = (both[0], both[1])
+            if ids is not None:
+                self._count_release(rc.FRESH_IDS, n, ids)
+            else:
+                self._count_release(rc.FRESH_ANON, n)
+        elif ids is not None:
+            # Keyed by (secret, example id): the same noise in every call.
+            words = self._words_for_ids(ids)[:2]
+            self._count_release(rc.ONCE, n)
         else:
             raise ValueError(
                 "LabelDPLayer randomizes each example once, so it needs `example_ids` (unique "
@@ -139,25 +164,60 @@ class LabelDPLayer(SecretRandomMixin, keras.layers.Layer):
                 "the layer with per_batch=True (fresh noise at every call, which composes over "
                 "epochs: E epochs cost E * eps).")
         if prior is not None:
-            self._used_prior = True
+            self._count_release(rc.PRIOR, n)
             noisy = rr_with_prior(class_ids, label_formats.prior_matrix(prior, mode, k), self.eps,
                                   noise=list(words))
         else:
             noisy = kary_randomized_response(class_ids, k, self.eps, noise=list(words))
         return label_formats.from_class_ids(noisy, labels, mode, k)
 
-    def dp_event(self, num_epochs=1):
-        """The dp_accounting event of this layer's releases.
+    def _num_classes(self):
+        return self._resolved[1] if self._resolved else (self.num_classes or 2)
 
-        One release per example (``num_epochs`` is ignored) unless
-        ``per_batch=True``, where each epoch is another release. With a prior
-        the event is binary RR at eps, which dominates every eps-DP
-        mechanism; otherwise RR over the K classes (exact).
+    def dp_event(self, num_epochs=1):
+        """The dp_accounting event of one example's label over ``num_epochs`` epochs, as planned.
+
+        One release (RR over the K classes, or binary RR at eps, which
+        dominates every eps-DP mechanism, once a prior has been used);
+        ``num_epochs`` releases with ``per_batch=True``. This is a plan; for
+        what the layer actually released use `privacy_ledger` (or
+        `keras_fedpriv.privacy.privacy_report`).
         """
         num_epochs = validate_positive_int(num_epochs, "num_epochs")
-        k = self._resolved[1] if self._resolved else (self.num_classes or 2)
-        event = randomized_response_dp_event(self.eps, 2 if self._used_prior else k)
+        prior_used = bool(self._release_totals()[rc.PRIOR])
+        event = randomized_response_dp_event(self.eps, 2 if prior_used else self._num_classes())
         return repeat_event(event, num_epochs) if self.per_batch else event
+
+    def privacy_ledger(self):
+        """What this layer has released so far, as a `ReleaseLedger` (unit: example).
+
+        * calls keyed by example id: one release per example, however many
+          calls (the same noisy label each time);
+        * fresh-noise calls (``per_batch=True`` without ids, or with a
+          prior): one release per call of each example in it, counted per
+          example id (without ids: for every example).
+        """
+        totals = self._release_totals()
+        ledger = ReleaseLedger()
+        name = f"LabelDPLayer {self.name!r}"
+        k = self._num_classes()
+        if totals[rc.ONCE]:
+            ledger.record(ReleaseKind(name, "labels", EXAMPLE,
+                                      randomized_response_dp_event(self.eps, k),
+                                      "keyed by example id: one release per example, any "
+                                      "number of calls"), units=None)
+        fresh = ReleaseKind(name, "labels", EXAMPLE,
+                            randomized_response_dp_event(self.eps, 2 if totals[rc.PRIOR] else k),
+                            "fresh noise at every call (per_batch or prior): each call releases "
+                            "its examples again" + ("; a prior was used, so binary RR at eps "
+                                                    "(dominates every eps-DP mechanism)"
+                                                    if totals[rc.PRIOR] else ""))
+        if totals[rc.FRESH_ANON]:
+            ledger.record(fresh, units=None, count=int(totals[rc.FRESH_ANON]))
+        ids, counts = self._release_id_counts_nonzero()
+        if ids.size:
+            ledger.record_counts(fresh, ids, counts, approximate=bool(totals[rc.FOLDED]))
+        return ledger
 
     def get_config(self):
         config = super().get_config()

@@ -11,11 +11,13 @@ release in this package goes through `repeat_event`.
 
 from __future__ import annotations
 
+import math
+
 import dp_accounting
 
 from keras_fedpriv.mechanisms.validation import validate_positive_int
 
-__all__ = ["repeat_event"]
+__all__ = ["pure_epsilon", "repeat_event"]
 
 
 def repeat_event(event, count):
@@ -32,3 +34,33 @@ def repeat_event(event, count):
     if count == 1:
         return event
     return dp_accounting.ComposedDpEvent([event] * count)
+
+
+def pure_epsilon(event):
+    """Pure eps (delta = 0) of a DpEvent; None if it has none (e.g. Gaussian).
+
+    Randomized response, Laplace and discrete Laplace events give their eps,
+    compositions (`ComposedDpEvent`, `SelfComposedDpEvent`) the sum (basic
+    composition is exact for pure DP in the worst case), `NoOpDpEvent` 0 and
+    `NonPrivateDpEvent` ``inf``.
+    """
+    if isinstance(event, dp_accounting.NoOpDpEvent):
+        return 0.0
+    if isinstance(event, dp_accounting.NonPrivateDpEvent):
+        return math.inf
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        parts = [pure_epsilon(e) for e in event.events]
+        return None if any(p is None for p in parts) else float(sum(parts))
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        part = pure_epsilon(event.event)
+        return None if part is None else part * event.count
+    if isinstance(event, dp_accounting.RandomizedResponseDpEvent):
+        a, k = event.noise_parameter, event.num_buckets
+        if a == 0:
+            return math.inf
+        return math.log((1 - a + a / k) / (a / k))
+    if isinstance(event, dp_accounting.LaplaceDpEvent):
+        return math.inf if event.noise_multiplier == 0 else 1.0 / event.noise_multiplier
+    if isinstance(event, dp_accounting.dp_event.DiscreteLaplaceDpEvent):
+        return event.noise_parameter * event.sensitivity
+    return None

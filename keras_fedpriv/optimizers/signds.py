@@ -30,6 +30,7 @@ import warnings
 import numpy as np
 
 from keras_fedpriv.mechanisms import signds as _signds
+from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger
 from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.mechanisms.validation import (
     config_with_seed,
@@ -209,6 +210,7 @@ class SignDSEncoder:
         self.seed = validate_seed(seed)
         self._rng = secret_generator(self.seed)
         self._warned = set()
+        self._ledger = ReleaseLedger()
 
     # -- parameters for a given d ------------------------------------------
 
@@ -252,8 +254,9 @@ class SignDSEncoder:
 
     # -- encoding ----------------------------------------------------------
 
-    def _encode(self, update, num_examples):
+    def _encode(self, update, num_examples, client_id=None):
         num_examples = validate_positive_int(num_examples, "num_examples", allow_none=True)
+        client_id = validate_positive_int(client_id, "client_id", minimum=0, allow_none=True)
         flat, _ = flatten_update(update)
         d = flat.shape[0]
         if d == 0:
@@ -266,22 +269,26 @@ class SignDSEncoder:
         sign = 1 if self._rng.integers(0, 2) else -1
         indices, topk_mean = _signds._select_indices(flat, k, h, self.eps, thr, sign, self._rng)
         message = SignDSMessage(sign=sign, indices=indices, dim=d, num_examples=num_examples)
+        self._ledger.record(self._release_kind(), units=None if client_id is None else [client_id])
         return message, topk_mean
 
-    def encode(self, update, num_examples=None):
-        """Encode an update into a `SignDSMessage`.
+    def encode(self, update, num_examples=None, client_id=None):
+        """Encode an update into a `SignDSMessage` (a release, recorded in `privacy_ledger`).
 
         Args:
             update: a flat array-like or tensor, or a list of arrays/tensors
                 (each is flattened and all are concatenated). Must be finite.
             num_examples: optional aggregation weight (integer >= 1).
+            client_id: the client the update belongs to (an integer >= 0),
+                for per-client release counts; None: this encoder's own
+                client (counted as a release of every client).
 
         Returns:
             The `SignDSMessage` to upload.
         """
-        return self._encode(update, num_examples)[0]
+        return self._encode(update, num_examples, client_id)[0]
 
-    def encode_with_magnitude(self, update, num_examples=None):
+    def encode_with_magnitude(self, update, num_examples=None, client_id=None):
         """Like `encode`, also returning the private ``|mean of the top-k values|``.
 
         The magnitude is what MagRR's client compares with the server's
@@ -290,7 +297,7 @@ class SignDSEncoder:
         Returns:
             ``(message, topk_mean)``.
         """
-        return self._encode(update, num_examples)
+        return self._encode(update, num_examples, client_id)
 
     # -- privacy -----------------------------------------------------------
 
@@ -302,6 +309,15 @@ class SignDSEncoder:
     def dp_event(self):
         """The `dp_accounting` event of one message (`signds_dp_event`)."""
         return _signds.signds_dp_event(self.eps)
+
+    def _release_kind(self):
+        return ReleaseKind("SignDS upload", "a client's update (index set; the sign is a fair "
+                           "coin)", CLIENT, self.dp_event(),
+                           "one release per message a client uploads")
+
+    def privacy_ledger(self):
+        """Every message encoded so far, per client (`ReleaseLedger`, unit: client)."""
+        return self._ledger
 
     def get_config(self):
         """Constructor arguments; the seed only if one was passed explicitly."""

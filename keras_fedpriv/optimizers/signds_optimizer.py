@@ -108,6 +108,10 @@ class SignDS(keras.optimizers.Optimizer):
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(var_list)
 
+    def privacy_protections(self):
+        """The encoder, which records every round's message (`privacy_report` reads it)."""
+        return [self.encoder]
+
     # --- rounds
     def begin_round(self, variables):
         """Snapshot ``variables`` (e.g. ``model.trainable_variables``) as the round's start."""

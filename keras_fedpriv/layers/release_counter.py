@@ -1,0 +1,124 @@
+"""In-graph release counting for the protection layers (their part of the release ledger).
+
+A layer's releases happen inside ``model.fit``, ``tf.data`` maps, XLA
+clusters and replicas, where no Python runs. So each protection layer keeps
+its counts in two local variables (like its secret key: not Keras weights,
+shared by all replicas, never mirrored):
+
+* ``release_totals`` (int64, one slot per kind of call, see ``SLOTS``):
+  the number of calls of each kind that released at least one row;
+* ``release_id_counts`` (int32, created on the first call that has
+  example ids and fresh noise): per example id, the number of fresh-noise
+  releases about that example. Ids are taken modulo ``ID_CAPACITY``; an id
+  outside ``[0, ID_CAPACITY)`` sets the ``folded`` slot and the per-id
+  counts become upper bounds (two ids may share a slot), which reports say.
+
+Counting is a few ``assign_add`` / ``scatter_add`` ops on the layer's own
+variables: atomic under concurrent calls (the variable's lock), compiled by
+XLA, and executed wherever the layer runs. ``privacy_ledger()`` (host side)
+turns the counts into a `keras_fedpriv.mechanisms.ledger.ReleaseLedger`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import tensorflow as tf
+
+from keras_fedpriv.layers.secret_rng import _LocalVariable
+
+__all__ = ["ID_CAPACITY", "ReleaseCounterMixin", "SLOTS"]
+
+#: Per-id counts are kept for ids in [0, ID_CAPACITY) (4 MiB per layer that uses them).
+ID_CAPACITY = 2 ** 20
+
+#: Slots of ``release_totals``.
+SLOTS = ("fresh_with_ids", "fresh_without_ids", "keyed_once", "non_private", "prior",
+         "folded")
+FRESH_IDS, FRESH_ANON, ONCE, NON_PRIVATE, PRIOR, FOLDED = range(len(SLOTS))
+
+_TOTALS = "release_totals"
+_ID_SLOTS = "release_id_slots"
+_ID_VALUES = "release_id_values"
+
+
+class ReleaseCounterMixin:
+    """Mixin: count a layer's releases in graph-safe local variables."""
+
+    def _init_release_counter(self):
+        self.release_totals = _LocalVariable(np.zeros(len(SLOTS), np.int64), trainable=False,
+                                             name=_TOTALS)
+        self._release_id_counts = None
+        self._release_lock = threading.Lock()
+
+    # -- in the graph -------------------------------------------------------------------
+    def _id_count_variable(self):
+        with self._release_lock:
+            if self._release_id_counts is None:
+                with tf.init_scope():
+                    self._release_id_counts = _LocalVariable(
+                        np.zeros(ID_CAPACITY, np.int32), trainable=False,
+                        name="release_id_counts")
+            return self._release_id_counts
+
+    def _count_release(self, slot, rows, example_ids=None):
+        """Record one call of kind ``slot`` over ``rows`` rows (about ``example_ids`` if given).
+
+        Per-id counts are kept for fresh-noise calls (``FRESH_IDS``); the
+        other slots count calls only.
+        """
+        called = tf.cast(tf.greater(rows, 0), tf.int64)
+        update = tf.one_hot(slot, len(SLOTS), dtype=tf.int64) * called
+        if slot == FRESH_IDS:
+            ids = tf.cast(tf.reshape(example_ids, [-1]), tf.int64)
+            outside = tf.reduce_any(tf.logical_or(ids < 0, ids >= ID_CAPACITY))
+            update += tf.one_hot(FOLDED, len(SLOTS), dtype=tf.int64) * tf.cast(outside, tf.int64)
+            slots = tf.math.floormod(ids, ID_CAPACITY)
+            self._id_count_variable().scatter_add(
+                tf.IndexedSlices(tf.ones_like(slots, tf.int32), slots))
+        self.release_totals.assign_add(update)
+
+    # -- on the host --------------------------------------------------------------------
+    def _release_totals(self):
+        return self.release_totals.numpy()
+
+    def _release_id_counts_nonzero(self):
+        """(ids, counts) of the examples with at least one fresh release."""
+        if self._release_id_counts is None:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        counts = self._release_id_counts.numpy()
+        ids = np.flatnonzero(counts)
+        return ids, counts[ids].astype(np.int64)
+
+    def reset_release_counts(self):
+        """Forget every recorded release (e.g. a fresh model for a new data set)."""
+        self.release_totals.assign(np.zeros(len(SLOTS), np.int64))
+        if self._release_id_counts is not None:
+            self._release_id_counts.assign(np.zeros(ID_CAPACITY, np.int32))
+
+    # `.keras` / `.weights.h5`: the counts travel with the model, so a
+    # reloaded model's report still counts what the original released.
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        self._save_release_counts(store)
+
+    def load_own_variables(self, store):
+        super().load_own_variables(store)
+        self._load_release_counts(store)
+
+    def _save_release_counts(self, store):
+        store[_TOTALS] = np.asarray(self._release_totals())
+        ids, counts = self._release_id_counts_nonzero()
+        store[_ID_SLOTS] = ids.astype(np.int64)
+        store[_ID_VALUES] = counts.astype(np.int64)
+
+    def _load_release_counts(self, store):
+        if _TOTALS in store:
+            self.release_totals.assign(np.asarray(store[_TOTALS], np.int64))
+        if _ID_SLOTS in store:
+            ids = np.asarray(store[_ID_SLOTS], np.int64)
+            if ids.size:
+                counts = np.zeros(ID_CAPACITY, np.int32)
+                counts[ids] = np.asarray(store[_ID_VALUES], np.int64)
+                self._id_count_variable().assign(counts)

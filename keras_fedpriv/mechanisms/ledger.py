@@ -1,0 +1,219 @@
+"""The release ledger: what a protection released, under which DpEvent, about whom.
+
+Every protection in this package (the layers, the SignDS encoder, the
+upload schemes, MagRR, the Laplace evaluation, `VerticalModel` and
+`HorizontalFL` for what they send without a mechanism) records each release
+at the moment it happens, and answers ``privacy_ledger()`` with a
+`ReleaseLedger`. `keras_fedpriv.privacy.privacy_report` composes ledgers; it
+never counts epochs, layers or rounds itself.
+
+A release is about a **unit**: ``"example"`` (one training example, named by
+its example id) or ``"client"`` (one horizontal-FL client, named by its
+index). A release whose unit is not known (a layer called without
+``example_ids``, a client that is "this process") is recorded as a release
+about *every* unit of that kind: an upper bound that is exact when every unit
+takes part in every call.
+
+The figure a report gives is the worst case over units: the eps of the unit
+whose releases compose to the largest eps (the example released most, the
+busiest client). Releases of the two unit kinds are composed together, as if
+the busiest example belonged to the busiest client (the guarantee for one
+example of that client).
+
+This module is pure bookkeeping on DpEvents (dp-accounting's data model); it
+knows nothing about Keras or transport.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import dp_accounting
+import numpy as np
+
+__all__ = ["CLIENT", "EXAMPLE", "UNITS", "ReleaseKind", "ReleaseLedger", "non_private_event",
+           "register_protection"]
+
+EXAMPLE = "example"
+CLIENT = "client"
+UNITS = (EXAMPLE, CLIENT)
+
+
+def non_private_event():
+    """The event of a release with no DP guarantee (makes every composition inf)."""
+    return dp_accounting.NonPrivateDpEvent()
+
+
+def register_protection(model, protection):
+    """Remember that ``protection`` released something about ``model``'s training data.
+
+    Callbacks (`MagRR`, `LaplaceEvaluation`, `SignDSRounds`) and drivers
+    (`HorizontalFL`) call it, so that ``privacy_report(model)`` and
+    ``privacy_report(history)`` find them. Idempotent.
+    """
+    registered = model.__dict__.get("_fedpriv_protections")
+    if registered is None:
+        registered = []
+        object.__setattr__(model, "_fedpriv_protections", registered)
+    if not any(p is protection for p in registered):
+        registered.append(protection)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ReleaseKind:
+    """What one release is.
+
+    Attributes:
+        mechanism: who released, e.g. ``"LabelDPLayer 'label_dp'"``.
+        protects: what the release is about, e.g. ``"labels"``.
+        unit: ``"example"`` or ``"client"``.
+        event: the `dp_accounting.DpEvent` of ONE release about ONE unit.
+        note: how releases of this kind are counted (shown in reports).
+    """
+
+    mechanism: str
+    protects: str
+    unit: str
+    event: object
+    note: str = ""
+
+    def __post_init__(self):
+        if self.unit not in UNITS:
+            raise ValueError(f"`unit` must be one of {UNITS}; got {self.unit!r}.")
+
+    @property
+    def key(self):
+        """A hashable identity (DpEvents holding lists are not hashable)."""
+        return (self.mechanism, self.protects, self.unit, repr(self.event), self.note)
+
+
+class ReleaseLedger:
+    """Per-unit counts of releases, one column per `ReleaseKind`.
+
+    ``record(kind, units)`` adds one release of ``kind`` about each unit in
+    ``units`` (ids, repeated ids count repeatedly), or about every unit when
+    ``units`` is None. Ledgers of several protections merge with `merged`.
+
+    Example:
+        >>> ledger = ReleaseLedger()
+        >>> kind = ReleaseKind("SignDS", "a client's update", "client", event)
+        >>> ledger.record(kind, units=[3, 7])
+        >>> ledger.worst_counts()
+    """
+
+    def __init__(self):
+        self._kinds = []            # ReleaseKind, in order of first record
+        self._index = {}            # kind -> column
+        self._per_unit = {u: collections.defaultdict(collections.Counter) for u in UNITS}
+        self._everyone = collections.Counter()  # column -> releases about every unit
+        self._approximate = set()   # columns whose per-unit counts are upper bounds
+
+    # -- recording -------------------------------------------------------------------
+    def _column(self, kind):
+        if not isinstance(kind, ReleaseKind):
+            raise TypeError(f"`kind` must be a ReleaseKind; got {type(kind).__name__}.")
+        if kind.key not in self._index:
+            self._index[kind.key] = len(self._kinds)
+            self._kinds.append(kind)
+        return self._index[kind.key]
+
+    def record(self, kind, units=None, count=1):
+        """Record ``count`` releases of ``kind`` about each of ``units`` (None: every unit)."""
+        col = self._column(kind)
+        count = int(count)
+        if count < 0:
+            raise ValueError(f"`count` must be >= 0; got {count}.")
+        if count == 0:
+            return
+        if units is None:
+            self._everyone[col] += count
+            return
+        table = self._per_unit[kind.unit][col]
+        for u in np.asarray(units).reshape(-1).tolist():
+            table[int(u)] += count
+
+    def record_counts(self, kind, ids, counts, approximate=False):
+        """Record ``counts[i]`` releases of ``kind`` about unit ``ids[i]`` (vectorized)."""
+        col = self._column(kind)
+        table = self._per_unit[kind.unit][col]
+        for u, c in zip(np.asarray(ids).reshape(-1).tolist(),
+                        np.asarray(counts).reshape(-1).tolist()):
+            if c:
+                table[int(u)] += int(c)
+        if approximate:
+            self._approximate.add(col)
+
+    def merge(self, other):
+        """Add every record of ``other`` to this ledger (in place); return self."""
+        for kind in other._kinds:
+            src = other._index[kind.key]
+            col = self._column(kind)
+            self._everyone[col] += other._everyone[src]
+            table = self._per_unit[kind.unit][col]
+            for u, c in other._per_unit[kind.unit][src].items():
+                table[u] += c
+            if src in other._approximate:
+                self._approximate.add(col)
+        return self
+
+    @classmethod
+    def merged(cls, ledgers):
+        """One ledger holding the records of all ``ledgers``."""
+        out = cls()
+        for ledger in ledgers:
+            out.merge(ledger)
+        return out
+
+    # -- reading ---------------------------------------------------------------------
+    @property
+    def kinds(self):
+        """The recorded `ReleaseKind`\\ s, in order of first record."""
+        return list(self._kinds)
+
+    def __len__(self):
+        return sum(self.total(k) > 0 for k in self._kinds)
+
+    def is_approximate(self, kind):
+        """Whether the per-unit counts of ``kind`` are upper bounds (ids folded)."""
+        return self._index[kind.key] in self._approximate
+
+    def units_seen(self, kind):
+        """How many distinct units have named releases of ``kind``."""
+        return len(self._per_unit[kind.unit][self._index[kind.key]])
+
+    def total(self, kind):
+        """Anonymous releases + the largest named count of ``kind`` (its busiest unit)."""
+        col = self._index[kind.key]
+        named = self._per_unit[kind.unit][col]
+        return self._everyone[col] + (max(named.values()) if named else 0)
+
+    def unit_profiles(self, unit):
+        """Distinct count vectors (one entry per kind of ``unit``) of that unit kind's units.
+
+        Returns ``(kinds, profiles)``: the kinds about ``unit`` and a list of
+        count tuples, one per group of units with the same counts (anonymous
+        releases added to every unit; dominated profiles removed). With
+        anonymous releases only, a single profile.
+        """
+        kinds = [k for k in self._kinds if k.unit == unit]
+        if not kinds:
+            return [], []
+        cols = [self._index[k.key] for k in kinds]
+        base = np.array([self._everyone[c] for c in cols], np.int64)
+        ids = set()
+        for c in cols:
+            ids.update(self._per_unit[unit][c])
+        if not ids:
+            return kinds, [tuple(int(v) for v in base)]
+        ids = sorted(ids)
+        matrix = np.zeros((len(ids), len(cols)), np.int64)
+        position = {u: i for i, u in enumerate(ids)}
+        for j, c in enumerate(cols):
+            for u, n in self._per_unit[unit][c].items():
+                matrix[position[u], j] = n
+        matrix += base
+        rows = np.unique(matrix, axis=0)
+        keep = [r for r in rows
+                if not any(np.all(o >= r) and np.any(o > r) for o in rows)]
+        return kinds, [tuple(int(v) for v in r) for r in keep]
