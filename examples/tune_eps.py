@@ -108,7 +108,8 @@ def main():
                                 seed=args.seed)
         tuner.search(x_train, y[tr], validation_data=(x_val, y[va]), epochs=args.epochs,
                      batch_size=32, verbose=0,
-                     callbacks=[PrivacyUtility(budget=args.budget), RecordFinal()])
+                     callbacks=[PrivacyUtility(budget=args.budget, protects="labels"),
+                                RecordFinal()])
         best = tuner.oracle.get_best_trials(1)[0]
     points = [(eps, float(np.mean(accs))) for eps, accs in FINAL.items()]
     best_eps = best.hyperparameters.get("eps")

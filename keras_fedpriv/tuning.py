@@ -43,11 +43,13 @@ import math
 import numbers
 
 import keras
+import numpy as np
 
 from keras_fedpriv.mechanisms.validation import validate_eps
 from keras_fedpriv.privacy.report import privacy_report
 
-__all__ = ["PrivacyUtility", "eps_hyperparameter", "privacy_objective", "search_epsilon"]
+__all__ = ["PrivacyUtility", "eps_hyperparameter", "privacy_objective", "search_epsilon",
+           "trial_epsilon"]
 
 OBJECTIVE_NAME = "privacy_utility"
 
@@ -97,10 +99,13 @@ class PrivacyUtility(keras.callbacks.Callback):
         penalty: the score of a trial over budget.
         delta: delta of the composed eps.
         accountant: ``"pld"`` or ``"rdp"``.
+        protects: None (every release of the run) or the secret whose eps
+            counts, e.g. ``"labels"`` when only the labels are protected
+            (see `keras_fedpriv.privacy.privacy_report`).
     """
 
     def __init__(self, utility="val_accuracy", budget=None, mode=None, weight=0.01,
-                 penalty=-1.0, delta=1e-5, accountant="pld"):
+                 penalty=-1.0, delta=1e-5, accountant="pld", protects=None):
         super().__init__()
         if not isinstance(utility, str):
             raise TypeError(f"`utility` must be the name of a logged metric; got {utility!r}.")
@@ -118,6 +123,7 @@ class PrivacyUtility(keras.callbacks.Callback):
         self.penalty = float(penalty)
         self.delta = validate_eps(delta, "delta", upper=1.0)
         self.accountant = accountant
+        self.protects = protects
 
     def score(self, utility, eps):
         """The privacy-utility score of a utility value at eps."""
@@ -132,10 +138,37 @@ class PrivacyUtility(keras.callbacks.Callback):
             raise ValueError(f"PrivacyUtility: the utility metric {self.utility!r} is not in the "
                              f"logs (have: {sorted(logs)}); pass validation data or another "
                              f"`utility=`.")
-        eps = privacy_report(self.model, epochs=epoch + 1, delta=self.delta,
-                             accountant=self.accountant).epsilon
+        eps = privacy_report(self.model, delta=self.delta, accountant=self.accountant,
+                             protects=self.protects).epsilon
         logs["epsilon"] = eps
         logs[OBJECTIVE_NAME] = self.score(logs[self.utility], eps)
+
+
+def trial_epsilon(trial, name="epsilon"):
+    """What a finished keras-tuner trial spent: the largest ``epsilon`` it logged.
+
+    keras-tuner keeps a trial's *best* epoch (``trial.metrics.get_best_value``
+    and the trial's score), but the trial trained on the data for all its
+    epochs: its eps is that of its last epoch, the largest value in the
+    ``epsilon`` history (`PrivacyUtility` logs the eps spent so far, which
+    only grows).
+
+    Args:
+        trial: a `keras_tuner.engine.trial.Trial` (e.g. from
+            ``tuner.oracle.trials.values()``).
+        name: the logged metric (default ``"epsilon"``).
+
+    Returns:
+        The eps the trial spent (``inf`` if any epoch was not private).
+    """
+    metrics = getattr(trial, "metrics", None)
+    if metrics is None or not metrics.exists(name):
+        raise ValueError(f"trial_epsilon: the trial has no {name!r} history; train it with the "
+                         f"PrivacyUtility callback.")
+    values = [v for obs in metrics.get_history(name) for v in np.ravel(obs.value)]
+    if not values:
+        raise ValueError(f"trial_epsilon: the trial's {name!r} history is empty.")
+    return float(max(values))
 
 
 def search_epsilon(trial_epsilons):
@@ -146,10 +179,16 @@ def search_epsilon(trial_epsilons):
     for any tuner and any way it picks the next trial.
 
     Args:
-        trial_epsilons: the eps of every trial that ran (e.g. the logged
-            ``epsilon`` of each completed trial).
+        trial_epsilons: a keras-tuner tuner or oracle (every trial that ran
+            is counted with `trial_epsilon`, what it spent, not its best
+            epoch's figure), a list of trials, or a list of numbers (the
+            eps each trial spent).
     """
-    values = [validate_eps(e, "trial_epsilons") for e in trial_epsilons]
+    oracle = getattr(trial_epsilons, "oracle", trial_epsilons)
+    trials = getattr(oracle, "trials", None)
+    items = list(trials.values()) if isinstance(trials, dict) else list(trial_epsilons)
+    values = [trial_epsilon(t) if hasattr(t, "metrics") else validate_eps(t, "trial_epsilons")
+              for t in items]
     if not values:
         raise ValueError("`trial_epsilons` must list the eps of at least one trial.")
     return float(sum(values))

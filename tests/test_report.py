@@ -59,7 +59,7 @@ def test_label_dp_once_is_one_release_and_embedding_dp_one_per_epoch():
     assert len(eps) == 3 and eps[0] < eps[1] < eps[2]
     assert eps[-1] == pytest.approx(report.epsilon, rel=1e-6)
     text = str(report)
-    assert "LabelDPLayer" in text and "all of the above" in text
+    assert "LabelDPLayer" in text and "worst unit, all releases" in text
 
 
 def test_per_batch_label_dp_is_one_release_per_epoch():

@@ -45,7 +45,7 @@ def test_each_tuner_maximizes_utility_under_an_eps_budget(tuner_cls, tmp_path):
     else:
         tuner = getattr(kt, tuner_cls)(_build, max_trials=4, **common)
     tuner.search(x, y, validation_data=val, epochs=3, batch_size=64, verbose=0,
-                 callbacks=[PrivacyUtility(budget=2.0)])
+                 callbacks=[PrivacyUtility(budget=2.0, protects="labels")])
     trials = [t for t in tuner.oracle.trials.values() if t.status == "COMPLETED"]
     assert len(trials) >= 2
     for t in trials:

@@ -373,8 +373,8 @@ class LaplaceEvaluation(keras.callbacks.Callback):
         return repeat_event(event, evaluations)
 
     def _release_kind(self):
-        return ReleaseKind("LaplaceEvaluation", "inference results (softmax outputs)", CLIENT,
-                           self.dp_event(), "each evaluation releases every evaluated example's "
+        return ReleaseKind("LaplaceEvaluation", "client data", CLIENT,
+                           self.dp_event(), "noisy softmax outputs: each evaluation releases every evaluated example's "
                            "output once; counted per client evaluated")
 
     def privacy_ledger(self):

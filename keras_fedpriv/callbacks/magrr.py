@@ -264,8 +264,8 @@ class MagRR(keras.callbacks.Callback):
         seed = draw_secret() if self._rng is None else int(self._rng.integers(0, 2**63))
         reports = binary_randomized_response(bits, self.eps_rr, seed=seed)
         self.num_releases += 1
-        kind = ReleaseKind("MagRR", "a client's step size (1 bit per round)", CLIENT,
-                           self.dp_event(1), "one randomized-response bit per round a client "
+        kind = ReleaseKind("MagRR", "client data", CLIENT,
+                           self.dp_event(1), "its step size: one randomized-response bit per round a client "
                            "takes part in")
         if client_ids is None:
             self._ledger.record(kind, units=None, count=1)

@@ -78,9 +78,9 @@ class FedAvgUpload:
 
     def client_message(self, delta, num_examples, client_id=None):
         delta = np.asarray(delta, dtype=np.float32)
-        self._ledger.record(ReleaseKind("FedAvg upload", "a client's update (in the clear)",
-                                        CLIENT, non_private_event(),
-                                        "plain updates are not private"), _units(client_id))
+        self._ledger.record(ReleaseKind("FedAvg upload", "client data", CLIENT,
+                                        non_private_event(),
+                                        "its update in the clear: not private"), _units(client_id))
         return ClientUpload(delta, delta.size * 4, int(num_examples))
 
     def privacy_ledger(self):
@@ -166,9 +166,9 @@ class GaussianUpload:
 
     def client_message(self, delta, num_examples, client_id=None):
         noisy = gaussian_mechanism(delta, self.clip_norm, self.noise_multiplier, self._rng)
-        self._ledger.record(ReleaseKind("Gaussian upload", "a client's update (clipped + "
-                                        "noise)", CLIENT, self.dp_event(),
-                                        "one release per update a client uploads"),
+        self._ledger.record(ReleaseKind("Gaussian upload", "client data", CLIENT,
+                                        self.dp_event(), "its clipped update plus Gaussian "
+                                        "noise: one release per upload"),
                             _units(client_id))
         return ClientUpload(noisy, noisy.size * 4, int(num_examples))
 

@@ -436,12 +436,12 @@ class VerticalModel(keras.Model):
                 what = ("no protection" if protection is None else
                         f"its protection {type(protection).__name__} has no DP accounting")
                 ledger.record(ReleaseKind(f"VerticalModel follower {p!r}",
-                                          "a follower's embedding", EXAMPLE, non_private_event(),
-                                          f"sent without a DP mechanism ({what})"),
+                                          "features", EXAMPLE, non_private_event(),
+                                          f"its embedding is sent without a DP mechanism "
+                                          f"({what})"),
                               units=None, count=int(counts[i]))
         if counts[-1]:
-            ledger.record(ReleaseKind("VerticalModel leader", "labels (through the cut "
-                                      "gradients)", EXAMPLE, non_private_event(),
+            ledger.record(ReleaseKind("VerticalModel leader", "labels", EXAMPLE, non_private_event(),
                                       "no label_dp: the gradients sent to the followers are "
                                       "computed from the true labels"),
                           units=None, count=int(counts[-1]))

@@ -162,14 +162,14 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.L
         ledger = ReleaseLedger()
         name = f"EmbeddingDPLayer {self.name!r}"
         if totals[rc.NON_PRIVATE]:
-            ledger.record(ReleaseKind(name, "a follower's embedding", EXAMPLE, non_private_event(),
-                                      "quantization only (eps=None, or inference with "
+            ledger.record(ReleaseKind(name, "features", EXAMPLE, non_private_event(),
+                                      "the follower's embedding, quantization only (eps=None, or inference with "
                                       "at_inference=False): the sign pattern, no DP"),
                           units=None, count=int(totals[rc.NON_PRIVATE]))
         if self.eps is None or self._num_coordinates is None:
             return ledger
-        kind = ReleaseKind(name, "a follower's embedding", EXAMPLE, self.dp_event(),
-                           "every call is a release of each row (counted per example id; calls "
+        kind = ReleaseKind(name, "features", EXAMPLE, self.dp_event(),
+                           "the follower's embedding: every call is a release of each row (counted per example id; calls "
                            "without ids count for every example)")
         if totals[rc.FRESH_ANON]:
             ledger.record(kind, units=None, count=int(totals[rc.FRESH_ANON]))

@@ -144,7 +144,7 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer
                     ids.shape[0] != class_ids.shape[0]:
                 raise ValueError(f"LabelDPLayer: `example_ids` has {ids.shape[0]} entries but "
                                  f"there are {class_ids.shape[0]} labels.")
-        if prior is not None or (ids is None and self.per_batch):
+        if prior is not None or self.per_batch:
             # Fresh noise: a new release of every example in the call.
             both = self._next_words(tf.stack([2, n]))
             words = (both[0], both[1])

@@ -32,12 +32,20 @@ import dataclasses
 import dp_accounting
 import numpy as np
 
-__all__ = ["CLIENT", "EXAMPLE", "UNITS", "ReleaseKind", "ReleaseLedger", "non_private_event",
+__all__ = ["CLIENT", "CLIENT_DATA", "EXAMPLE", "FEATURES", "LABELS", "SECRETS", "UNITS", "ReleaseKind", "ReleaseLedger", "non_private_event",
            "register_protection"]
 
 EXAMPLE = "example"
 CLIENT = "client"
 UNITS = (EXAMPLE, CLIENT)
+
+#: What a release is about: a leader's labels, a follower's features (its
+#: embedding), or a horizontal-FL client's data (its update, its step size,
+#: its inference outputs).
+LABELS = "labels"
+FEATURES = "features"
+CLIENT_DATA = "client data"
+SECRETS = (LABELS, FEATURES, CLIENT_DATA)
 
 
 def non_private_event():
@@ -66,7 +74,8 @@ class ReleaseKind:
 
     Attributes:
         mechanism: who released, e.g. ``"LabelDPLayer 'label_dp'"``.
-        protects: what the release is about, e.g. ``"labels"``.
+        protects: the secret the release is about: ``"labels"``, ``"features"``
+            or ``"client data"`` (`SECRETS`).
         unit: ``"example"`` or ``"client"``.
         event: the `dp_accounting.DpEvent` of ONE release about ONE unit.
         note: how releases of this kind are counted (shown in reports).
@@ -81,6 +90,8 @@ class ReleaseKind:
     def __post_init__(self):
         if self.unit not in UNITS:
             raise ValueError(f"`unit` must be one of {UNITS}; got {self.unit!r}.")
+        if self.protects not in SECRETS:
+            raise ValueError(f"`protects` must be one of {SECRETS}; got {self.protects!r}.")
 
     @property
     def key(self):
@@ -97,7 +108,7 @@ class ReleaseLedger:
 
     Example:
         >>> ledger = ReleaseLedger()
-        >>> kind = ReleaseKind("SignDS", "a client's update", "client", event)
+        >>> kind = ReleaseKind("SignDS", "client data", "client", event)
         >>> ledger.record(kind, units=[3, 7])
         >>> ledger.worst_counts()
     """
@@ -156,6 +167,22 @@ class ReleaseLedger:
             if src in other._approximate:
                 self._approximate.add(col)
         return self
+
+    def only(self, protects):
+        """A copy holding only the releases about ``protects`` (one of `SECRETS`)."""
+        if protects not in SECRETS:
+            raise ValueError(f"`protects` must be one of {SECRETS}; got {protects!r}.")
+        out = ReleaseLedger()
+        for kind in self._kinds:
+            if kind.protects == protects:
+                src = self._index[kind.key]
+                col = out._column(kind)
+                out._everyone[col] = self._everyone[src]
+                out._per_unit[kind.unit][col] = collections.Counter(
+                    self._per_unit[kind.unit][src])
+                if src in self._approximate:
+                    out._approximate.add(col)
+        return out
 
     @classmethod
     def merged(cls, ledgers):

@@ -311,9 +311,9 @@ class SignDSEncoder:
         return _signds.signds_dp_event(self.eps)
 
     def _release_kind(self):
-        return ReleaseKind("SignDS upload", "a client's update (index set; the sign is a fair "
-                           "coin)", CLIENT, self.dp_event(),
-                           "one release per message a client uploads")
+        return ReleaseKind("SignDS upload", "client data", CLIENT, self.dp_event(),
+                           "the index set of its update (the sign is a fair coin): one "
+                           "release per message a client uploads")
 
     def privacy_ledger(self):
         """Every message encoded so far, per client (`ReleaseLedger`, unit: client)."""

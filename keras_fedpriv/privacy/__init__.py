@@ -1,8 +1,11 @@
 """Privacy estimates and reports.
 
-* `privacy_report` / `PrivacyReport`: collect the DpEvents of every mechanism
-  of a model or run and compose them with dp-accounting (PLD or RDP);
+* `privacy_report` / `PrivacyReport`: compose the release ledgers of every
+  protection reachable from a model, History, optimizer or run with
+  dp-accounting (PLD via `MixedPLDAccountant`, or RDP), for the worst unit;
   `EpsilonLogger` logs the composed eps into the training history.
+* `plan_epsilon` / `plan_noise_multiplier`: the per-release eps or noise
+  that meets a target (eps, delta) for a planned number of releases.
 * `audit` and one auditor per mechanism (`audit_binary_rr`, ...,
   `audit_signds`): empirical lower bounds on eps with Clopper-Pearson
   confidence (docs/audit.md).
@@ -25,11 +28,15 @@ from keras_fedpriv.privacy.audit import (
     eps_lower_bound,
 )
 from keras_fedpriv.privacy.deldp import DELDPReport, deldp, max_pairwise_distance
+from keras_fedpriv.privacy.accountant import MixedPLDAccountant
+from keras_fedpriv.privacy.planning import plan_epsilon, plan_noise_multiplier, planned_epsilon
 from keras_fedpriv.privacy.report import (
     EpsilonLogger,
     PrivacyReport,
     Release,
     compose_epsilon,
+    find_protections,
+    privacy_ledger,
     privacy_report,
     pure_epsilon,
 )
@@ -37,5 +44,7 @@ from keras_fedpriv.privacy.report import (
 __all__ = ["AuditResult", "audit", "audit_binary_rr", "audit_embedding_dp_layer", "audit_kary_rr",
            "audit_label_dp_layer", "audit_laplace", "audit_magrr", "audit_quantize_rr",
            "audit_signds", "clopper_pearson", "eps_lower_bound",
-           "DELDPReport", "EpsilonLogger", "PrivacyReport", "Release", "compose_epsilon", "deldp",
-           "max_pairwise_distance", "privacy_report", "pure_epsilon"]
+           "DELDPReport", "EpsilonLogger", "MixedPLDAccountant", "PrivacyReport", "Release",
+           "compose_epsilon", "deldp", "find_protections", "max_pairwise_distance",
+           "plan_epsilon", "plan_noise_multiplier", "planned_epsilon", "privacy_ledger",
+           "privacy_report", "pure_epsilon"]

@@ -20,12 +20,11 @@ events are composed with dp-accounting, and the largest eps is reported.
 
 Accountants:
 
-* ``"pld"`` (default, tight): privacy loss distributions, built per event
+* ``"pld"`` (default, tight): `MixedPLDAccountant`, a dp-accounting
+  `PrivacyAccountant` that builds each event's privacy loss distribution
   with the neighbouring relation the event is stated for (randomized
   response: replace one value; the Gaussian and Laplace events of this
-  package already carry the replacement sensitivity) and composed directly
-  (`dp_accounting.pld.privacy_loss_distribution`): what a single
-  `PLDAccountant` would do if it accepted both kinds of event.
+  package already carry the replacement sensitivity) and composes them.
 * ``"rdp"``: dp-accounting's `RdpAccountant` (``REPLACE_ONE``), which
   supports randomized response, Gaussian and Laplace events exactly. A pure
   eps-DP event it does not support (discrete Laplace) enters as binary
@@ -42,11 +41,17 @@ import math
 
 import dp_accounting
 import keras
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from keras_fedpriv.mechanisms.events import pure_epsilon
-from keras_fedpriv.mechanisms.ledger import CLIENT, EXAMPLE, ReleaseLedger, register_protection
+from keras_fedpriv.mechanisms.ledger import (
+    CLIENT,
+    EXAMPLE,
+    SECRETS,
+    ReleaseLedger,
+    register_protection,
+)
 from keras_fedpriv.mechanisms.validation import validate_eps
+from keras_fedpriv.privacy.accountant import MixedPLDAccountant
 from keras_fedpriv.text_table import text_table
 
 __all__ = ["EpsilonLogger", "PrivacyReport", "Release", "compose_epsilon", "find_protections",
@@ -73,24 +78,6 @@ def _flatten(event, count=1, out=None):
     return out
 
 
-def _base_pld(event):
-    if isinstance(event, dp_accounting.RandomizedResponseDpEvent):
-        return pld_lib.from_randomized_response(event.noise_parameter, event.num_buckets,
-                                                value_discretization_interval=_VDI,
-                                                neighboring_relation=NeighborRel.REPLACE_ONE)
-    if isinstance(event, dp_accounting.GaussianDpEvent):
-        return pld_lib.from_gaussian_mechanism(event.noise_multiplier,
-                                               value_discretization_interval=_VDI)
-    if isinstance(event, dp_accounting.LaplaceDpEvent):
-        return pld_lib.from_laplace_mechanism(event.noise_multiplier,
-                                              value_discretization_interval=_VDI)
-    if isinstance(event, dp_accounting.dp_event.DiscreteLaplaceDpEvent):
-        return pld_lib.from_discrete_laplace_mechanism(event.noise_parameter, event.sensitivity,
-                                                       value_discretization_interval=_VDI)
-    raise ValueError(f"privacy_report: cannot account for {event!r} (supported: randomized "
-                     "response, Gaussian, Laplace, discrete Laplace and their compositions).")
-
-
 def _non_private(counter):
     return any(pure_epsilon(e) == math.inf for e in counter)
 
@@ -99,6 +86,13 @@ def _check_accountant(accountant):
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"`accountant` must be one of {ACCOUNTANTS}; got {accountant!r}.")
     return accountant
+
+
+def _check_protects(protects):
+    if protects is not None and protects not in SECRETS:
+        raise ValueError(f"`protects` must be None (every release) or one of {SECRETS}; got "
+                         f"{protects!r}.")
+    return protects
 
 
 def _rdp_event(event):
@@ -132,11 +126,14 @@ def compose_epsilon(events_with_counts, delta, accountant="pld"):
     if _non_private(counter):
         return math.inf
     if accountant == "pld":
-        total = None
+        acc = MixedPLDAccountant(_VDI)
         for event, count in counter.items():
-            pld = _base_pld(event).self_compose(count) if count > 1 else _base_pld(event)
-            total = pld if total is None else total.compose(pld)
-        return float(total.get_epsilon_for_delta(delta))
+            if not acc.supports(event):
+                raise ValueError(f"privacy_report: cannot account for {event!r} (supported: "
+                                 "randomized response, Gaussian, Laplace, discrete Laplace and "
+                                 "their compositions).")
+            acc.compose(event, int(count))
+        return acc.get_epsilon(delta)
     acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=NeighborRel.REPLACE_ONE)
     for event, count in counter.items():
         acc.compose(_rdp_event(event)[0], int(count))
@@ -296,7 +293,7 @@ def _fmt(eps):
     return "inf (not private)" if math.isinf(eps) else f"{eps:.3g}"
 
 
-def privacy_report(obj, delta=1e-5, accountant="pld", callbacks=()):
+def privacy_report(obj, delta=1e-5, accountant="pld", callbacks=(), protects=None):
     """Compose every release recorded by the protections reachable from ``obj``.
 
     Args:
@@ -307,6 +304,10 @@ def privacy_report(obj, delta=1e-5, accountant="pld", callbacks=()):
         callbacks: more objects to include (e.g. callbacks of a run that
             were not registered on the model); the same as adding them to
             ``obj``.
+        protects: None (default: every release, composed as if one person
+            were in every row) or one secret, ``"labels"``, ``"features"``
+            or ``"client data"``: only the releases about it (e.g. the
+            leader's labels, against the followers).
 
     Returns:
         A `PrivacyReport`; ``print(report)`` shows the table and
@@ -318,6 +319,7 @@ def privacy_report(obj, delta=1e-5, accountant="pld", callbacks=()):
     """
     delta = validate_eps(delta, "delta", upper=1.0)
     _check_accountant(accountant)
+    _check_protects(protects)
     objs = list(obj) if isinstance(obj, (list, tuple)) else [obj]
     objs += list(callbacks)
     if not objs or all(o is None for o in objs):
@@ -331,7 +333,10 @@ def privacy_report(obj, delta=1e-5, accountant="pld", callbacks=()):
             raise TypeError(f"privacy_report: cannot collect releases from "
                             f"{type(o).__name__}; pass a Keras model, a History, an optimizer, "
                             f"a HorizontalFL, a protection, or a list of these.")
-    return PrivacyReport(privacy_ledger(objs), delta, accountant)
+    ledger = privacy_ledger(objs)
+    if protects is not None:
+        ledger = ledger.only(protects)
+    return PrivacyReport(ledger, delta, accountant)
 
 
 class EpsilonLogger(keras.callbacks.Callback):
@@ -347,13 +352,15 @@ class EpsilonLogger(keras.callbacks.Callback):
         delta: the delta of the reported (eps, delta).
         accountant: ``"pld"`` or ``"rdp"``.
         callbacks: other objects whose releases count (as in `privacy_report`).
+        protects: None (all releases) or one secret (as in `privacy_report`).
     """
 
-    def __init__(self, delta=1e-5, accountant="pld", callbacks=()):
+    def __init__(self, delta=1e-5, accountant="pld", callbacks=(), protects=None):
         super().__init__()
         self.delta = validate_eps(delta, "delta", upper=1.0)
         self.accountant = _check_accountant(accountant)
         self.callbacks = list(callbacks)
+        self.protects = _check_protects(protects)
         self._fl = None
         self.last_report = None
 
@@ -363,6 +370,6 @@ class EpsilonLogger(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         target = self._fl if self._fl is not None else self.model
         self.last_report = privacy_report(target, delta=self.delta, accountant=self.accountant,
-                                          callbacks=self.callbacks)
+                                          callbacks=self.callbacks, protects=self.protects)
         if logs is not None:
             logs["epsilon"] = self.last_report.epsilon
