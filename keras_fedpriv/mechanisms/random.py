@@ -25,6 +25,7 @@ integer thresholds (`probability_threshold`), so probabilities are exact to
 
 from __future__ import annotations
 
+import math
 import secrets
 
 import numpy as np
@@ -179,22 +180,51 @@ def uniform_words(shape, seed=None):
 
 
 def probability_threshold(p):
-    """Integer threshold T with P(word < T) = T / 2**32 ~= p for uniform uint32 words.
+    """Integer threshold T with P(word < T) = T / 2**32 >= p for uniform uint32 words.
 
-    ``p`` must be in [0, 1). The error is below 2**-32.
+    The threshold is rounded UP (``ceil(p * 2**32)``), the safe direction for
+    the probability of a flip or a move: the realized probability
+    ``T / 2**32`` exceeds ``p`` by less than 2**-32 and is never 0 for
+    ``p > 0`` (rounding down would turn a flip probability below 2**-32 into
+    "never flip", i.e. no privacy at all).
+
+    Args:
+        p: probability in [0, 1).
+
+    Returns:
+        An int in [0, 2**32 - 1].
+
+    Raises:
+        ValueError: if ``p`` is outside [0, 1), or so close to 1 that the
+            rounded threshold would be 2**32 (an event that always happens).
     """
     p = float(p)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"probability must be in [0, 1); got {p!r}")
-    return min(int(p * 2.0**32), _MASK32)
+    threshold = math.ceil(p * 2.0**32)  # exact: p * 2**32 only shifts the exponent
+    if threshold > _MASK32:
+        raise ValueError(f"probability {p!r} is within 2**-32 of 1: rounded up to a multiple "
+                         f"of 2**-32 it would be 1 (always); use a probability <= 1 - 2**-32.")
+    return threshold
 
 
 def below(words, p):
-    """Boolean tensor: ``words < threshold(p)``, i.e. an event of probability p."""
+    """Boolean tensor: ``words < probability_threshold(p)``, an event of probability ``>= p``.
+
+    The realized probability is ``probability_threshold(p) / 2**32`` (``p``
+    rounded up to a multiple of 2**-32).
+    """
     return tf.less(tf.cast(words, tf.uint32), tf.constant(probability_threshold(p), tf.uint32))
 
 
 def uniform_index(words, n):
-    """Map uniform uint32 words to integers in [0, n) (bias below n / 2**32)."""
+    """Map uniform uint32 words to integers in [0, n) by multiply-shift.
+
+    ``floor(word * n / 2**32)``: index j gets ``floor(2**32 / n)`` or
+    ``ceil(2**32 / n)`` words, so the indices are uniform only up to a
+    relative error below ``n / 2**32`` (exactly uniform when n is a power of
+    two). Randomized response does not use it for the move to another class,
+    which must be exactly uniform (see `randomized_response`).
+    """
     product = tf.cast(words, tf.uint64) * tf.cast(n, tf.uint64)
     return tf.cast(tf.bitwise.right_shift(product, tf.constant(32, tf.uint64)), tf.int32)
