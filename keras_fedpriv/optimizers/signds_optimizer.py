@@ -179,7 +179,9 @@ class SignDS(keras.optimizers.Optimizer):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"),
                                                       custom_objects=custom_objects)
-        encoder = SignDSEncoder(**config.pop("encoder"))
+        # A seeded encoder rebuilt from its config encodes only after
+        # optimizer.encoder.load_state_dict(...) (see SignDSEncoder.from_config).
+        encoder = SignDSEncoder.from_config(config.pop("encoder"))
         return cls(inner, encoder=encoder, **config)
 
 
