@@ -33,7 +33,7 @@ from keras_fedpriv.mechanisms.laplace import (
     laplace_dp_event,
     laplace_scale,
 )
-from keras_fedpriv.mechanisms.random import secret_generator
+from keras_fedpriv.mechanisms.random import SeededReleases, secret_generator
 from keras_fedpriv.mechanisms.validation import (
     config_with_seed,
     validate_eps,
@@ -124,7 +124,7 @@ def _split_eval_data(eval_data, num_eval_clients):
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
-class LaplaceEvaluation(keras.callbacks.Callback):
+class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     """Clustering scores of the model's outputs, released under Laplace local DP.
 
     At the end of every ``every_n_epochs``-th epoch (``model.fit``) or round
@@ -207,6 +207,11 @@ class LaplaceEvaluation(keras.callbacks.Callback):
     fresh 64-bit OS-entropy secret at every evaluation, as on independent
     devices. An int ``seed`` makes the noise (and silhouette's sampling)
     reproducible; it is then saved in `get_config`, so treat it as a secret.
+    The n-th client report draws its noise from ``secret_generator(seed,
+    stream=n)``; `state_dict` carries n (``num_releases``) with the
+    evaluation counters, so a copy restored with `load_state_dict` adds new
+    noise instead of replaying it, and a seeded copy rebuilt by
+    `from_config` alone refuses to report until its state is loaded.
 
     **When it runs.** With ``model.fit``: in ``on_epoch_end``, on
     ``eval_data`` (required: a clear error at ``on_train_begin`` otherwise).
@@ -298,13 +303,11 @@ class LaplaceEvaluation(keras.callbacks.Callback):
                 f"{self.sensitivity / self.eps:.3g} gives {2.0 / self.sensitivity:g} * eps = "
                 f"{self.epsilon:.6g}-LDP, not eps = {self.eps:g}. Use the default "
                 f"sensitivity=2.0 unless you are reproducing the seed.", stacklevel=2)
+        self._init_releases()
         if self.seed is None:
-            self._noise_rng = None
             self._server_rng = secret_generator()
-        else:
-            noise_ss, server_ss = np.random.SeedSequence(self.seed).spawn(2)
-            self._noise_rng = np.random.default_rng(noise_ss)
-            self._server_rng = np.random.default_rng(server_ss)
+        else:  # post-processing only (silhouette's sampling of noisy vectors)
+            self._server_rng = np.random.default_rng(np.random.SeedSequence(self.seed).spawn(2)[1])
 
         self.num_classes = None
         self.num_evaluations = 0
@@ -451,8 +454,8 @@ class LaplaceEvaluation(keras.callbacks.Callback):
             probs: ``(n, K)`` probability vectors (validated as in `evaluate`).
         """
         probs = self._probabilities(probs)
-        return laplace(probs, self.eps, sensitivity=self.sensitivity, rng=self._noise_rng,
-                       sampler=self.sampler)
+        return laplace(probs, self.eps, sensitivity=self.sensitivity,
+                       rng=self._release_generator(), sampler=self.sampler)
 
     def evaluate(self, client_inputs, client_ids=None, model=None):
         """Run one evaluation: client inference + noise, server scores; return the logs.
@@ -611,4 +614,41 @@ class LaplaceEvaluation(keras.callbacks.Callback):
 
     @classmethod
     def from_config(cls, config):
-        return cls(**config)
+        """Rebuild from `get_config`; a seeded copy reports only after `load_state_dict`."""
+        callback = cls(**config)
+        callback._mark_restored_from_config()
+        return callback
+
+    def state_dict(self):
+        """The counters to checkpoint: evaluations, per-client releases, noise releases.
+
+        ``num_releases`` (client reports so far) is the position in a seeded
+        noise stream; no randomness is included.
+        """
+        return {"num_evaluations": int(self.num_evaluations),
+                "client_releases": {int(c): int(n) for c, n in self.client_releases.items()},
+                "num_releases": int(self.num_releases)}
+
+    def load_state_dict(self, state):
+        """Restore a `state_dict` (so a seeded copy continues its noise stream).
+
+        Raises:
+            TypeError: ``state`` is not a dict.
+            ValueError: a missing or bad entry.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"`state` must be a dict from LaplaceEvaluation.state_dict(); got "
+                            f"{type(state).__name__}.")
+        missing = [k for k in ("num_evaluations", "client_releases") if k not in state]
+        if missing:
+            raise ValueError(f"`state` is missing {missing}; expected the keys of "
+                             f"LaplaceEvaluation.state_dict().")
+        evaluations = validate_positive_int(state["num_evaluations"],
+                                            "state['num_evaluations']", minimum=0)
+        # JSON turns the integer client ids into strings.
+        releases = {validate_positive_int(int(c) if isinstance(c, str) and c.isdigit() else c,
+                                          "client id", minimum=0):
+                    validate_positive_int(n, f"state['client_releases'][{c!r}]", minimum=0)
+                    for c, n in dict(state["client_releases"]).items()}
+        self._load_num_releases(state)
+        self.num_evaluations, self.client_releases = evaluations, releases

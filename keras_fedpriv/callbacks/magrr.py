@@ -20,7 +20,7 @@ import numpy as np
 
 from keras_fedpriv.mechanisms.events import pure_epsilon, repeat_event
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, register_protection
-from keras_fedpriv.mechanisms.random import draw_secret
+from keras_fedpriv.mechanisms.random import SeededReleases
 from keras_fedpriv.mechanisms.randomized_response import (
     binary_randomized_response,
     flip_probability,
@@ -66,7 +66,7 @@ def debiased_ones(num_ones, num_reports, eps):
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
-class MagRR(keras.callbacks.Callback):
+class MagRR(SeededReleases, keras.callbacks.Callback):
     """Server-side step-size estimation for SignDS by randomized response (MagRR).
 
     Each federated round, every participating client compares its private
@@ -111,11 +111,15 @@ class MagRR(keras.callbacks.Callback):
     computed from ``r_est``, which is public (sent by the server).
 
     **Randomness.** ``seed=None`` (default): every call of `client_reports`
-    draws a fresh 64-bit secret from OS entropy. An int ``seed`` seeds a
-    numpy generator from which each call draws a fresh 63-bit seed, so a
-    sequence of calls is reproducible; the seed is then saved in
-    `get_config`, so treat it as a secret. `state_dict` never holds
-    randomness. In a real deployment each client randomizes on its own
+    draws a fresh 64-bit secret from OS entropy. With an int ``seed`` the
+    n-th call draws its 63-bit noise seed from ``secret_generator(seed,
+    stream=n)``, so a sequence of calls is reproducible; the seed is then
+    saved in `get_config`, so treat it as a secret. `state_dict` holds n
+    (``num_releases``), never randomness: a copy restored with
+    `load_state_dict` continues with new noise, and a seeded copy rebuilt
+    with `from_config` alone refuses to report until its state is loaded
+    (it would replay the original's flips, and XOR-ing the two reports of
+    one round would cancel them). In a real deployment each client randomizes on its own
     device; `client_reports` simulates all clients of a round at once.
 
     Use as a Keras callback: a federated driver calls `round` (or
@@ -196,14 +200,13 @@ class MagRR(keras.callbacks.Callback):
                                          low=0, low_open=False, high=1)
         self.fallback_lr = validate_real(fallback_lr, "fallback_lr", low=0, low_open=True)
         self.seed = validate_seed(seed)
-        self._rng = None if self.seed is None else np.random.default_rng(self.seed)
+        self._init_releases()
 
         self.r_est = self.r_init
         self.phase = GROWTH
         self.rounds_in_range = 0
         self.last_lr_global = None
         self.last_debiased_ones = None
-        self.num_releases = 0
         self._ledger = ReleaseLedger()
 
     # --- privacy -----------------------------------------------------------
@@ -261,9 +264,8 @@ class MagRR(keras.callbacks.Callback):
         if r.size == 0:
             return np.zeros((0,), np.int32)
         bits = (r < self.threshold * self.r_est).astype(np.int32)
-        seed = draw_secret() if self._rng is None else int(self._rng.integers(0, 2**63))
+        seed = int(self._release_generator().integers(0, 2**63))
         reports = binary_randomized_response(bits, self.eps_rr, seed=seed)
-        self.num_releases += 1
         kind = ReleaseKind("MagRR", "client data", CLIENT,
                            self.dp_event(1), "its step size: one randomized-response bit per round a client "
                            "takes part in")
@@ -367,20 +369,28 @@ class MagRR(keras.callbacks.Callback):
 
     @classmethod
     def from_config(cls, config):
-        return cls(**config)
+        """Rebuild from `get_config`; a seeded copy reports only after `load_state_dict`."""
+        magrr = cls(**config)
+        magrr._mark_restored_from_config()
+        return magrr
 
     def state_dict(self):
         """The server state to checkpoint: r_est, phase, rounds_in_range, num_releases.
 
-        No randomness is included (a restored seeded instance does not replay
-        the same reports).
+        No randomness is included; ``num_releases`` is the position in a
+        seeded noise stream, so a restored seeded instance continues it
+        instead of replaying the same reports.
         """
         return {"r_est": float(self.r_est), "phase": self.phase,
                 "rounds_in_range": int(self.rounds_in_range),
                 "num_releases": int(self.num_releases)}
 
     def load_state_dict(self, state):
-        """Restore a `state_dict` (``num_releases`` is optional)."""
+        """Restore a `state_dict`.
+
+        ``num_releases`` is optional (the counter is kept), except on a seeded
+        copy rebuilt by `from_config`, which needs it to continue the stream.
+        """
         if not isinstance(state, dict):
             raise TypeError(f"`state` must be a dict from MagRR.state_dict(); got "
                             f"{type(state).__name__}.")
@@ -394,10 +404,12 @@ class MagRR(keras.callbacks.Callback):
             raise ValueError(f"`state['phase']` must be one of {_PHASES}; got {phase!r}.")
         rounds = validate_positive_int(state["rounds_in_range"], "state['rounds_in_range']",
                                        minimum=0)
-        releases = validate_positive_int(state.get("num_releases", self.num_releases),
-                                         "state['num_releases']", minimum=0)
+        if "num_releases" in state:
+            validate_positive_int(state["num_releases"], "state['num_releases']", minimum=0)
+        elif getattr(self, "_awaiting_state", False):
+            self._load_num_releases(state)  # raises: a seeded copy needs its stream position
         self.r_est, self.phase, self.rounds_in_range = r_est, phase, rounds
-        self.num_releases = releases
+        self._load_num_releases(state)
 
 
 def _validate_magnitudes(magnitudes):

@@ -26,8 +26,8 @@ import numpy as np
 
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event, gaussian_mechanism
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, non_private_event
-from keras_fedpriv.mechanisms.random import secret_generator
-from keras_fedpriv.mechanisms.validation import validate_eps
+from keras_fedpriv.mechanisms.random import SeededReleases
+from keras_fedpriv.mechanisms.validation import validate_eps, validate_seed
 from keras_fedpriv.optimizers.signds import SignDSEncoder, aggregate as signds_aggregate
 
 __all__ = ["ClientUpload", "FedAvgUpload", "GaussianUpload", "SignDSUpload", "as_upload"]
@@ -143,7 +143,7 @@ class SignDSUpload:
         return f"SignDS (k={e.k:g}, eps={e.epsilon:g})"
 
 
-class GaussianUpload:
+class GaussianUpload(SeededReleases):
     """Clip each client's update to ``clip_norm`` and add Gaussian noise before upload.
 
     The server takes the plain mean (equal weights). One round is
@@ -152,7 +152,10 @@ class GaussianUpload:
     Args:
         clip_norm: L2 clipping bound C.
         noise_multiplier: noise std / C.
-        seed: None (fresh OS-entropy secret) or an int.
+        seed: None (a fresh OS-entropy secret per message) or an int: the
+            n-th message's noise comes from ``secret_generator(seed,
+            stream=n)``, and `state_dict` / `load_state_dict` carry n, so a
+            restored copy continues with new noise instead of replaying it.
     """
 
     name = "gaussian"
@@ -161,11 +164,24 @@ class GaussianUpload:
         self.clip_norm = validate_eps(clip_norm, "clip_norm", lower_open=True)
         self.noise_multiplier = validate_eps(noise_multiplier, "noise_multiplier",
                                              lower_open=True)
-        self._rng = secret_generator(seed)
+        self.seed = validate_seed(seed)
+        self._init_releases()
         self._ledger = ReleaseLedger()
 
+    def state_dict(self):
+        """``{"num_releases": n}``: the number of noisy messages so far (no randomness)."""
+        return {"num_releases": int(self.num_releases)}
+
+    def load_state_dict(self, state):
+        """Restore a `state_dict`, so that a seeded copy continues its noise stream."""
+        if not isinstance(state, dict):
+            raise TypeError(f"`state` must be a dict from GaussianUpload.state_dict(); got "
+                            f"{type(state).__name__}.")
+        self._load_num_releases(state)
+
     def client_message(self, delta, num_examples, client_id=None):
-        noisy = gaussian_mechanism(delta, self.clip_norm, self.noise_multiplier, self._rng)
+        noisy = gaussian_mechanism(delta, self.clip_norm, self.noise_multiplier,
+                                   self._release_generator())
         self._ledger.record(ReleaseKind("Gaussian upload", "client data", CLIENT,
                                         self.dp_event(), "its clipped update plus Gaussian "
                                         "noise: one release per upload"),

@@ -14,6 +14,7 @@ from keras_fedpriv.mechanisms.randomized_response import (
     kary_randomized_response,
     randomized_response_dp_event,
     rr_with_prior,
+    rr_with_prior_dp_event,
 )
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
 
@@ -185,7 +186,9 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer
         """
         num_epochs = validate_positive_int(num_epochs, "num_epochs")
         prior_used = bool(self._release_totals()[rc.PRIOR])
-        event = randomized_response_dp_event(self.eps, 2 if prior_used else self._num_classes())
+        k = self._num_classes()
+        event = (rr_with_prior_dp_event(self.eps, k) if prior_used
+                 else randomized_response_dp_event(self.eps, k))
         return repeat_event(event, num_epochs) if self.per_batch else event
 
     def privacy_ledger(self):
@@ -207,7 +210,8 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer
                                       "keyed by example id: one release per example, any "
                                       "number of calls"), units=None)
         fresh = ReleaseKind(name, "labels", EXAMPLE,
-                            randomized_response_dp_event(self.eps, 2 if totals[rc.PRIOR] else k),
+                            rr_with_prior_dp_event(self.eps, k) if totals[rc.PRIOR]
+                            else randomized_response_dp_event(self.eps, k),
                             "fresh noise at every call (per_batch or prior): each call releases "
                             "its examples again" + ("; a prior was used, so binary RR at eps "
                                                     "(dominates every eps-DP mechanism)"

@@ -4,6 +4,7 @@ clip+Gaussian, validation, RNG."""
 from keras_fedpriv.mechanisms import signds
 from keras_fedpriv.mechanisms.quantize import (
     quantize_keep_probability,
+    quantize_realized_epsilon,
     quantize_rr,
     quantize_rr_dp_event,
     quantize_turn_on_probability,
@@ -19,7 +20,9 @@ from keras_fedpriv.mechanisms.randomized_response import (
     keep_probability,
     other_probability,
     randomized_response_dp_event,
+    realized_epsilon,
     rr_with_prior,
+    rr_with_prior_dp_event,
     rr_with_prior_k,
 )
 from keras_fedpriv.mechanisms.signds import optimal_output_dim, optimal_threshold, signds_dp_event
@@ -41,12 +44,15 @@ __all__ = [
     "optimal_threshold",
     "other_probability",
     "quantize_keep_probability",
+    "quantize_realized_epsilon",
     "quantize_rr",
     "quantize_rr_dp_event",
     "quantize_turn_on_probability",
     "randomized_response_dp_event",
+    "realized_epsilon",
     "repeat_event",
     "rr_with_prior",
+    "rr_with_prior_dp_event",
     "rr_with_prior_k",
     "signds",
     "signds_dp_event",

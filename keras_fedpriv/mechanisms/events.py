@@ -17,7 +17,7 @@ import dp_accounting
 
 from keras_fedpriv.mechanisms.validation import validate_positive_int
 
-__all__ = ["pure_epsilon", "repeat_event"]
+__all__ = ["pure_dp_event", "pure_epsilon", "repeat_event"]
 
 
 def repeat_event(event, count):
@@ -64,3 +64,23 @@ def pure_epsilon(event):
     if isinstance(event, dp_accounting.dp_event.DiscreteLaplaceDpEvent):
         return event.noise_parameter * event.sensitivity
     return None
+
+
+def pure_dp_event(eps):
+    """Binary randomized response at exactly ``eps``: a DpEvent that dominates every eps-DP mechanism.
+
+    Every eps-DP mechanism's privacy profile (all its hockey-stick and Renyi
+    divergences) is dominated by that of binary eps-randomized response
+    (Kairouz, Oh and Viswanath, "The composition theorem for differential
+    privacy", ICML 2015). For mechanisms that dp-accounting has no event for
+    (the exponential mechanism of SignDS) or that its accountant does not
+    support. Unlike `randomized_response_dp_event`, which describes this
+    package's thresholded randomized response as realized, this is the
+    ideal mechanism at ``eps`` itself.
+    """
+    eps = float(eps)
+    if math.isinf(eps):
+        return dp_accounting.NonPrivateDpEvent()
+    t = math.exp(-eps)
+    return dp_accounting.RandomizedResponseDpEvent(noise_parameter=2.0 * t / (1.0 + t),
+                                                   num_buckets=2)

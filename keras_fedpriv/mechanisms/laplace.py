@@ -41,6 +41,7 @@ most 1 + 1/1024.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import dp_accounting
 import numpy as np
@@ -52,11 +53,18 @@ from keras_fedpriv.mechanisms.validation import (
     validate_real,
 )
 
-__all__ = ["SAMPLERS", "discrete_laplace_integers", "laplace", "laplace_dp_event", "laplace_grid",
+__all__ = ["MIN_NOISE_PARAMETER", "SAMPLERS", "discrete_laplace_integers", "laplace", "laplace_dp_event", "laplace_grid",
            "laplace_scale"]
 
 SAMPLERS = ("discrete", "continuous")
 GRID_BITS = 10  # grid step: 2^-GRID_BITS times min(noise scale, sensitivity/k), a power of 2
+# Each geometric G = floor(-ln U / a) is computed in float64 and must stay below 2**52, where
+# float64 still resolves every integer; otherwise its low bits would be a lattice that the
+# rounded input shows through (and beyond 2**63 the int64 cast wraps, so the two geometrics
+# cancel and the input goes out merely rounded). -ln U > 128 ln 2 has probability 2**-128, so
+# the smallest accepted parameter is a = 128 ln 2 / 2**52.
+_MAX_GEOMETRIC = 2**52
+MIN_NOISE_PARAMETER = 128 * math.log(2.0) / _MAX_GEOMETRIC
 
 
 def laplace_scale(eps, sensitivity=2.0):
@@ -66,21 +74,51 @@ def laplace_scale(eps, sensitivity=2.0):
     return sensitivity / eps
 
 
+def _grid_exponent(b, sensitivity, k):
+    """``e`` with ``gamma = 2**e``: 2**-GRID_BITS times min(b, sensitivity / k), rounded down."""
+    return math.floor(math.log2(min(b, sensitivity / k))) - GRID_BITS
+
+
 def laplace_grid(eps, sensitivity=2.0, num_values=1):
     """The grid of the discrete sampler for rows of ``num_values`` entries.
 
     Returns:
         ``(gamma, C, a)``: the grid step (a power of two), the integer L1
-        sensitivity after rounding to the grid, and the discrete-Laplace
-        parameter ``a = eps / C`` (noise pmf ∝ exp(-a |z|)).
+        sensitivity after rounding to the grid (an exact Python int), and the
+        discrete-Laplace parameter ``a = eps / C`` (noise pmf ∝ exp(-a |z|)).
+
+    Raises:
+        ValueError: where the discrete sampler cannot be exact: a grid step
+            below the smallest normal float64 (2**-1022), or ``a`` below
+            `MIN_NOISE_PARAMETER` (eps so small that the geometric draws
+            would exceed 2**52, where float64 no longer resolves integers);
+            the message names eps and the smallest eps accepted for this
+            sensitivity and row length.
     """
     b = laplace_scale(eps, sensitivity)
     k = validate_positive_int(num_values, "num_values")
-    sensitivity = float(sensitivity)
+    sensitivity, eps = float(sensitivity), float(eps)
     # fine against both the noise scale and the rounding margin k * gamma / sensitivity
-    gamma = 2.0 ** (math.floor(math.log2(min(b, sensitivity / k))) - GRID_BITS)
-    c = math.ceil(sensitivity / gamma) + k
-    return gamma, c, float(eps) / c
+    exponent = _grid_exponent(b, sensitivity, k) if b > 0 else -math.inf
+    if exponent < -1022:
+        raise ValueError(
+            f"`eps`={eps!r} with sensitivity={sensitivity!r} needs a grid step 2**{exponent} "
+            f"below the smallest normal float64 (2**-1022): the discrete Laplace sampler "
+            f"cannot be exact there. Use a smaller eps or rescale the values.")
+    gamma = 2.0**exponent
+    # exact integer arithmetic: sensitivity / gamma can overflow a float for huge eps
+    c = math.ceil(Fraction(sensitivity) / Fraction(2) ** exponent) + k
+    a = float(Fraction(eps) / c)
+    if a < MIN_NOISE_PARAMETER:
+        # For eps < num_values the grid (hence C) does not depend on eps.
+        e0 = _grid_exponent(math.inf, sensitivity, k)
+        c0 = math.ceil(Fraction(sensitivity) / Fraction(2) ** e0) + k
+        raise ValueError(
+            f"`eps` must be >= {MIN_NOISE_PARAMETER * c0:.3g} for the discrete Laplace sampler "
+            f"with sensitivity={sensitivity!r} and num_values={k} (rows of {k} values on a "
+            f"grid of step 2**{e0}); got {eps!r}. Below it the integer noise would exceed "
+            f"2**52, where float64 no longer represents it exactly.")
+    return gamma, c, a
 
 
 def _check_sampler(sampler):
@@ -90,11 +128,25 @@ def _check_sampler(sampler):
 
 
 def _geometric_failures(a, shape, rng):
-    """G >= 0 with P(G >= g) = exp(-a g), by inversion of an untruncated uniform."""
+    """G >= 0 with P(G >= g) = exp(-a g), by inversion of an untruncated uniform.
+
+    Raises:
+        ValueError: ``a`` below `MIN_NOISE_PARAMETER`.
+        RuntimeError: a draw at or above 2**52 (probability below 2**-128 per
+            draw for an accepted ``a``), which float64 cannot resolve; it
+            depends only on the noise, never on the data.
+    """
+    a = float(a)
+    if not a >= MIN_NOISE_PARAMETER:
+        raise ValueError(f"`a` must be >= {MIN_NOISE_PARAMETER:.3g} (the draws must stay below "
+                         f"2**52 to be exact in float64); got {a!r}.")
     e = rng.geometric(0.5, size=shape) - 1           # U = V * 2^-E, E ~ Geometric(1/2) from 0
     v = 0.5 + 0.5 * rng.random(size=shape)           # V uniform in [1/2, 1)
     neg_log_u = e * math.log(2.0) - np.log(v)        # -ln U >= 0, unbounded
-    return np.floor(neg_log_u / a).astype(np.int64)
+    g = np.floor(neg_log_u / a)
+    if np.any(g >= _MAX_GEOMETRIC):
+        raise RuntimeError("a geometric draw reached 2**52 (probability < 2**-128): retry.")
+    return g.astype(np.int64)
 
 
 def discrete_laplace_integers(a, shape, rng):
@@ -121,7 +173,9 @@ def laplace(values, eps, sensitivity=2.0, rng=None, sampler="discrete"):
 
     Raises:
         TypeError / ValueError: bad eps, sensitivity or sampler, or values
-            with NaN or infinity (named in the message).
+            with NaN or infinity (named in the message); for the discrete
+            sampler also an eps too small for it to be exact (see
+            `laplace_grid`) or values beyond 2**52 grid steps.
 
     Example:
         >>> noisy = laplace(probabilities, eps=10.0, sensitivity=2.0)
@@ -137,7 +191,13 @@ def laplace(values, eps, sensitivity=2.0, rng=None, sampler="discrete"):
     if sampler == "continuous":
         return x + rng.laplace(0.0, b, size=x.shape)
     gamma, _, a = laplace_grid(eps, sensitivity, x.shape[-1])
-    m = np.rint(x / gamma).astype(np.int64)
+    m = np.rint(x / gamma)
+    if np.any(np.abs(m) > _MAX_GEOMETRIC):
+        raise ValueError(f"`values` must lie within +-2**52 grid steps of 0 for the discrete "
+                         f"sampler (|value| <= {_MAX_GEOMETRIC * gamma:.6g} at eps={eps!r}, "
+                         f"sensitivity={sensitivity!r}); got a value of magnitude "
+                         f"{float(np.max(np.abs(x))):.6g}.")
+    m = m.astype(np.int64)
     return (m + discrete_laplace_integers(a, x.shape, rng)).astype(np.float64) * gamma
 
 

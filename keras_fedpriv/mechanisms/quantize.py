@@ -14,13 +14,19 @@ import math
 import dp_accounting
 from keras import ops
 
+import tensorflow as tf
+
 from keras_fedpriv.mechanisms.events import repeat_event
-from keras_fedpriv.mechanisms.random import below
-from keras_fedpriv.mechanisms.randomized_response import _noise, randomized_response_dp_event
+from keras_fedpriv.mechanisms.randomized_response import (
+    _noise,
+    flip_threshold,
+    randomized_response_dp_event,
+    realized_epsilon,
+)
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
 
 __all__ = ["quantize_keep_probability", "quantize_turn_on_probability", "quantize_rr",
-           "quantize_rr_dp_event"]
+           "quantize_rr_dp_event", "quantize_realized_epsilon"]
 
 
 def quantize_keep_probability(eps):
@@ -61,7 +67,10 @@ def quantize_rr(x, eps=None, *, seed=None, noise=None):
         (words,) = _noise(noise, ops.shape(x), seed)
         # Keeping a 1 with p = 1 - q and turning a 0 on with q is a flip with
         # probability q (one draw per coordinate).
-        bits = ops.logical_xor(bits, below(words, quantize_turn_on_probability(eps)))
+        # The flip threshold is binary RR's at eps/2: the probability q rounded up.
+        flip = tf.less(tf.cast(words, tf.uint32),
+                       tf.constant(flip_threshold(eps / 2.0), tf.uint32))
+        bits = ops.logical_xor(bits, flip)
     return ops.cast(bits, x.dtype)
 
 
@@ -69,10 +78,32 @@ def quantize_rr_dp_event(eps, num_coordinates):
     """DpEvent of `quantize_rr` on a ``num_coordinates``-dimensional vector.
 
     Each coordinate is binary RR at eps/2; the vector is their composition.
-    With ``eps=None`` (quantization only) the release is not private.
+    Each coordinate's event is built from the flip probability actually used
+    (``q`` rounded up to a multiple of 2**-32), so its epsilon is
+    `quantize_realized_epsilon(eps)`: at most eps/2, and ~22.18 for every
+    ``eps >= 44.4``. With ``eps=None`` (quantization only) the release is not
+    private.
     """
     eps = validate_eps(eps, allow_none=True)
     d = validate_positive_int(num_coordinates, "num_coordinates")
     if eps is None:
         return dp_accounting.NonPrivateDpEvent()
     return repeat_event(randomized_response_dp_event(eps / 2.0, 2), d)
+
+
+def quantize_realized_epsilon(eps):
+    """The epsilon each coordinate of `quantize_rr` at ``eps`` actually achieves.
+
+    Nominally ``eps / 2``; computed from the integer flip threshold in use,
+    it is ``realized_epsilon(eps / 2, 2)``: at most eps/2, and
+    ``log(2**32 - 1) ~= 22.18`` for every ``eps >= 44.4`` (a flip probability
+    cannot go below 2**-32). A d-dimensional vector is ``d`` times this value
+    by basic composition.
+
+    Args:
+        eps: the privacy parameter of `quantize_rr`, finite and >= 0.
+
+    Returns:
+        The realized per-coordinate epsilon (float).
+    """
+    return realized_epsilon(validate_eps(eps) / 2.0, 2)

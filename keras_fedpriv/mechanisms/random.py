@@ -25,12 +25,13 @@ integer thresholds (`probability_threshold`), so probabilities are exact to
 
 from __future__ import annotations
 
+import math
 import secrets
 
 import numpy as np
 import tensorflow as tf
 
-from keras_fedpriv.mechanisms.validation import validate_seed
+from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 
 __all__ = [
     "draw_secret",
@@ -38,6 +39,7 @@ __all__ = [
     "probability_threshold",
     "random_words",
     "secret_generator",
+    "SeededReleases",
     "words_from_ids",
     "seed_to_key_words",
     "uniform_words",
@@ -58,14 +60,88 @@ def draw_secret():
             return value
 
 
-def secret_generator(seed=None):
+_STREAM_TAG = 0x5EED5173  # separates (seed, stream) entropy from a plain int seed
+
+
+def secret_generator(seed=None, stream=None):
     """A numpy Generator keyed by ``seed``, or by a fresh 64-bit OS-entropy secret.
 
     For the mechanisms that run on the host in numpy (SignDS, Laplace,
     clip+Gaussian, MagRR's reports, auditing): never numpy's global RNG.
+
+    Args:
+        seed: None (a fresh secret from OS entropy; ``stream`` is then
+            ignored) or a non-negative int < 2**64.
+        stream: None, or the index n >= 0 of a release: the generator of
+            the n-th release is a pure function of ``(seed, n)`` (entropy
+            ``[seed, n]`` as fixed-width 32-bit words plus a tag, so no two
+            pairs collide). A seeded mechanism that keeps ``n`` in its state
+            continues its stream after a restore instead of replaying it
+            (`SeededReleases`).
+
+    Returns:
+        A `numpy.random.Generator`.
     """
     seed = validate_seed(seed)
-    return np.random.default_rng(draw_secret() if seed is None else seed)
+    if seed is None:
+        return np.random.default_rng(draw_secret())
+    if stream is None:
+        return np.random.default_rng(seed)
+    stream = validate_seed(stream, "stream")
+    return np.random.default_rng([seed & _MASK32, seed >> 32, stream & _MASK32, stream >> 32,
+                                  _STREAM_TAG])
+
+
+class SeededReleases:
+    """Mixin: the n-th release of a seeded host-side mechanism uses ``secret_generator(seed, n)``.
+
+    The host class sets ``self.seed`` and calls `_init_releases` in its
+    constructor; each release calls `_release_generator`. ``num_releases``
+    (n) is part of the class's ``state_dict``, so an object restored with
+    ``load_state_dict`` continues the stream with new noise. An object
+    rebuilt with ``from_config`` alone from a seeded config would restart at
+    n = 0 and replay the original's noise (XOR-ing or subtracting two
+    releases of the same data would cancel it), so it refuses to release
+    until ``load_state_dict`` is called. Unseeded objects draw a fresh
+    OS-entropy secret per release and never need state.
+    """
+
+    def _init_releases(self):
+        self.num_releases = 0
+        self._awaiting_state = False
+
+    def _mark_restored_from_config(self):
+        """Called by ``from_config``: a seeded copy must get its state before releasing."""
+        self._awaiting_state = self.seed is not None
+
+    def _release_generator(self):
+        """The generator of the next release (and count it)."""
+        if getattr(self, "_awaiting_state", False):
+            raise RuntimeError(
+                f"This seeded {type(self).__name__} was rebuilt from its config without its "
+                f"state: its noise stream would restart at release 0 and replay the original's "
+                f"noise. Call load_state_dict(original.state_dict()) first (it carries the "
+                f"release counter), or construct it with a new seed (or seed=None).")
+        rng = secret_generator(self.seed, stream=None if self.seed is None else self.num_releases)
+        self.num_releases += 1
+        return rng
+
+    def _load_num_releases(self, state):
+        """Restore ``num_releases`` from a state dict.
+
+        Without the key the counter is kept, except on a seeded copy rebuilt
+        by ``from_config``, which has no position in its stream to keep.
+        """
+        if "num_releases" not in state:
+            if getattr(self, "_awaiting_state", False):
+                raise ValueError(
+                    f"`state` must hold 'num_releases' for a seeded {type(self).__name__} "
+                    f"rebuilt from its config: without it the copy would replay the noise of "
+                    f"the original's releases; got keys {sorted(state)}.")
+            return
+        self.num_releases = validate_positive_int(state["num_releases"],
+                                                  "state['num_releases']", minimum=0)
+        self._awaiting_state = False
 
 
 def seed_to_key_words(seed):
@@ -179,22 +255,51 @@ def uniform_words(shape, seed=None):
 
 
 def probability_threshold(p):
-    """Integer threshold T with P(word < T) = T / 2**32 ~= p for uniform uint32 words.
+    """Integer threshold T with P(word < T) = T / 2**32 >= p for uniform uint32 words.
 
-    ``p`` must be in [0, 1). The error is below 2**-32.
+    The threshold is rounded UP (``ceil(p * 2**32)``), the safe direction for
+    the probability of a flip or a move: the realized probability
+    ``T / 2**32`` exceeds ``p`` by less than 2**-32 and is never 0 for
+    ``p > 0`` (rounding down would turn a flip probability below 2**-32 into
+    "never flip", i.e. no privacy at all).
+
+    Args:
+        p: probability in [0, 1).
+
+    Returns:
+        An int in [0, 2**32 - 1].
+
+    Raises:
+        ValueError: if ``p`` is outside [0, 1), or so close to 1 that the
+            rounded threshold would be 2**32 (an event that always happens).
     """
     p = float(p)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"probability must be in [0, 1); got {p!r}")
-    return min(int(p * 2.0**32), _MASK32)
+    threshold = math.ceil(p * 2.0**32)  # exact: p * 2**32 only shifts the exponent
+    if threshold > _MASK32:
+        raise ValueError(f"probability {p!r} is within 2**-32 of 1: rounded up to a multiple "
+                         f"of 2**-32 it would be 1 (always); use a probability <= 1 - 2**-32.")
+    return threshold
 
 
 def below(words, p):
-    """Boolean tensor: ``words < threshold(p)``, i.e. an event of probability p."""
+    """Boolean tensor: ``words < probability_threshold(p)``, an event of probability ``>= p``.
+
+    The realized probability is ``probability_threshold(p) / 2**32`` (``p``
+    rounded up to a multiple of 2**-32).
+    """
     return tf.less(tf.cast(words, tf.uint32), tf.constant(probability_threshold(p), tf.uint32))
 
 
 def uniform_index(words, n):
-    """Map uniform uint32 words to integers in [0, n) (bias below n / 2**32)."""
+    """Map uniform uint32 words to integers in [0, n) by multiply-shift.
+
+    ``floor(word * n / 2**32)``: index j gets ``floor(2**32 / n)`` or
+    ``ceil(2**32 / n)`` words, so the indices are uniform only up to a
+    relative error below ``n / 2**32`` (exactly uniform when n is a power of
+    two). Randomized response does not use it for the move to another class,
+    which must be exactly uniform (see `randomized_response`).
+    """
     product = tf.cast(words, tf.uint64) * tf.cast(n, tf.uint64)
     return tf.cast(tf.bitwise.right_shift(product, tf.constant(32, tf.uint64)), tf.int32)

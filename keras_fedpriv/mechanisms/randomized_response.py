@@ -15,21 +15,46 @@ formulas are those of ALGORITHMS.md section 1:
 
 Probabilities are computed with ``exp(-eps)`` so that large eps never
 overflows.
+
+**Realized epsilon.** The mechanisms compare uniform 32-bit words with
+integer thresholds, so the probabilities actually used are multiples of
+2**-32 (keep) and 2**-64 (each other class), not the real numbers above. The
+keep threshold is the largest integer whose exact output distribution is
+eps-DP (a keep probability rounds DOWN, a flip or move probability UP), and a
+move picks the other class by exact division of a second word into equal
+buckets (the few remainder words keep the true class, which the threshold
+accounts for), so every other class has exactly the same probability and the
+realized mechanism is exactly k-ary randomized response. Its epsilon,
+`realized_epsilon`, is at most ``eps`` and is what the DpEvents report.
+Two consequences:
+
+* for large eps the realized epsilon saturates: a move probability cannot go
+  below 2**-32, so binary RR at any ``eps >= 22.2`` is realized at
+  ``log(2**32 - 1) ~= 22.18`` (more private than asked; the DpEvent says
+  22.18, and `realized_epsilon` tells the caller). No eps ever yields
+  "never move";
+* for ``eps`` below about ``K * 2**-32`` with ``K - 1`` not a power of two, no
+  multiple of 2**-32 realizes the exact distribution and the realized
+  epsilon can exceed ``eps`` by at most about ``K * 2**-32`` (e.g. eps = 0
+  over K = 3 classes is realized at ~1e-9); the DpEvent reports that value.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from fractions import Fraction
 
 import dp_accounting
 from keras import ops
 import tensorflow as tf
 
-from keras_fedpriv.mechanisms.random import below, uniform_index, uniform_words
+from keras_fedpriv.mechanisms.random import uniform_index, uniform_words
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
 
 __all__ = [
     "flip_probability",
+    "flip_threshold",
     "keep_probability",
     "other_probability",
     "binary_randomized_response",
@@ -37,7 +62,11 @@ __all__ = [
     "rr_with_prior",
     "rr_with_prior_k",
     "randomized_response_dp_event",
+    "realized_epsilon",
+    "rr_with_prior_dp_event",
 ]
+
+_WORDS = 2**32  # outcomes of one uniform uint32 word
 
 
 def flip_probability(eps):
@@ -62,21 +91,172 @@ def other_probability(eps, num_classes):
     return t / (1.0 + (k - 1) * t)
 
 
+def _move_buckets(num_classes):
+    """``(S, R)``: a move word picks other class ``word // S``; the ``R`` words above keep."""
+    return divmod(_WORDS, num_classes - 1)
+
+
+def _kary_weights(keep_threshold, num_classes):
+    """Exact probabilities of k-ary RR with this keep threshold, in units of 2**-64.
+
+    Returns ``(keep, other)``: the probability of outputting the true class
+    and of each particular other class, times 2**64 (integers).
+    """
+    s, r = _move_buckets(num_classes)
+    moved = _WORDS - keep_threshold
+    return keep_threshold * _WORDS + moved * r, moved * s
+
+
+def _log_ratio(num, den):
+    """``log(num / den)`` for positive integers, accurate also when the ratio is ~1."""
+    if den == 0:
+        return math.inf
+    return math.log1p(float(Fraction(num - den, den)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _keep_threshold(eps, num_classes):
+    """The keep threshold of k-ary RR: the largest T whose exact distribution is eps-DP.
+
+    T is the largest integer in [0, 2**32) with ``log(keep / other) <= eps``
+    for the exact weights of `_kary_weights` (T = 2**32, "never move", has
+    ``other = 0`` and is never chosen). Starts from the float solution of
+    ``keep / other = e^eps`` and corrects it by exact integer comparisons.
+    """
+    k = num_classes
+    if k == 1:
+        return _WORDS  # one candidate: the output is that candidate, whatever the label
+    t = math.exp(-eps)
+    s, r = _move_buckets(k)
+    # keep / other = e^eps  <=>  T = 2**32 (S - R t) / ((2**32 - R) t + S)
+    estimate = _WORDS * (s - r * t) / ((_WORDS - r) * t + s)
+    threshold = min(max(int(estimate), 0), _WORDS - 1)  # a start for the search below
+
+    def log_ratio(th):
+        return _log_ratio(*_kary_weights(th, k))
+
+    while threshold < _WORDS - 1 and log_ratio(threshold + 1) <= eps:
+        threshold += 1
+    while threshold > 0 and log_ratio(threshold) > eps:
+        threshold -= 1
+    return threshold
+
+
+def _kary_realized(eps, num_classes):
+    """``(realized eps, keep, other)`` of k-ary RR at ``eps`` (weights in units of 2**-64)."""
+    keep, other = _kary_weights(_keep_threshold(eps, num_classes), num_classes)
+    return abs(_log_ratio(keep, other)), keep, other
+
+
+def _rr_with_prior_realized(eps, num_classes):
+    """Realized eps of RR-with-prior over ``num_classes``: the worst candidate-set size.
+
+    A candidate set of k* classes runs k*-ary RR; a label outside the set gets
+    `uniform_index` over the k* (``floor`` or ``ceil(2**32 / k*)`` words per
+    class). Neighbouring labels share the prior, hence k*, so the realized
+    eps is the max over k* = 2..K of the largest log-ratio between the
+    probabilities of one output under two labels (inside: keep or other;
+    outside: the uniform's smallest and largest bucket).
+    """
+    worst = 0.0
+    for k in range(2, num_classes + 1):
+        eps_k, keep, other = _kary_realized(eps, k)
+        worst = max(worst, eps_k)
+        if k < num_classes:  # a label can be outside the set
+            low = (_WORDS // k) * _WORDS
+            high = -(-_WORDS // k) * _WORDS
+            worst = max(worst, _log_ratio(max(keep, high), min(other, low)))
+    return worst
+
+
+def realized_epsilon(eps, num_classes=2, *, with_prior=False):
+    """The epsilon that randomized response at ``eps`` actually achieves.
+
+    Computed from the integer thresholds the mechanisms use (the exact output
+    distribution), not from the formula. It is at most ``eps`` (up to about
+    ``K * 2**-32`` below eps ~ ``K * 2**-32`` when ``K - 1`` is not a power
+    of two, see the module docstring) and saturates for large eps: binary RR
+    is realized at ``log(2**32 - 1) ~= 22.18`` for every ``eps >= 22.2``.
+
+    Args:
+        eps: the nominal privacy parameter, finite and >= 0.
+        num_classes: K >= 2; 2 is `binary_randomized_response` (and MagRR's
+            reports), K is `kary_randomized_response` over K classes.
+        with_prior: the realized eps of `rr_with_prior` over K classes (the
+            worst candidate-set size k* = 2..K) instead of K-ary RR.
+
+    Returns:
+        The realized epsilon (float).
+
+    Example:
+        >>> realized_epsilon(100.0)  # binary RR: a flip probability of 2**-32
+        22.18070977...
+    """
+    eps = validate_eps(eps)
+    k = validate_positive_int(num_classes, "num_classes", minimum=2)
+    if with_prior:
+        return _rr_with_prior_realized(eps, k)
+    return _kary_realized(eps, k)[0]
+
+
+def _rr_event(realized, keep, other, k):
+    """RR event of exact weights, or the RR at the same eps when keep < other."""
+    if keep >= other:
+        # P(other) = a / K exactly: a = K * other / 2**64 (<= 1 since keep >= other).
+        a = float(Fraction(k * other, _WORDS * _WORDS))
+    else:
+        # Keep below other (eps ~ 0 only): not of dp-accounting's form; the K-ary RR
+        # with the same probability ratio dominates it (its hockey-stick divergence is
+        # (e^eps - e^x) / (K - 1 + e^eps) against (e^eps - e^x) / (1 + (K - 1) e^eps)).
+        a = k / (k - 1 + math.exp(realized))
+    return dp_accounting.RandomizedResponseDpEvent(noise_parameter=a, num_buckets=k)
+
+
 def randomized_response_dp_event(eps, num_buckets=2):
     """The `dp_accounting` event of eps-randomized response over ``num_buckets``.
 
     dp_accounting parametrizes RR by the probability ``a`` of answering with a
-    uniform bucket: ``P(keep) = 1 - a + a / K``. Solving
-    ``P(keep) = e^eps / (K - 1 + e^eps)`` gives ``a = K / (K - 1 + e^eps)``.
+    uniform bucket: ``P(keep) = 1 - a + a / K``, ``P(each other) = a / K``.
+    The event is built from the probabilities the mechanism actually uses
+    (integer thresholds, see `realized_epsilon`), so it is exact: its epsilon
+    ``log((1 - a + a / K) / (a / K))`` is `realized_epsilon(eps, K)`, at most
+    ``eps`` and ~22.18 (binary) for every eps >= 22.2. With the real numbers
+    it would be ``a = K / (K - 1 + e^eps)``. Only for eps ~ 0 with ``K - 1``
+    not a power of two can the realized keep probability fall a hair below
+    the others'; the event is then the K-ary RR with the same ratio, which
+    dominates the mechanism.
     Compose it with a PLD accountant whose neighbouring relation is
     ``REPLACE_ONE`` (label DP and local DP replace one value).
     """
     eps = validate_eps(eps)
     k = validate_positive_int(num_buckets, "num_buckets", minimum=2)
-    t = math.exp(-eps)
+    realized, keep, other = _kary_realized(eps, k)
+    return _rr_event(realized, keep, other, k)
+
+
+def rr_with_prior_dp_event(eps, num_classes):
+    """A `dp_accounting` event that dominates `rr_with_prior` over ``num_classes``.
+
+    RR-with-prior runs k*-ary RR with a k* that depends on the prior, so no
+    single K-ary RR event is exact; binary RR at the realized epsilon
+    (`realized_epsilon(eps, K, with_prior=True)`) dominates every mechanism
+    with that pure epsilon (Kairouz, Oh, Viswanath 2015).
+    """
+    eps = validate_eps(eps)
+    k = validate_positive_int(num_classes, "num_classes", minimum=2)
+    realized = _rr_with_prior_realized(eps, k)
     return dp_accounting.RandomizedResponseDpEvent(
-        noise_parameter=k * t / (1.0 + (k - 1) * t), num_buckets=k
-    )
+        noise_parameter=2.0 / (1.0 + math.exp(realized)), num_buckets=2)
+
+
+def flip_threshold(eps):
+    """Word threshold of the binary flip (``word < T`` flips): ``2**32 - keep threshold``.
+
+    Binary RR and `quantize_rr` flip with probability ``T / 2**32``: the flip
+    probability ``1 / (1 + e^eps)`` rounded up, exactly the K = 2 case of
+    k-ary RR. Always >= 1.
+    """
+    return _WORDS - _keep_threshold(validate_eps(eps), 2)
 
 
 def _noise(noise, shape, seed, count=1):
@@ -100,7 +280,9 @@ def binary_randomized_response(bits, eps, *, seed=None, noise=None):
         noise: optional uint32 words of the shape of ``bits`` (overrides seed).
 
     Returns:
-        Tensor of the shape and dtype of ``bits`` with values in {0, 1}.
+        Tensor of the shape and dtype of ``bits`` with values in {0, 1}. The
+        realized flip probability is ``flip_threshold(eps) / 2**32`` (see
+        `realized_epsilon`).
 
     Example:
         >>> y = binary_randomized_response(np.array([0, 1, 1]), eps=1.0, seed=7)
@@ -108,18 +290,21 @@ def binary_randomized_response(bits, eps, *, seed=None, noise=None):
     eps = validate_eps(eps)
     bits = ops.convert_to_tensor(bits)
     (words,) = _noise(noise, ops.shape(bits), seed)
-    flip = below(words, flip_probability(eps))
+    flip = tf.less(tf.cast(words, tf.uint32), tf.constant(flip_threshold(eps), tf.uint32))
     out = ops.logical_xor(ops.greater(bits, 0), flip)
     return ops.cast(out, bits.dtype)
 
 
 def _keep_thresholds(max_k, eps):
-    """uint64 table: entry k-1 is the word threshold of P(keep) for k candidates."""
-    t = math.exp(-eps)
-    return ops.convert_to_tensor(
-        [min(int(2.0**32 / (1.0 + (k - 1) * t)), 2**32) for k in range(1, max_k + 1)],
-        dtype="uint64",
-    )
+    """uint64 tables for k = 1..max_k candidates: keep thresholds and move bucket sizes.
+
+    Entry k-1 of the first is `_keep_threshold` (rounded down: never "never
+    move"), of the second ``S = 2**32 // (k - 1)``, the number of move words
+    per other class (2**32 for k = 1, where nothing moves).
+    """
+    keep = [_keep_threshold(eps, k) for k in range(1, max_k + 1)]
+    sizes = [_WORDS] + [_move_buckets(k)[0] for k in range(2, max_k + 1)]
+    return ops.convert_to_tensor(keep, dtype="uint64"), ops.convert_to_tensor(sizes, dtype="uint64")
 
 
 def _rr_on_ranks(rank_y, k, max_k, keep_words, other_words, eps):
@@ -131,14 +316,19 @@ def _rr_on_ranks(rank_y, k, max_k, keep_words, other_words, eps):
     """
     k = ops.cast(k, "int32")
     rank_y = ops.cast(rank_y, "int32")
-    threshold = ops.take(_keep_thresholds(max_k, eps), k - 1)
+    keep_table, size_table = _keep_thresholds(max_k, eps)
+    threshold = tf.gather(keep_table, k - 1)
+    size = tf.gather(size_table, k - 1)
     # tf.less, not ops.less: Keras' dtype promotion turns uint64 into uint32
     # and wraps a threshold of 2**32 to 0 (found by the eps=40 frequency test).
     keep = tf.less(tf.cast(keep_words, tf.uint64), threshold)
+    # A move goes to other rank word // S: every other rank gets exactly S words;
+    # the R = 2**32 mod (k - 1) words above (k - 1) * S keep the true rank
+    # (accounted for in the keep threshold).
+    other = tf.cast(tf.math.floordiv(tf.cast(other_words, tf.uint64), size), tf.int32)
+    keep = ops.logical_or(keep, ops.greater_equal(other, k - 1))
     inside = ops.greater_equal(rank_y, 0)
-    # Inside and not kept: uniform over the k - 1 other ranks. Outside the
-    # set: uniform over all k ranks.
-    other = uniform_index(other_words, ops.maximum(k - 1, 1))
+    # Inside and not kept: the k - 1 other ranks. Outside the set: uniform over all k ranks.
     other = other + ops.cast(ops.greater_equal(other, rank_y), "int32")
     uniform_all = uniform_index(other_words, k)
     return ops.where(inside, ops.where(keep, rank_y, other), uniform_all)
@@ -148,7 +338,9 @@ def kary_randomized_response(class_ids, num_classes, eps, *, seed=None, noise=No
     """k-ary randomized response on integer class ids.
 
     Keeps the class with ``e^eps / (K - 1 + e^eps)`` and moves to each other
-    class with ``1 / (K - 1 + e^eps)``.
+    class with ``1 / (K - 1 + e^eps)``, up to the rounding to integer word
+    thresholds (see `realized_epsilon`: the realized distribution is exactly
+    K-ary RR at ``realized_epsilon(eps, K) <= eps``).
 
     Args:
         class_ids: integer tensor with values in [0, num_classes).

@@ -34,7 +34,7 @@ import numbers
 
 import numpy as np
 
-from keras_fedpriv.mechanisms.randomized_response import randomized_response_dp_event
+from keras_fedpriv.mechanisms.events import pure_dp_event
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
 
 __all__ = [
@@ -526,13 +526,18 @@ def signds_dp_event(eps):
     dominated by that of binary eps-randomized response (Kairouz, Oh and
     Viswanath, "The composition theorem for differential privacy", ICML 2015),
     and composing dominating pairs dominates the composition. So the event of
-    binary eps-RR, ``randomized_response_dp_event(eps, 2)``, is a valid upper
+    binary eps-RR is a valid upper
     bound here, and composing it over rounds (e.g. with a PLD accountant and
     ``REPLACE_ONE``) gives a valid, if possibly loose, bound for repeated
     SignDS releases. The sign is a fair coin independent of the data and
     costs nothing.
 
+    The event is binary RR at exactly ``eps`` (`pure_dp_event`), not the
+    thresholded randomized response of this package as realized (whose eps
+    is capped near 22.18): SignDS samples with floats in log space and is
+    ``eps``-DP at the full ``eps``.
+
     Args:
         eps: the per-release privacy parameter (finite, >= 0).
     """
-    return randomized_response_dp_event(validate_eps(eps), 2)
+    return pure_dp_event(validate_eps(eps))

@@ -31,7 +31,7 @@ import numpy as np
 
 from keras_fedpriv.mechanisms import signds as _signds
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger
-from keras_fedpriv.mechanisms.random import secret_generator
+from keras_fedpriv.mechanisms.random import SeededReleases
 from keras_fedpriv.mechanisms.validation import (
     config_with_seed,
     validate_eps,
@@ -168,7 +168,7 @@ def _threshold(d, k, h, eps):
     return _signds.optimal_threshold(d, k, h, eps)
 
 
-class SignDSEncoder:
+class SignDSEncoder(SeededReleases):
     """Client-side SignDS encoder: a flat update -> a `SignDSMessage`.
 
     Args:
@@ -187,8 +187,13 @@ class SignDSEncoder:
             value (or None) to lift it. Ignored when ``dim_out`` is non-zero.
         seed: None (a fresh 64-bit secret from OS entropy, not stored in
             `get_config`) or a non-negative integer for reproducible
-            messages. All randomness (the sign, ``t``, the indices) comes from
-            a numpy Generator seeded with it, never from numpy's global RNG.
+            messages. All randomness (the sign, ``t``, the indices) of the
+            n-th message comes from ``secret_generator(seed, stream=n)``,
+            never from numpy's global RNG. n is `state_dict`'s
+            ``num_releases``: a copy restored with `load_state_dict`
+            continues with new randomness, and a seeded copy rebuilt by
+            `from_config` alone refuses to encode until its state is loaded
+            (it would replay the original's messages).
 
     The index set of each message is ``eps``-LDP; `dp_event` gives the event
     to compose over rounds.
@@ -208,7 +213,7 @@ class SignDSEncoder:
         self.dim_out = int(dim_out)
         self.max_dim_out = validate_positive_int(max_dim_out, "max_dim_out", allow_none=True)
         self.seed = validate_seed(seed)
-        self._rng = secret_generator(self.seed)
+        self._init_releases()
         self._warned = set()
         self._ledger = ReleaseLedger()
 
@@ -266,8 +271,9 @@ class SignDSEncoder:
         k = self._num_topk(d, stacklevel=4)  # warns at the caller of encode()
         h = self._output_dim(d, k)
         thr = _threshold(d, k, h, self.eps)
-        sign = 1 if self._rng.integers(0, 2) else -1
-        indices, topk_mean = _signds._select_indices(flat, k, h, self.eps, thr, sign, self._rng)
+        rng = self._release_generator()
+        sign = 1 if rng.integers(0, 2) else -1
+        indices, topk_mean = _signds._select_indices(flat, k, h, self.eps, thr, sign, rng)
         message = SignDSMessage(sign=sign, indices=indices, dim=d, num_examples=num_examples)
         self._ledger.record(self._release_kind(), units=None if client_id is None else [client_id])
         return message, topk_mean
@@ -327,7 +333,27 @@ class SignDSEncoder:
 
     @classmethod
     def from_config(cls, config):
-        return cls(**config)
+        """Rebuild from `get_config`; a seeded copy encodes only after `load_state_dict`."""
+        encoder = cls(**config)
+        encoder._mark_restored_from_config()
+        return encoder
+
+    def state_dict(self):
+        """``{"num_releases": n}``: the number of messages encoded so far (no randomness)."""
+        return {"num_releases": int(self.num_releases)}
+
+    def load_state_dict(self, state):
+        """Restore a `state_dict`, so that a seeded copy continues its stream.
+
+        Raises:
+            TypeError: ``state`` is not a dict.
+            ValueError: a bad ``num_releases``, or none for a seeded copy
+                rebuilt by `from_config`.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"`state` must be a dict from SignDSEncoder.state_dict(); got "
+                            f"{type(state).__name__}.")
+        self._load_num_releases(state)
 
     def __repr__(self):
         return (f"SignDSEncoder(k={self.k!r}, eps={self.eps!r}, thr_ratio={self.thr_ratio!r}, "

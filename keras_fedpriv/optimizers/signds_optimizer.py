@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 import numpy as np
 
@@ -156,6 +158,19 @@ class SignDS(keras.optimizers.Optimizer):
         self._round.clear()
         return message
 
+    def discard_round(self):
+        """End the round without a message: the weights go back to the round's start.
+
+        Nothing of the un-uploaded (and un-noised) local update stays in the
+        weights, so saving or sharing the model afterwards reveals nothing
+        beyond the messages already sent. No-op outside a round.
+        """
+        if not self.in_round:
+            return
+        for v, value in zip(self._round.variables, self._round.start):
+            v.assign(value)
+        self._round.clear()
+
     def get_config(self):
         return {
             "name": self.name,
@@ -168,7 +183,9 @@ class SignDS(keras.optimizers.Optimizer):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"),
                                                       custom_objects=custom_objects)
-        encoder = SignDSEncoder(**config.pop("encoder"))
+        # A seeded encoder rebuilt from its config encodes only after
+        # optimizer.encoder.load_state_dict(...) (see SignDSEncoder.from_config).
+        encoder = SignDSEncoder.from_config(config.pop("encoder"))
         return cls(inner, encoder=encoder, **config)
 
 
@@ -179,7 +196,11 @@ class SignDSRounds(keras.callbacks.Callback):
     round the callback calls ``optimizer.end_round()``, passes the message to
     ``on_message`` (your upload function), logs ``upload_bytes`` and
     ``upload_indices`` for that epoch, and starts the next round. Epochs after
-    the last full round are not uploaded.
+    the last full round (when ``epochs`` is not a multiple of
+    ``epochs_per_round``) are not uploaded, and at the end of training their
+    update is discarded with a warning: the weights go back to the start of
+    that partial round, so the model never holds a plain, un-noised local
+    update.
 
     Args:
         epochs_per_round: local epochs per round (>= 1).
@@ -206,10 +227,13 @@ class SignDSRounds(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._optimizer().begin_round(self.model.trainable_variables)
+        self._epochs_in_round = 0
 
     def on_epoch_end(self, epoch, logs=None):
+        self._epochs_in_round = getattr(self, "_epochs_in_round", 0) + 1
         if (epoch + 1) % self.epochs_per_round:
             return
+        self._epochs_in_round = 0
         opt = self._optimizer()
         message = opt.end_round(self.server_lr)
         if logs is not None:
@@ -222,4 +246,15 @@ class SignDSRounds(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         opt = self.model.optimizer
         if isinstance(opt, SignDS) and opt.in_round:
-            opt._round.clear()  # partial round: nothing uploaded
+            # Partial round: nothing uploaded, and its plain update must not stay
+            # in the weights.
+            discarded = getattr(self, "_epochs_in_round", 0)
+            opt.discard_round()
+            if discarded:
+                warnings.warn(
+                    f"SignDSRounds: training ended {discarded} epoch(s) into a round of "
+                    f"{self.epochs_per_round}; that partial round was not uploaded and its "
+                    f"local update was discarded (the weights are back at the round's start). "
+                    f"Use a number of epochs that is a multiple of epochs_per_round to use "
+                    f"every epoch.", stacklevel=2)
+            self._epochs_in_round = 0

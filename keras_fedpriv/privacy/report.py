@@ -42,7 +42,7 @@ import math
 import dp_accounting
 import keras
 
-from keras_fedpriv.mechanisms.events import pure_epsilon
+from keras_fedpriv.mechanisms.events import pure_dp_event, pure_epsilon
 from keras_fedpriv.mechanisms.ledger import (
     CLIENT,
     EXAMPLE,
@@ -103,9 +103,7 @@ def _rdp_event(event):
     eps = pure_epsilon(event)
     if eps is None:
         raise ValueError(f"privacy_report: the RDP accountant cannot take {event!r}.")
-    t = math.exp(-eps)  # binary RR at exactly eps: P(uniform answer) = 2 t / (1 + t)
-    return (dp_accounting.RandomizedResponseDpEvent(noise_parameter=2 * t / (1 + t),
-                                                    num_buckets=2),
+    return (pure_dp_event(eps),
             f"{type(event).__name__} entered the RDP accountant as binary randomized response "
             f"at its eps {eps:.4g} (dominates every eps-DP mechanism)")
 
