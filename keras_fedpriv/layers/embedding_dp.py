@@ -1,4 +1,4 @@
-"""EmbeddingDPLayer: one-bit quantization + randomized response (seed 001)."""
+"""EmbeddingDPLayer: one-bit quantization + randomized response."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_fedpriv.layers import input_checks
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.mechanisms.quantize import quantize_rr, quantize_rr_dp_event
 from keras_fedpriv.mechanisms.validation import validate_eps
@@ -14,7 +15,7 @@ STE_MODES = ("identity", "hardtanh")
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
-class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
+class EmbeddingDPLayer(SecretRandomMixin, input_checks.InputErrorFlagMixin, keras.layers.Layer):
     """Protect the embedding a follower sends: one-bit quantization + RR.
 
     Forward: ``B = 1 if x > 0 else 0``; with ``eps`` set, each coordinate of
@@ -29,6 +30,15 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
     x and leaks the very embedding it protects. Here the output is
     ``dp(x) + (g(x) - stop_gradient(g(x)))``, whose second term is exactly 0
     for finite x while its gradient is g'(x).
+
+    Non-finite inputs (NaN, inf): eagerly a ValueError naming the first
+    offending index and that value only (Keras' "Arguments received" dump
+    is suppressed); in a traced graph a `tf.debugging` check. Under XLA
+    (``jit_compile=True``) that check is compiled away: such coordinates are
+    quantized as 0 (then randomized as usual), the straight-through term is
+    0 there, so the output stays exactly 0.0 / 1.0, and the layer counts the
+    event; `check_input_errors()` raises it on the host (`VerticalModel`
+    calls it after every step).
 
     Backward (straight-through): ``ste="identity"`` passes the upstream
     gradient unchanged (g(x) = x); ``ste="hardtanh"`` zeroes it where
@@ -53,6 +63,7 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
     """
 
     _rng_salt = 0x454D4244  # "EMBD"
+    _input_error_reasons = ("non-finite embedding values (NaN or inf)",)
 
     def __init__(self, eps=None, seed=None, at_inference=True, ste="identity", **kwargs):
         super().__init__(**kwargs)
@@ -64,6 +75,7 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
         self.at_inference = at_inference
         self.ste = ste
         self._init_rng(seed)
+        self._init_input_errors()
         self._convert_input_args = False  # keep the input's dtype (no autocast)
         self._allow_non_tensor_positional_args = True
         self._num_coordinates = None
@@ -85,13 +97,15 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
+    @input_checks.private_errors
     def call(self, inputs, training=None):
         x = tf.convert_to_tensor(inputs)
         self._record_shape(x.shape)
         if not x.dtype.is_floating:
             raise TypeError(f"EmbeddingDPLayer: inputs must be a floating tensor; got dtype "
                             f"{x.dtype.name}.")
-        if tf.executing_eagerly():
+        eager = tf.executing_eagerly()
+        if eager:
             bad = ~np.isfinite(x.numpy())
             if bad.any():
                 index = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -99,6 +113,7 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
                                  f"value(s) (NaN or inf), first at index {index}: "
                                  f"{x.numpy()[index]!r}.")
         else:
+            finite = tf.math.is_finite(x)
             x = tf.debugging.assert_all_finite(
                 x, "EmbeddingDPLayer: the embedding has NaN or inf values")
         randomize = self.eps is not None and (bool(training) or self.at_inference)
@@ -108,7 +123,15 @@ class EmbeddingDPLayer(SecretRandomMixin, keras.layers.Layer):
             noisy = quantize_rr(x, None)
         g = x if self.ste == "identity" else tf.clip_by_value(x, -1.0, 1.0)
         # Exactly zero for finite x, gradient g'(x): the output stays 0.0 / 1.0.
-        return noisy + (g - tf.stop_gradient(g))
+        straight_through = g - tf.stop_gradient(g)
+        if not eager:
+            # Where the finiteness check is compiled away (XLA), NaN - NaN
+            # would put NaN in the output: zero the term there instead.
+            straight_through = tf.where(finite, straight_through, tf.zeros_like(x))
+            count = self._count_input_errors([tf.logical_not(tf.reduce_all(finite))], deps=[x])
+            with tf.control_dependencies([count]):
+                straight_through = tf.identity(straight_through)
+        return noisy + straight_through
 
     def dp_event(self, num_coordinates=None):
         """dp_accounting event of one release of one example's embedding."""
