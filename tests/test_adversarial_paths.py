@@ -283,3 +283,55 @@ def test_embedding_error_does_not_dump_the_embedding():
         text = str(info.value)
         assert "(700, 2)" in text and "non-finite" in text
         assert "12345" not in text and "Arguments received" not in text
+
+
+# --------------------------------------------------------------------------- case 11
+
+_SERVE = """
+import sys, numpy as np, tensorflow as tf
+loaded = tf.saved_model.load(sys.argv[1])
+serve = tf.function(loaded.serve, jit_compile=True)
+out = serve(tf.ones((8, 6))).numpy()
+print("BITS=" + "".join(str(int(b)) for b in out.reshape(-1)))
+"""
+
+
+def test_unseeded_export_gets_a_fresh_key_in_every_serving_process(tmp_path):
+    """Case 11: two serving processes of one unseeded export (XLA-compiled serving
+    function) must not send the same noise."""
+    import subprocess
+    import sys
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(64),
+                              kf.EmbeddingDPLayer(0.0, name="edp")])
+    path = os.path.join(tmp_path, "sm")
+    model.export(path, verbose=False)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kf.__file__)))
+    env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="3")
+    outs = []
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", _SERVE, path], env=env, capture_output=True,
+                             text=True, timeout=300, check=True)
+        bits = [line for line in run.stdout.splitlines() if line.startswith("BITS=")][0][5:]
+        outs.append(np.array([int(c) for c in bits]))
+    assert outs[0].size == 8 * 64
+    assert np.mean(outs[0] != outs[1]) > 0.3  # eps=0: independent fair coins differ half the time
+
+
+def test_unseeded_export_key_is_set_at_load(tmp_path):
+    """Case 11: the loaded key is set (flag 1, fresh words) before any call, differs per
+    load, and a seeded export keeps its key."""
+    for seed in (None, 99):
+        layer = kf.EmbeddingDPLayer(0.0, seed=seed, name="edp")
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(64), layer])
+        path = os.path.join(tmp_path, f"sm_{seed}")
+        model.export(path, verbose=False)
+        keys = []
+        for _ in range(2):
+            loaded = tf.saved_model.load(path)
+            keys.append([v.numpy() for v in loaded._all_variables if "rng_key" in v.name][0])
+        if seed is None:
+            assert keys[0][2] == 1 and keys[1][2] == 1
+            assert not np.array_equal(keys[0][:2], keys[1][:2])
+        else:
+            np.testing.assert_array_equal(keys[0], layer.rng_key.numpy())
+            np.testing.assert_array_equal(keys[1], layer.rng_key.numpy())
