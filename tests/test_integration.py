@@ -349,4 +349,6 @@ def test_exported_saved_model_without_inference_noise_is_the_sign(tmp_path):
     full = os.path.join(tmp_path, "full")
     model.export(full, verbose=False)
     loaded_full = tf.saved_model.load(full)
-    np.testing.assert_array_equal(loaded_full.serve(x).numpy(), model(x, training=False).numpy())
+    # Bits identical (above); the top's floats come from another execution path (graph vs eager).
+    np.testing.assert_allclose(loaded_full.serve(x).numpy(), model(x, training=False).numpy(),
+                               rtol=1e-5, atol=1e-6)
