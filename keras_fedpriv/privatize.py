@@ -1,4 +1,4 @@
-"""Randomize a data set's labels once, before training (ALGORITHMS.md section 1)."""
+"""Randomize a data set's labels once, before training."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def privatize_labels(labels, eps, mode="auto", num_classes=None, prior=None, see
     return np.asarray(out).astype(array.dtype, copy=False)
 
 
-def privatize_dataset(dataset, eps, mode="auto", num_classes=None, seed=None, label_index=-1):
+def privatize_dataset(dataset, eps, mode="auto", num_classes=None, seed=None, label_key=None):
     """Randomize the labels of a `tf.data.Dataset` once per example.
 
     The dataset is enumerated and each label is randomized by a pure function
@@ -49,13 +49,19 @@ def privatize_dataset(dataset, eps, mode="auto", num_classes=None, seed=None, la
     (on unbatched elements in a fixed order): after a reshuffle the positions
     would name other examples and the labels would be re-randomized.
 
+    Which component holds the labels follows Keras' convention and is never
+    guessed: for elements ``(x, y)`` or ``(x, y, sample_weight)`` the labels
+    are ``y`` (position 1). Any other element structure (a dict, a tuple of
+    another length) needs ``label_key``.
+
     Args:
-        dataset: a dataset of tuples ``(features, labels)`` (or longer tuples;
-            ``label_index`` selects the label component). Elements are
-            single examples: labels of shape () / (1,) for binary or sparse,
-            (K,) for one-hot.
+        dataset: a dataset of single examples: tuples ``(features, labels)``
+            / ``(features, labels, sample_weight)``, or other tuples or dicts
+            together with ``label_key``. Labels have shape () / (1,) for
+            binary or sparse, (K,) for one-hot.
         eps, mode, num_classes, seed: as in `privatize_labels`.
-        label_index: position of the labels in each element tuple.
+        label_key: None (Keras' convention, position 1 of a 2- or 3-tuple),
+            an int position in a tuple element, or a key of a dict element.
 
     Returns:
         A dataset with the same element structure and randomized labels.
@@ -64,24 +70,57 @@ def privatize_dataset(dataset, eps, mode="auto", num_classes=None, seed=None, la
         >>> ds = tf.data.Dataset.from_tensor_slices((x, y))
         >>> ds = privatize_dataset(ds, eps=1.0).shuffle(1000).batch(32)
     """
-    layer = LabelDPLayer(eps, mode=mode, num_classes=num_classes, seed=seed)
     spec = dataset.element_spec
-    if not isinstance(spec, tuple):
-        raise TypeError("privatize_dataset: elements must be tuples such as (features, labels); "
-                        f"got element_spec {spec!r}.")
-    label_spec = spec[label_index]
+    key = _label_key(spec, label_key)
+    label_spec = spec[key]
+    if not isinstance(label_spec, tf.TensorSpec):
+        raise TypeError(f"privatize_dataset: the labels (component {key!r}) must be one tensor; "
+                        f"got {type(label_spec).__name__}.")
     rank = label_spec.shape.rank
     if rank not in (0, 1):
         raise ValueError("privatize_dataset: apply it to unbatched elements (labels of shape () "
                          f"or (K,)); got label shape {label_spec.shape}. Use .unbatch() first.")
+    layer = LabelDPLayer(eps, mode=mode, num_classes=num_classes, seed=seed)
+    is_dict = isinstance(spec, dict)
 
     def randomize(position, element):
-        element = list(element)
-        y = element[label_index]
+        element = dict(element) if is_dict else list(element)
+        y = element[key]
         batch = tf.reshape(y, [1, -1]) if rank == 1 else tf.reshape(y, [1])
         noisy = layer(batch, example_ids=tf.reshape(position, [1]), training=True)
-        element[label_index] = tf.reshape(noisy, tf.shape(y))
-        return tuple(element)
+        element[key] = tf.reshape(noisy, tf.shape(y))
+        return element if is_dict else tuple(element)
 
     return dataset.enumerate().map(randomize, num_parallel_calls=tf.data.AUTOTUNE,
                                    deterministic=True)
+
+
+def _label_key(spec, label_key):
+    """The position / key of the labels in elements of ``spec`` (never guessed)."""
+    if isinstance(spec, dict):
+        if label_key is None:
+            raise ValueError("privatize_dataset: the elements are dicts, so say which entry holds "
+                             f"the labels with `label_key` (one of {sorted(spec, key=str)}).")
+        if label_key not in spec:
+            raise ValueError(f"privatize_dataset: `label_key`={label_key!r} is not a key of the "
+                             f"elements; allowed: {sorted(spec, key=str)}.")
+        return label_key
+    if not isinstance(spec, tuple):
+        raise TypeError("privatize_dataset: elements must be tuples (features, labels[, "
+                        "sample_weight]) or dicts with `label_key`; got an element of type "
+                        f"{type(spec).__name__}.")
+    if label_key is None:
+        if len(spec) not in (2, 3):
+            raise ValueError(f"privatize_dataset: elements are tuples of {len(spec)} components; "
+                             "only (features, labels) and (features, labels, sample_weight) "
+                             "have a known label position. Pass `label_key` (the label's "
+                             "position).")
+        return 1
+    if isinstance(label_key, bool) or not isinstance(label_key, (int, np.integer)):
+        raise TypeError(f"privatize_dataset: `label_key` must be an int position for tuple "
+                        f"elements; got {label_key!r}.")
+    if not 0 <= int(label_key) < len(spec):
+        raise ValueError(f"privatize_dataset: `label_key`={int(label_key)} is out of range for "
+                         f"elements of {len(spec)} components; allowed: 0..{len(spec) - 1} "
+                         "(no negative positions).")
+    return int(label_key)

@@ -30,6 +30,7 @@ from keras_fedpriv.federated.messages import (
     StepMessages,
 )
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
+from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
 from keras_fedpriv.layers.label_dp import LabelDPLayer
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin, _LocalVariable
 from keras_fedpriv.mechanisms.ledger import EXAMPLE, ReleaseKind, ReleaseLedger, non_private_event
@@ -37,6 +38,11 @@ from keras_fedpriv.mechanisms.ledger import EXAMPLE, ReleaseKind, ReleaseLedger,
 __all__ = ["VerticalModel", "derive_party_seed"]
 
 _MESSAGES_KEY = "__keras_fedpriv_messages__"  # train_step output, removed before callbacks
+_SAMPLE_WEIGHT_REFUSAL = (
+    "VerticalModel.fit: `sample_weight` (or a third element of the data) with label_dp: sample "
+    "weights derived from the labels would reveal the true labels through the gradients sent "
+    "to the followers. Use class_weight= (applied to the randomized labels), or pass "
+    "label_free_sample_weight=True to fit if your weights do not depend on the labels.")
 _PARTY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
@@ -153,7 +159,13 @@ class VerticalModel(keras.Model):
         label_dp: None or a `LabelDPLayer` that the leader applies to the
             labels in each training step before the loss. Unless it was built
             with ``per_batch=True`` it needs ``"example_ids"`` in the inputs.
-            Never applied at evaluation or prediction.
+            Never applied at evaluation or prediction. With ``label_dp``,
+            ``fit(class_weight=...)`` weights each example by its
+            **randomized** label (Keras would weight by the true label before
+            ``train_step``, and the weighted gradients sent to the followers
+            would reveal it), and ``fit`` refuses sample weights unless
+            ``label_free_sample_weight=True`` says they do not depend on the
+            labels.
         **kwargs: `keras.Model` arguments (``name``, ...).
 
     Example:
@@ -202,6 +214,8 @@ class VerticalModel(keras.Model):
         self.unprotected_releases = _LocalVariable(
             np.zeros(len(self._followers) + 1, np.int64), trainable=False,
             name="unprotected_releases")
+        self._label_class_weight = None  # fit(class_weight=) with label_dp: applied in train_step
+        self._label_free_sample_weight = False
         self._build_protocol()
         self._check_disjoint_variables()
 
@@ -491,6 +505,63 @@ class VerticalModel(keras.Model):
                 "epoch: E epochs cost E * eps).")
         return self.label_dp(y, example_ids=ids, training=True)
 
+    def _label_dp_sample_weight(self, y_train, sample_weight):
+        """With label_dp: refuse label-derived sample weights; class weights from y_train."""
+        if self.label_dp is None:
+            return sample_weight
+        if sample_weight is not None and not self._label_free_sample_weight:
+            raise ValueError(_SAMPLE_WEIGHT_REFUSAL)
+        if self._label_class_weight is None or y_train is None:
+            return sample_weight
+        mode, k = self.label_dp._resolved
+        keys = sorted(self._label_class_weight)
+        if keys[-1] >= k:
+            raise ValueError(f"VerticalModel.fit: `class_weight` has the class {keys[-1]} but the "
+                             f"labels have {k} classes; allowed keys: 0..{k - 1}.")
+        table = np.ones(k, np.float32)
+        for c, w in self._label_class_weight.items():
+            table[c] = w
+        if mode == "onehot":
+            classes = tf.argmax(y_train, axis=-1)
+        else:
+            classes = tf.cast(tf.round(tf.cast(tf.reshape(y_train, [-1]), tf.float32)), tf.int32)
+        weights = tf.gather(tf.constant(table), classes)
+        if sample_weight is None:
+            return weights
+        sample_weight = tf.convert_to_tensor(sample_weight)
+        return sample_weight * tf.reshape(tf.cast(weights, sample_weight.dtype),
+                                          tf.shape(sample_weight))
+
+    @staticmethod
+    def _validate_class_weight(class_weight):
+        if not isinstance(class_weight, dict) or not class_weight:
+            raise TypeError("VerticalModel.fit: `class_weight` must be a non-empty dict class "
+                            f"index -> weight; got {type(class_weight).__name__}.")
+        out = {}
+        for c, w in class_weight.items():
+            if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0:
+                raise ValueError(f"VerticalModel.fit: `class_weight` keys must be class indices "
+                                 f"(integers >= 0); got {c!r}.")
+            if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(float(w)) or w < 0:
+                raise ValueError(f"VerticalModel.fit: `class_weight[{int(c)}]` must be a finite "
+                                 f"real >= 0; got {w!r}.")
+            out[int(c)] = float(w)
+        return out
+
+    def _input_flag_layers(self):
+        layers = [self.label_dp] + [self.protections[p] for p in self._followers]
+        return [layer for layer in layers if isinstance(layer, InputErrorFlagMixin)]
+
+    def check_input_errors(self):
+        """Raise if a protection layer met invalid inputs in a compiled (XLA) step.
+
+        Called after every train, test and predict step by the model's step
+        functions; see `LabelDPLayer.check_input_errors`.
+        """
+        for layer in self._input_flag_layers():
+            layer.check_input_errors()
+
     def _wire_bytes(self, party, sent):
         """(bytes up, bytes down) of one message of ``party`` (float64 scalars)."""
         rows = tf.cast(_rows(sent), tf.float64)
@@ -536,6 +607,7 @@ class VerticalModel(keras.Model):
         y_train = self._privatize_labels(y, ids)
         if self.label_dp is None and y is not None:
             self._count_unprotected(len(self._followers), _rows(tree.flatten(y)[0]))
+        sample_weight = self._label_dp_sample_weight(y_train, sample_weight)
         top_vars = list(self.top.trainable_variables)
         with tf.GradientTape() as leader_tape:
             for t in received.values():
@@ -621,8 +693,40 @@ class VerticalModel(keras.Model):
     # --- message capture ---------------------------------------------------------------
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
-            **kwargs):
-        """`keras.Model.fit`; `MessageCallback`\\ s among ``callbacks`` receive the messages."""
+            label_free_sample_weight=False, **kwargs):
+        """`keras.Model.fit`; `MessageCallback`\\ s among ``callbacks`` receive the messages.
+
+        With ``label_dp``: ``class_weight`` is applied inside ``train_step`` to
+        the randomized labels (not by Keras to the true labels), and sample
+        weights (the ``sample_weight`` argument or a third element of the
+        data) are refused unless ``label_free_sample_weight=True``.
+
+        Args:
+            label_free_sample_weight: set True to confirm that the sample
+                weights you pass do not depend on the labels (with
+                ``label_dp`` they would otherwise reveal them through the
+                gradients sent to the followers). Ignored without ``label_dp``.
+            x, y, batch_size, epochs, verbose, callbacks, **kwargs: as in
+                `keras.Model.fit`.
+
+        Returns:
+            The `keras.callbacks.History`.
+        """
+        if not isinstance(label_free_sample_weight, bool):
+            raise TypeError(f"VerticalModel.fit: `label_free_sample_weight` must be a bool; got "
+                            f"{label_free_sample_weight!r}.")
+        class_weight = None
+        if self.label_dp is not None:
+            if kwargs.get("sample_weight") is not None and not label_free_sample_weight:
+                raise ValueError(_SAMPLE_WEIGHT_REFUSAL)
+            class_weight = kwargs.pop("class_weight", None)
+            if class_weight is not None:
+                class_weight = self._validate_class_weight(class_weight)
+        if (class_weight, label_free_sample_weight) != \
+                (self._label_class_weight, self._label_free_sample_weight):
+            self._label_class_weight = class_weight
+            self._label_free_sample_weight = label_free_sample_weight
+            self.train_function = None  # retrace with the new weighting
         if isinstance(callbacks, keras.callbacks.CallbackList):
             listed = callbacks.callbacks
         else:
@@ -663,6 +767,7 @@ class VerticalModel(keras.Model):
 
         def train_function(iterator):
             logs = inner(iterator)
+            self.check_input_errors()
             if isinstance(logs, dict) and _MESSAGES_KEY in logs:
                 logs = dict(logs)
                 self._dispatch(logs.pop(_MESSAGES_KEY))
@@ -670,6 +775,34 @@ class VerticalModel(keras.Model):
 
         self.train_function = train_function
         return train_function
+
+    def make_test_function(self, force=False):
+        if self.test_function is not None and not force:
+            return self.test_function
+        super().make_test_function(force=True)
+        inner = self.test_function
+
+        def test_function(iterator):
+            logs = inner(iterator)
+            self.check_input_errors()
+            return logs
+
+        self.test_function = test_function
+        return test_function
+
+    def make_predict_function(self, force=False):
+        if self.predict_function is not None and not force:
+            return self.predict_function
+        super().make_predict_function(force=True)
+        inner = self.predict_function
+
+        def predict_function(iterator):
+            outputs = inner(iterator)
+            self.check_input_errors()
+            return outputs
+
+        self.predict_function = predict_function
+        return predict_function
 
     def _dispatch(self, captured):
         if not self._message_callbacks:

@@ -1,4 +1,4 @@
-"""EmbeddingDPLayer: one-bit quantization + randomized response (seed 001)."""
+"""EmbeddingDPLayer: one-bit quantization + randomized response."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_fedpriv.layers import release_counter as rc
+from keras_fedpriv.layers import input_checks
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.mechanisms.events import pure_epsilon
 from keras_fedpriv.mechanisms.ledger import (
@@ -22,7 +23,8 @@ STE_MODES = ("identity", "hardtanh")
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
-class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
+class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.InputErrorFlagMixin,
+                       keras.layers.Layer):
     """Protect the embedding a follower sends: one-bit quantization + RR.
 
     Forward: ``B = 1 if x > 0 else 0``; with ``eps`` set, each coordinate of
@@ -46,6 +48,15 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.L
     several inputs. Pass ``example_ids`` to count per example (a
     `VerticalModel` does when its inputs have ``"example_ids"``); without
     ids each call counts as a release of every example.
+
+    Non-finite inputs (NaN, inf): eagerly a ValueError naming the first
+    offending index and that value only (Keras' "Arguments received" dump
+    is suppressed); in a traced graph a `tf.debugging` check. Under XLA
+    (``jit_compile=True``) that check is compiled away: such coordinates are
+    quantized as 0 (then randomized as usual), the straight-through term is
+    0 there, so the output stays exactly 0.0 / 1.0, and the layer counts the
+    event; `check_input_errors()` raises it on the host (`VerticalModel`
+    calls it after every step).
 
     Backward (straight-through): ``ste="identity"`` passes the upstream
     gradient unchanged (g(x) = x); ``ste="hardtanh"`` zeroes it where
@@ -76,6 +87,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.L
     """
 
     _rng_salt = 0x454D4244  # "EMBD"
+    _input_error_reasons = ("non-finite embedding values (NaN or inf)",)
 
     def __init__(self, eps=None, seed=None, at_inference=True, ste="identity", **kwargs):
         super().__init__(**kwargs)
@@ -88,6 +100,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.L
         self.ste = ste
         self._init_rng(seed)
         self._init_release_counter()
+        self._init_input_errors()
         self._convert_input_args = False  # keep the input's dtype (no autocast)
         self._allow_non_tensor_positional_args = True
         self._num_coordinates = None
@@ -117,13 +130,15 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.L
     def compute_output_shape(self, input_shape):
         return input_shape
 
+    @input_checks.private_errors
     def call(self, inputs, training=None, example_ids=None):
         x = tf.convert_to_tensor(inputs)
         self._record_shape(x.shape)
         if not x.dtype.is_floating:
             raise TypeError(f"EmbeddingDPLayer: inputs must be a floating tensor; got dtype "
                             f"{x.dtype.name}.")
-        if tf.executing_eagerly():
+        eager = tf.executing_eagerly()
+        if eager:
             bad = ~np.isfinite(x.numpy())
             if bad.any():
                 index = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -131,6 +146,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.L
                                  f"value(s) (NaN or inf), first at index {index}: "
                                  f"{x.numpy()[index]!r}.")
         else:
+            finite = tf.math.is_finite(x)
             x = tf.debugging.assert_all_finite(
                 x, "EmbeddingDPLayer: the embedding has NaN or inf values")
         randomize = self.eps is not None and (bool(training) or self.at_inference)
@@ -138,7 +154,11 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.L
         if randomize:
             noisy = quantize_rr(x, self.eps, noise=self._next_words(tf.shape(x)))
             if example_ids is not None:
-                self._count_release(rc.FRESH_IDS, rows, tf.reshape(example_ids, [-1]))
+                ids = tf.reshape(tf.convert_to_tensor(example_ids), [-1])
+                if not ids.dtype.is_integer:
+                    raise TypeError(f"EmbeddingDPLayer: `example_ids` must be integers; got "
+                                    f"dtype {ids.dtype.name}.")
+                self._count_release(rc.FRESH_IDS, rows, ids)
             else:
                 self._count_release(rc.FRESH_ANON, rows)
         else:
@@ -146,7 +166,15 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.L
             self._count_release(rc.NON_PRIVATE, rows)
         g = x if self.ste == "identity" else tf.clip_by_value(x, -1.0, 1.0)
         # Exactly zero for finite x, gradient g'(x): the output stays 0.0 / 1.0.
-        return noisy + (g - tf.stop_gradient(g))
+        straight_through = g - tf.stop_gradient(g)
+        if not eager:
+            # Where the finiteness check is compiled away (XLA), NaN - NaN
+            # would put NaN in the output: zero the term there instead.
+            straight_through = tf.where(finite, straight_through, tf.zeros_like(x))
+            count = self._count_input_errors([tf.logical_not(tf.reduce_all(finite))], deps=[x])
+            with tf.control_dependencies([count]):
+                straight_through = tf.identity(straight_through)
+        return noisy + straight_through
 
     def dp_event(self, num_coordinates=None):
         """dp_accounting event of one release of one example's embedding."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from keras_fedpriv.layers import label_formats
+from keras_fedpriv.layers import input_checks, label_formats
 from keras_fedpriv.layers import release_counter as rc
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.mechanisms.events import pure_epsilon, repeat_event
@@ -20,7 +20,8 @@ from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
-class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
+class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.InputErrorFlagMixin,
+                   keras.layers.Layer):
     """Label differential privacy by randomized response, once per example.
 
     Binary labels flip with ``p = 1 / (1 + e^eps)``; one-hot or sparse labels
@@ -55,6 +56,25 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer
     repeated; a fresh-noise call (``per_batch=True`` without ids, or a
     prior) is a release of each of its examples, counted per example id
     when ids are given and for every example otherwise.
+
+    **Example ids.** Within a call there must be exactly one id per label and
+    no id twice (repeated ids would share their noise: knowing one label of
+    the pair would reveal the other); the layer checks both. Across calls
+    and epochs it is the user's duty that an id always names the same
+    example and that two different examples never share an id (e.g. row
+    numbers of a fixed data set, assigned before shuffling). Any integer
+    dtype; negative ids are allowed (ids are compared as 64-bit integers, so
+    int32 -1 and int64 -1 are the same id).
+
+    **Invalid inputs.** Eagerly: a ValueError naming the argument and the
+    first offending position (and no other data: Keras' "Arguments received"
+    dump is suppressed). In a traced graph: a `tf.debugging.Assert` with the
+    same message. Under XLA (``jit_compile=True``) asserts are compiled away,
+    so a batch with an invalid label or invalid ids gets pure noise instead
+    (uniform classes that do not depend on its labels) and the layer counts
+    the event; `check_input_errors()` raises it on the host (`VerticalModel`
+    calls it after every step; call it yourself after a compiled step of a
+    plain model).
 
     At ``training=False`` (inference, evaluation) labels pass unchanged and
     nothing is released.
@@ -103,6 +123,7 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer
         self.per_batch = per_batch
         self._init_rng(seed)
         self._init_release_counter()
+        self._init_input_errors()
         self._convert_input_args = False  # keep the labels' own dtype
         self._allow_non_tensor_positional_args = True
         self._resolved = None
@@ -121,30 +142,28 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer
     def compute_output_shape(self, input_shape):
         return input_shape
 
+    @input_checks.private_errors
     def call(self, labels, example_ids=None, prior=None, training=None):
         if not training:
             return labels
         labels = tf.convert_to_tensor(labels)
         mode, k = label_formats.resolve_mode(self.mode, tuple(labels.shape), self.num_classes)
         self._resolved = (mode, k)
-        deps = []
-        if tf.executing_eagerly():
+        eager = tf.executing_eagerly()
+        deps, labels_ok, ids_ok = [], None, None
+        if eager:
             label_formats.validate_eager(labels, mode, k)
         else:
-            deps.append(label_formats.graph_assert(labels, mode, k))
+            row_ok, _ = label_formats.rows_ok(labels, mode, k)
+            labels_ok = tf.reduce_all(row_ok)
+            deps.append(label_formats.graph_assert(labels, mode, k, row_ok=row_ok))
         with tf.control_dependencies(deps):
             class_ids = label_formats.to_class_ids(labels, mode)
         n = tf.shape(class_ids)[0]
         ids = None
         if example_ids is not None:
-            ids = tf.reshape(tf.convert_to_tensor(example_ids), [-1])
-            if not ids.dtype.is_integer:
-                raise TypeError(f"LabelDPLayer: `example_ids` must be integers; got dtype "
-                                f"{ids.dtype.name}.")
-            if ids.shape[0] is not None and class_ids.shape[0] is not None and \
-                    ids.shape[0] != class_ids.shape[0]:
-                raise ValueError(f"LabelDPLayer: `example_ids` has {ids.shape[0]} entries but "
-                                 f"there are {class_ids.shape[0]} labels.")
+            ids, ids_ok, id_asserts = input_checks.check_example_ids(example_ids, n, eager)
+            deps += id_asserts
         if prior is not None or self.per_batch:
             # Fresh noise: a new release of every example in the call.
             both = self._next_words(tf.stack([2, n]))
@@ -170,7 +189,22 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer
                                   noise=list(words))
         else:
             noisy = kary_randomized_response(class_ids, k, self.eps, noise=list(words))
+        if not eager:
+            noisy = self._guard(noisy, words, k, labels_ok, ids_ok, deps)
         return label_formats.from_class_ids(noisy, labels, mode, k)
+
+    def _guard(self, noisy, words, k, labels_ok, ids_ok, deps):
+        """Graph path: where asserts are compiled away (XLA), never release a
+        batch with invalid labels or ids; output label-independent noise and
+        count the event for `check_input_errors`."""
+        if ids_ok is None:
+            ids_ok = tf.constant(True)
+        ok = tf.logical_and(labels_ok, ids_ok)
+        uniform = tf.cast(tf.math.floormod(tf.cast(words[1], tf.int64), k), noisy.dtype)
+        count = self._count_input_errors([tf.logical_not(labels_ok), tf.logical_not(ids_ok)],
+                                         deps)
+        with tf.control_dependencies([count]):
+            return tf.where(ok, noisy, uniform)
 
     def _num_classes(self):
         return self._resolved[1] if self._resolved else (self.num_classes or 2)

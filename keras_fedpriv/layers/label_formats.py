@@ -1,6 +1,6 @@
 """Label formats for LabelDPLayer: detection, row-by-row validation, conversion.
 
-Formats (ALGORITHMS.md section 1):
+Formats:
 
 * ``binary``: shape (N,) or (N, 1), every value exactly 0 or 1;
 * ``onehot``: shape (N, K), K >= 2, every row exactly one 1 and zeros elsewhere;
@@ -11,8 +11,9 @@ Formats (ALGORITHMS.md section 1):
 validated (unlike the reference, which only checks the total count of ones).
 Eager inputs get a ValueError naming the first bad row; in a traced graph the
 same check runs as a `tf.debugging.Assert` (raising InvalidArgumentError with
-the same message); under XLA (`jit_compile=True`) asserts are compiled away,
-so validate eagerly first (`privatize_labels` does).
+the same message); under XLA (`jit_compile=True`) asserts are compiled away, so
+`LabelDPLayer` then outputs pure noise for the batch and counts the event for
+the host (see `LabelDPLayer.check_input_errors`).
 """
 
 from __future__ import annotations
@@ -101,25 +102,33 @@ def validate_eager(labels, mode, num_classes):
             f"row {int(bad[0])} has value {flat[bad[0]].item()!r} ({bad.size} invalid value(s) in total).")
 
 
-def graph_assert(labels, mode, num_classes):
-    """A tf.debugging.Assert op with the same rule (for traced graphs)."""
+def rows_ok(labels, mode, num_classes):
+    """Graph check of every row: ``(bool (N,) tensor, rule text)``."""
     v = tf.convert_to_tensor(labels)
     if mode == "onehot":
         valid_values = tf.reduce_all(tf.logical_or(tf.equal(v, 0), tf.equal(v, 1)), axis=-1)
         one = tf.equal(tf.reduce_sum(tf.cast(tf.equal(v, 1), tf.int32), axis=-1), 1)
-        row_ok = tf.logical_and(valid_values, one)
-        rule = "LabelDPLayer(mode='onehot'): every row must hold exactly one 1; first bad row:"
-    else:
-        flat = tf.reshape(v, [-1])
-        if mode == "binary":
-            row_ok = tf.logical_or(tf.equal(flat, 0), tf.equal(flat, 1))
-            rule = "LabelDPLayer(mode='binary'): labels must be exactly 0 or 1; first bad row:"
-        else:
-            f = tf.cast(flat, tf.float64)
-            row_ok = tf.logical_and(tf.equal(f, tf.round(f)),
-                                    tf.logical_and(f >= 0, f < num_classes))
-            rule = (f"LabelDPLayer(mode='sparse'): labels must be integer class ids in "
-                    f"[0, {num_classes}); first bad row:")
+        return (tf.logical_and(valid_values, one),
+                "LabelDPLayer(mode='onehot'): every row must hold exactly one 1; first bad row:")
+    flat = tf.reshape(v, [-1])
+    if mode == "binary":
+        return (tf.logical_or(tf.equal(flat, 0), tf.equal(flat, 1)),
+                "LabelDPLayer(mode='binary'): labels must be exactly 0 or 1; first bad row:")
+    f = tf.cast(flat, tf.float64)
+    return (tf.logical_and(tf.equal(f, tf.round(f)), tf.logical_and(f >= 0, f < num_classes)),
+            f"LabelDPLayer(mode='sparse'): labels must be integer class ids in "
+            f"[0, {num_classes}); first bad row:")
+
+
+def graph_assert(labels, mode, num_classes, row_ok=None):
+    """A tf.debugging.Assert op with the same rule (for traced graphs).
+
+    Under XLA the assert is compiled away; `LabelDPLayer` then also uses
+    `rows_ok` to make the output independent of invalid labels.
+    """
+    checked, rule = rows_ok(labels, mode, num_classes)
+    if row_ok is None:
+        row_ok = checked
     # A sentinel 0 at the end: argmin of an empty batch (a replica that got no
     # rows of the last global batch) would fail; with no bad row it is unused.
     first_bad = tf.argmin(tf.concat([tf.cast(row_ok, tf.int32), [0]], axis=0))

@@ -1,4 +1,4 @@
-"""Secret-keyed randomness for the layers (ALGORITHMS.md section 0).
+"""Secret-keyed randomness for the layers.
 
 Every randomized layer owns two variables. Neither is a Keras weight, so
 ``model.get_weights()`` / ``set_weights()`` (the usual way FL code exchanges
@@ -11,10 +11,14 @@ replicas (created directly, not through `tf.distribute`'s variable creator):
   files and `.weights.h5` omit it, and TensorFlow checkpoints
   (`tf.train.Checkpoint`, `model.export()` SavedModels) store zeros because
   the variable itself overrides its serialization, which every saving path
-  goes through. A reloaded Keras layer draws a fresh key; a bare SavedModel
-  (`tf.saved_model.load`, no Python) sees the flag 0 and draws a fresh key
-  at each call from TensorFlow's nondeterministic kernel seeding. So neither
-  `keras.utils.set_random_seed` nor a checkpoint replays the noise.
+  goes through. A reloaded Keras layer draws a fresh key. A SavedModel
+  draws one at load time: each layer carries a `_FreshKeyAtLoad` resource
+  whose initializer, which `tf.saved_model.load` (and TF Serving's init op)
+  runs once after restoring the variables and outside any XLA cluster, sets
+  a key from TensorFlow's OS-entropy kernel seeding. So every load (every
+  serving process) has its own key, compiled serving functions included,
+  and neither `keras.utils.set_random_seed` nor a checkpoint replays the
+  noise.
 * ``rng_counter``: a Philox state advanced atomically by `RngReadAndSkip`
   at every draw, so concurrent calls (a parallel `tf.data` map, replicas)
   never get the same counter, hence never the same noise.
@@ -77,13 +81,42 @@ class SecretKeyVariable(_LocalVariable):
         return self.assign(_key_value(None))
 
 
+class _FreshKeyAtLoad(tf.saved_model.experimental.TrackableResource):
+    """Draws a fresh key for an unseeded ``rng_key`` when a SavedModel is loaded.
+
+    Saved SavedModel resources are initialized by the loader right after the
+    variables are restored (``tf.saved_model.load`` runs ``_initialize``
+    eagerly; the C++ loader runs it in the model's init op), never inside a
+    compiled serving function. A key restored as zeros (flag 0, "no key")
+    gets two words from `_nondeterministic_key`, which is OS-entropy seeded
+    there; a seeded key (flag 1) is kept.
+    """
+
+    def __init__(self, key_variable):
+        super().__init__()
+        self._key_variable = key_variable
+        # Saved with the resource even where no endpoint captures the key.
+        self._track_trackable(key_variable, name="key")
+
+    def _create_resource(self):
+        # A placeholder handle: the resource exists only for its initializer.
+        return tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[], shared_name="")
+
+    def _initialize(self):
+        key = self._key_variable
+        value = key.read_value()
+        fresh = tf.concat([_nondeterministic_key(), tf.constant([1], tf.int64)], axis=0)
+        return key.assign(tf.where(tf.equal(value[2], 0), fresh, value))
+
+
 def _nondeterministic_key():
     """Two fresh key words from TF's per-kernel OS-entropy seeding (seed=seed2=0).
 
-    Only reached in a bare reloaded SavedModel, whose saved key is zeros. This
-    op is NOT a secret source under XLA (XLA seeds it deterministically), which
-    is why Keras layers always carry a host-drawn key and never take this
-    branch in training.
+    Run by `_FreshKeyAtLoad` when a SavedModel is loaded (outside XLA). As a
+    last resort `_key_words` also uses it if the key is still unset at call
+    time (a loader that skipped the init op). This op is NOT a secret source
+    under XLA (XLA seeds it deterministically), which is why keys are always
+    drawn on the host or at load time.
     """
     return tf.raw_ops.RandomUniformInt(
         shape=[2], minval=tf.constant(1, tf.int64), maxval=tf.constant(2**32, tf.int64),
@@ -103,6 +136,7 @@ class SecretRandomMixin:
         self.seed = validate_seed(seed)
         self.rng_key = SecretKeyVariable(_key_value(self.seed), trainable=False, name="rng_key")
         self.rng_key.keep_when_saved = self.seed is not None
+        self._key_at_load = _FreshKeyAtLoad(self.rng_key)
         self.rng_counter = _LocalVariable(np.zeros(3, np.int64), trainable=False, name=_COUNTER)
 
     def _key_words(self):
