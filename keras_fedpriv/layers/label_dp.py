@@ -1,4 +1,4 @@
-"""LabelDPLayer: randomized response on the leader's labels (seed 000)."""
+"""LabelDPLayer: randomized response on the leader's labels."""
 
 from __future__ import annotations
 
@@ -107,6 +107,7 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
     """
 
     _rng_salt = 0x4C414245  # "LABE"
+    _input_error_reasons = ("invalid labels", "invalid example_ids (wrong count or repeated)")
 
     def __init__(self, eps, mode="auto", num_classes=None, seed=None, per_batch=False, **kwargs):
         super().__init__(**kwargs)
