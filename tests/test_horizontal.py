@@ -167,7 +167,7 @@ def test_callbacks_can_stop_training():
 
     hist = HorizontalFL(_model(), clients, seed=0).fit(
         rounds=10, clients_per_round=2, callbacks=[StopAfterTwo()], verbose=0)
-    assert len(hist.history["loss"]) == 2
+    assert len(hist.history["upload_bytes"]) == 2
 
 
 def test_bad_arguments_raise_clear_errors():
@@ -270,14 +270,14 @@ def test_keras_early_stopping_and_checkpoint_work_per_round(tmp_path):
     x, y = _digits()
     clients = partition(x[:300], y[:300], 5, seed=0)
     path = str(tmp_path / "best.keras")
-    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=10.0)
     ckpt = keras.callbacks.ModelCheckpoint(path, monitor="val_accuracy", save_best_only=True)
     model = _model()
     hist = HorizontalFL(model, clients, seed=0).fit(
         rounds=10, clients_per_round=2, validation_data=(x[300:400], y[300:400]),
         callbacks=[stop, ckpt], verbose=0)
     # min_delta=10 makes every round "no improvement": stops after patience + 1 rounds
-    assert len(hist.history["loss"]) == 2
+    assert len(hist.history["val_loss"]) == 2
     back = keras.models.load_model(path)
     acc = back.evaluate(x[300:400], y[300:400], verbose=0, return_dict=True)["accuracy"]
     assert acc == pytest.approx(max(hist.history["val_accuracy"]), abs=1e-6)

@@ -15,6 +15,7 @@ import tensorflow as tf
 from scipy import stats as scipy_stats
 
 from keras_fedpriv import mechanisms as M
+from keras_fedpriv.mechanisms.events import pure_dp_event, pure_epsilon
 from keras_fedpriv.mechanisms import signds as S
 from keras_fedpriv.optimizers import (
     SignDSEncoder,
@@ -511,7 +512,9 @@ def test_config_and_privacy():
     assert SignDSEncoder.from_config(config).get_config() == config
     assert enc.epsilon == 5.0
     event = enc.dp_event()
-    assert event == M.randomized_response_dp_event(5.0, 2) == M.signds_dp_event(5.0)
+    # binary RR at exactly eps (not the thresholded RR as realized): SignDS is 5-DP
+    assert event == pure_dp_event(5.0) == M.signds_dp_event(5.0)
+    assert pure_epsilon(event) == pytest.approx(5.0, rel=1e-12)
     assert M.signds.optimal_output_dim is M.optimal_output_dim
 
 

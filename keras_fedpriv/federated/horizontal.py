@@ -19,6 +19,7 @@ dimension). See ``bench/hfl_throughput.py`` for the measured speed-up.
 
 from __future__ import annotations
 
+import inspect
 import time
 
 import keras
@@ -26,7 +27,13 @@ import numpy as np
 import tensorflow as tf
 
 from keras_fedpriv.federated.uploads import SignDSUpload, as_upload
-from keras_fedpriv.mechanisms.ledger import register_protection
+from keras_fedpriv.mechanisms.ledger import (
+    CLIENT,
+    ReleaseKind,
+    ReleaseLedger,
+    non_private_event,
+    register_protection,
+)
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 from keras_fedpriv.optimizers.signds import flatten_update, unflatten_update
 
@@ -93,6 +100,15 @@ class HorizontalFL:
         self.participation = np.zeros(self.num_clients, np.int64)
         self.log_client_loss = bool(log_client_loss)
         self._callbacks_seen = []
+        # Uploads of a scheme that keeps no ledger of its own: recorded here, not private.
+        self._ledger = ReleaseLedger()
+        self._upload_keeps_ledger = callable(getattr(self.upload, "privacy_ledger", None)) or \
+            callable(getattr(self.upload, "privacy_protections", None))
+        try:
+            self._upload_takes_id = "client_id" in inspect.signature(
+                self.upload.client_message).parameters
+        except (TypeError, ValueError):  # pragma: no cover - exotic callables
+            self._upload_takes_id = False
         register_protection(model, self)
         x0 = self.clients[0][0]
         if not model.built:
@@ -243,8 +259,7 @@ class HorizontalFL:
             uploads, losses = [], []
             for c in chosen:
                 delta, loss = self.train_client(c, global_weights, local_epochs)
-                uploads.append(self.upload.client_message(delta, len(self.clients[c][0]),
-                                                          client_id=int(c)))
+                uploads.append(self._client_message(delta, int(c)))
                 losses.append(loss)
             self.participation[chosen] += 1
             lr = None
@@ -282,9 +297,26 @@ class HorizontalFL:
         cb.on_train_end(logs)
         return model.history
 
+    def _client_message(self, delta, client):
+        num_examples = len(self.clients[client][0])
+        if self._upload_keeps_ledger:
+            if self._upload_takes_id:
+                return self.upload.client_message(delta, num_examples, client_id=client)
+            # an override without client_id: its scheme records the release for every client
+            return self.upload.client_message(delta, num_examples)
+        self._ledger.record(ReleaseKind(f"{type(self.upload).__name__} upload", "client data",
+                                        CLIENT, non_private_event(),
+                                        "an upload scheme without a privacy ledger: counted "
+                                        "as not private"), [client])
+        return self.upload.client_message(delta, num_examples)
+
     def privacy_protections(self):
         """The upload scheme and the releasing callbacks of every `fit` so far."""
         return [self.upload] + list(self._callbacks_seen)
+
+    def privacy_ledger(self):
+        """Uploads of a scheme that keeps no ledger (counted as not private), per client."""
+        return self._ledger
 
     def _find_magrr(self, callbacks):
         from keras_fedpriv.callbacks.magrr import MagRR

@@ -427,7 +427,8 @@ class VerticalModel(keras.Model):
             self._count_unprotected(self._followers.index(party), _rows(z))
         if protection is None:
             return z, z, losses
-        if example_ids is not None and _takes_example_ids(protection):
+        if example_ids is not None and tf.as_dtype(example_ids.dtype).is_integer and \
+                _takes_example_ids(protection):
             sent = protection(z, training=training, example_ids=example_ids)
         else:
             sent = protection(z, training=training)

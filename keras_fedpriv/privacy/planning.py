@@ -142,6 +142,19 @@ def plan_noise_multiplier(target_epsilon, target_delta=1e-5, *, releases, tolera
     def make_event(z):
         return dp_accounting.SelfComposedDpEvent(gaussian_dp_event(z), releases)
 
+    def spent(z):
+        return planned_epsilon(make_event(z), 1, target_delta)
+
+    # Bracket by doubling from z = 1 (a tiny z makes a huge PLD: do not start there).
+    high = 1.0
+    while spent(high) > target_epsilon:
+        high *= 2.0
+        if high > 1e6:
+            raise ValueError(f"the target eps {target_epsilon:g} cannot be met with a noise "
+                             f"multiplier below 1e6 over {releases} releases.")
+    low = high / 2.0
+    while low > 1e-3 and spent(low) <= target_epsilon:
+        high, low = low, low / 2.0
     return float(dp_accounting.calibrate_dp_mechanism(
         MixedPLDAccountant, make_event, target_epsilon, target_delta,
-        bracket_interval=dp_accounting.ExplicitBracketInterval(1e-2, 1e4), tol=tolerance))
+        bracket_interval=dp_accounting.ExplicitBracketInterval(low, high), tol=tolerance))

@@ -1,0 +1,359 @@
+"""Adversarial tests of the release ledger: the report counts what the run spent.
+
+Each numbered test is a case of issue 11 ("a report that does not count what
+happened", and the prior that reused its noise) that failed on the code
+before the ledger. The ``test_by_hand_*`` tests run one configuration,
+compose the eps by hand with dp-accounting from what the test knows happened,
+and check that every way of asking the report gives that number.
+"""
+
+import math
+
+import dp_accounting
+import keras
+import keras_tuner as kt
+import numpy as np
+import pytest
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from sklearn.datasets import load_digits
+
+import keras_fedpriv as kf
+from keras_fedpriv.callbacks import LaplaceEvaluation, MagRR
+from keras_fedpriv.federated import (
+    GaussianUpload,
+    HorizontalFL,
+    VerticalModel,
+    partition,
+    with_example_ids,
+)
+from keras_fedpriv.mechanisms import randomized_response_dp_event
+from keras_fedpriv.mechanisms.events import pure_dp_event
+from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
+from keras_fedpriv.mechanisms.quantize import quantize_rr_dp_event
+from keras_fedpriv.optimizers import SignDS, SignDSEncoder, SignDSRounds
+from keras_fedpriv.privacy import (
+    EpsilonLogger,
+    plan_epsilon,
+    plan_noise_multiplier,
+    privacy_ledger,
+    privacy_report,
+)
+from keras_fedpriv.tuning import search_epsilon, trial_epsilon
+
+DELTA = 1e-5
+REL = dp_accounting.NeighboringRelation.REPLACE_ONE
+
+
+# ------------------------------------------------------------------ by hand
+def _pld(event):
+    if isinstance(event, dp_accounting.RandomizedResponseDpEvent):
+        return pld_lib.from_randomized_response(event.noise_parameter, event.num_buckets,
+                                                value_discretization_interval=1e-4,
+                                                neighboring_relation=REL)
+    if isinstance(event, dp_accounting.dp_event.DiscreteLaplaceDpEvent):
+        return pld_lib.from_discrete_laplace_mechanism(event.noise_parameter, event.sensitivity,
+                                                       value_discretization_interval=1e-4)
+    assert isinstance(event, dp_accounting.GaussianDpEvent), event
+    return pld_lib.from_gaussian_mechanism(event.noise_multiplier,
+                                           value_discretization_interval=1e-4)
+
+
+def by_hand(events_with_counts, delta=DELTA):
+    """eps of ``[(event, count)]`` with dp-accounting's PLDs, composed explicitly."""
+    total = None
+    for event, count in events_with_counts:
+        if isinstance(event, dp_accounting.ComposedDpEvent):
+            parts = [(e, count) for e in event.events]
+            sub = [_pld(e).self_compose(c) for e, c in parts]
+        else:
+            sub = [_pld(event).self_compose(count)]
+        for pld in sub:
+            total = pld if total is None else total.compose(pld)
+    return float(total.get_epsilon_for_delta(delta))
+
+
+def _close(a, b):
+    assert a == pytest.approx(b, rel=2e-3, abs=2e-3)
+
+
+def _vertical(label_dp=None, embedding_dp=None, n=128, leader="party_b"):
+    rng = np.random.default_rng(0)
+    xa = rng.normal(size=(n, 6)).astype("float32")
+    xb = rng.normal(size=(n, 4)).astype("float32")
+    y = (xa[:, 0] + xb[:, 0] > 0.5).astype("float32")
+    bottom = lambda k: keras.Sequential([keras.Input((k,)), keras.layers.Dense(8)])  # noqa: E731
+    top = keras.Sequential([keras.Input((16,)), keras.layers.Dense(1, activation="sigmoid")])
+    model = VerticalModel({"party_a": bottom(6), "party_b": bottom(4)}, top, leader=leader,
+                          label_dp=label_dp, embedding_dp=embedding_dp)
+    model.compile("adam", "binary_crossentropy")
+    return model, with_example_ids({"party_a": xa, "party_b": xb}), y
+
+
+def _digits(n=300):
+    x, y = load_digits(return_X_y=True)
+    return (x[:n] / 16).astype("float32"), y[:n].astype("int64")
+
+
+def _mlp(optimizer=None):
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
+    model.compile(optimizer or keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+# ---------------------------------------------------------- numbered cases
+def test_case3_a_prior_that_changes_is_fresh_noise_and_a_counted_release():
+    """Case 3: LabelDPLayer(prior=...) keyed by id reused its coins when the prior changed
+    (two outputs could rule labels out) while dp_event said one release. Now a call with a
+    prior draws fresh noise and every call is a counted release."""
+    eps = 2.0
+    layer = kf.LabelDPLayer(eps=eps, mode="sparse", num_classes=3, seed=1)
+    y = np.zeros(4000, "int32")
+    ids = np.arange(4000)
+    prior = np.full((4000, 3), 1 / 3, "float32")
+    first = np.asarray(layer(y, example_ids=ids, prior=prior, training=True))
+    second = np.asarray(layer(y, example_ids=ids, prior=prior * 1.0, training=True))
+    # A uniform prior keeps all 3 classes (k* = 3): 3-ary RR. Independent coins give
+    # different outputs with probability 1 - p_keep^2 - 2 p_other^2 (0.358); the same
+    # coins never do.
+    t = math.exp(-eps)
+    keep, other = 1 / (1 + 2 * t), t / (1 + 2 * t)
+    differ = 1 - keep ** 2 - 2 * other ** 2
+    sd = math.sqrt(differ * (1 - differ) / 4000)
+    assert abs(np.mean(first != second) - differ) < 5 * sd
+    report = privacy_report(layer)
+    assert report.rows()[0]["releases"] == 2
+    event = layer.dp_event()
+    _close(report.epsilon, by_hand([(event, 2)]))
+
+
+def test_case10_horizontal_history_holds_no_client_loss():
+    """Case 10: HorizontalFL logged the mean of the clients' exact local losses (with one
+    client per round: that client's own loss, never released by the protocol)."""
+    x, y = _digits(100)
+    fl = HorizontalFL(_mlp(), partition(x, y, 4, seed=0), seed=0)
+    history = fl.fit(rounds=2, clients_per_round=1, validation_data=(x, y), verbose=0)
+    assert "loss" not in history.history and "sim_client_loss" not in history.history
+    assert "val_loss" in history.history  # the server's own evaluation
+    fl2 = HorizontalFL(_mlp(), partition(x, y, 4, seed=0), seed=0, log_client_loss=True)
+    h2 = fl2.fit(rounds=1, clients_per_round=1, verbose=0)
+    assert "sim_client_loss" in h2.history and "loss" not in h2.history
+
+
+def test_case12_signds_optimizer_wrapper_is_counted_everywhere():
+    """Case 12: a model trained with the SignDS wrapper (5 uploads at eps=10) reported eps 0
+    on the model and its History, and EpsilonLogger too; on the optimizer it raised."""
+    x, y = _digits()
+    model = _mlp(SignDS(keras.optimizers.SGD(0.1), SignDSEncoder(k=0.2, eps=10.0, seed=0)))
+    logger = EpsilonLogger(delta=DELTA)
+    history = model.fit(x, y, epochs=5, batch_size=64, verbose=0,
+                        callbacks=[SignDSRounds(epochs_per_round=1), logger])
+    assert len(model.optimizer.messages) == 5
+    expected = by_hand([(pure_dp_event(10.0), 5)])
+    for obj in (model, history, model.optimizer, model.optimizer.encoder, [model, history]):
+        _close(privacy_report(obj, delta=DELTA).epsilon, expected)
+    _close(history.history["epsilon"][-1], expected)
+    assert history.history["epsilon"][0] < history.history["epsilon"][-1]
+
+
+def test_case13_history_of_a_horizontal_run_reports_the_run():
+    """Case 13: privacy_report(history) of a HorizontalFL run said 0.0 while the run said 50."""
+    x, y = _digits()
+    fl = HorizontalFL(_mlp(), partition(x, y, 6, seed=0),
+                      upload=SignDSEncoder(k=0.2, eps=5.0, seed=0), seed=0)
+    history = fl.fit(rounds=5, clients_per_round=2, verbose=0)
+    busiest = int(fl.participation.max())
+    expected = by_hand([(pure_dp_event(5.0), busiest)])
+    for obj in (fl, history, fl.model, fl.upload):
+        _close(privacy_report(obj).epsilon, expected)
+    assert privacy_report(history).rows()[0]["releases"] == busiest
+
+
+def test_case14_second_fit_shared_layer_inference_and_unprotected_inference():
+    """Case 14: a second fit was not added; a layer applied to two embeddings per pass was
+    counted once; inference passes needed extra_releases; at_inference=False inference
+    (no DP) was counted as an eps-DP release."""
+    model, x, y = _vertical(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0),
+                            label_dp=kf.LabelDPLayer(eps=1.0, seed=0))
+    model.fit(x, y, epochs=2, batch_size=64, verbose=0)
+    model.fit(x, y, epochs=3, batch_size=64, verbose=0)
+    model.predict(x, verbose=0)
+    rows = {r["mechanism"].split()[0]: r for r in privacy_report(model).rows()}
+    assert rows["EmbeddingDPLayer"]["releases"] == 2 + 3 + 1
+    assert rows["LabelDPLayer"]["releases"] == 1
+
+    shared = kf.EmbeddingDPLayer(eps=2.0, seed=0)
+    a, b = keras.Input((4,)), keras.Input((4,))
+    out = keras.layers.Concatenate()([shared(keras.layers.Dense(3)(a)),
+                                      shared(keras.layers.Dense(3)(b))])
+    two = keras.Model([a, b], keras.layers.Dense(1)(out))
+    two.compile("adam", "mse")
+    xs = np.zeros((32, 4), "float32")
+    two.fit([xs, xs], np.zeros(32), epochs=1, batch_size=32, verbose=0)
+    (row,) = privacy_report(two).rows()
+    assert row["releases"] == 2  # one call per embedding, per example
+
+    quiet, x, y = _vertical(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, at_inference=False),
+                            label_dp=kf.LabelDPLayer(eps=1.0, seed=0))
+    quiet.fit(x, y, epochs=1, batch_size=64, verbose=0)
+    assert math.isfinite(privacy_report(quiet).epsilon)
+    quiet.evaluate(x, y, verbose=0)
+    assert math.isinf(privacy_report(quiet).epsilon)
+
+
+def test_case15_laplace_evaluation_counts_the_clients_it_evaluated():
+    """Case 15: LaplaceEvaluation counted one release per round for every client, while the
+    busiest client took part in fewer rounds."""
+    x, y = _digits()
+    fl = HorizontalFL(_mlp(), partition(x, y, 10, seed=0), seed=0)
+    cb = LaplaceEvaluation(eps=10.0, seed=0, from_logits=True)
+    fl.fit(rounds=6, clients_per_round=2, callbacks=[cb], verbose=0)
+    busiest = int(fl.participation.max())
+    assert busiest < 6
+    rows = {r["mechanism"].split()[0]: r for r in privacy_report(fl).rows()}
+    assert rows["LaplaceEvaluation"]["releases"] == busiest
+
+
+def test_case16_a_trial_spent_its_last_epoch_not_its_best():
+    """Case 16: keras-tuner records a trial's best epoch; the eps it spent is its last."""
+    trial = kt.engine.trial.Trial(kt.HyperParameters())
+    trial.metrics.register("epsilon", direction="min")
+    for step, eps in enumerate([4.0, 9.0, 16.9, 19.0]):
+        trial.metrics.update("epsilon", eps, step=step)
+    assert trial.metrics.get_best_value("epsilon") == 4.0  # what the tuner would keep
+    assert trial_epsilon(trial) == 19.0
+    assert search_epsilon([trial, trial]) == 38.0
+    with pytest.raises(ValueError, match="epsilon"):
+        trial_epsilon(kt.engine.trial.Trial(kt.HyperParameters()))
+
+
+def test_case17_rdp_is_dp_accountings_rdp_accountant():
+    """Case 17: accountant='rdp' turned pure eps into zCDP: 4.7 for one binary RR at eps=1
+    where dp-accounting's RDP accountant gives 1.003."""
+    layer = kf.LabelDPLayer(eps=1.0, seed=0)
+    layer(np.array([0.0, 1.0]), example_ids=np.arange(2), training=True)
+    eps = privacy_report(layer, accountant="rdp").epsilon
+    acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=REL)
+    acc.compose(layer.dp_event())
+    assert eps == pytest.approx(acc.get_epsilon(DELTA), rel=1e-9)
+    assert eps < 1.1
+
+
+# ------------------------------------------------------------------ by hand
+def test_by_hand_label_dp_once_per_batch_and_prior():
+    once = kf.LabelDPLayer(eps=1.0, seed=0)
+    y = np.array([0.0, 1.0, 1.0, 0.0])
+    for _ in range(3):
+        once(y, example_ids=np.arange(4), training=True)
+    _close(privacy_report(once).epsilon, by_hand([(randomized_response_dp_event(1.0, 2), 1)]))
+
+    per_batch = kf.LabelDPLayer(eps=1.0, per_batch=True, seed=0)
+    for _ in range(3):
+        per_batch(y, training=True)
+    _close(privacy_report(per_batch).epsilon,
+           by_hand([(randomized_response_dp_event(1.0, 2), 3)]))
+
+    prior = kf.LabelDPLayer(eps=2.0, mode="sparse", num_classes=4, seed=0)
+    p = np.tile([[0.4, 0.3, 0.2, 0.1]], (4, 1)).astype("float32")
+    prior(np.array([0, 1, 2, 3]), example_ids=np.arange(4), prior=p, training=True)
+    prior(np.array([0, 1]), example_ids=np.arange(2), prior=p[:2], training=True)
+    _close(privacy_report(prior).epsilon, by_hand([(prior.dp_event(), 2)]))  # ids 0, 1
+
+
+def test_by_hand_embedding_dp_training_inference_and_vertical_model():
+    model, x, y = _vertical(label_dp=kf.LabelDPLayer(eps=1.0, seed=0),
+                            embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0))
+    logger = EpsilonLogger()
+    history = model.fit(x, y, epochs=3, batch_size=64, verbose=0, callbacks=[logger])
+    model.evaluate(x, y, verbose=0)  # the embeddings are sent at inference too
+    expected = by_hand([(quantize_rr_dp_event(2.0, 8), 4),
+                        (randomized_response_dp_event(1.0, 2), 1)])
+    _close(privacy_report(model).epsilon, expected)
+    _close(privacy_report(history).epsilon, expected)
+    _close(privacy_report([history, model]).epsilon, expected)
+    # per secret: the labels alone, the follower's features alone
+    _close(privacy_report(model, protects="labels").epsilon,
+           by_hand([(randomized_response_dp_event(1.0, 2), 1)]))
+    _close(privacy_report(model.protections["party_a"]).epsilon,
+           by_hand([(quantize_rr_dp_event(2.0, 8), 4)]))
+    # the logger saw the training epochs only (its last figure: 3 passes)
+    _close(history.history["epsilon"][-1], by_hand([(quantize_rr_dp_event(2.0, 8), 3),
+                                                    (randomized_response_dp_event(1.0, 2), 1)]))
+
+
+def test_by_hand_vertical_model_without_protection_is_not_private():
+    model, x, y = _vertical()
+    model.fit(x, y, epochs=1, batch_size=64, verbose=0)
+    report = privacy_report(model)
+    assert math.isinf(report.epsilon)
+    assert {r["protects"] for r in report.rows()} == {"labels", "features"}
+
+
+def test_by_hand_embedding_ids_count_each_example():
+    layer = kf.EmbeddingDPLayer(eps=2.0, seed=0)
+    z = np.ones((4, 3), "float32")
+    layer(z, training=True, example_ids=np.array([0, 1, 2, 3]))
+    layer(z[:2], training=True, example_ids=np.array([0, 1]))
+    layer(z[:2], training=True, example_ids=np.array([0, 5]))
+    (row,) = privacy_report(layer).rows()
+    assert row["releases"] == 3  # example 0
+    _close(privacy_report(layer).epsilon, by_hand([(quantize_rr_dp_event(2.0, 3), 3)]))
+
+
+def test_by_hand_horizontal_signds_magrr_laplace_evaluation():
+    x, y = _digits()
+    magrr = MagRR(eps_rr=2.0, seed=0)
+    evaluation = LaplaceEvaluation(eps=4.0, seed=0, from_logits=True)
+    logger = EpsilonLogger()
+    fl = HorizontalFL(_mlp(), partition(x, y, 8, seed=0),
+                      upload=SignDSEncoder(k=0.2, eps=5.0, seed=0), seed=0)
+    history = fl.fit(rounds=5, clients_per_round=3, verbose=0,
+                     callbacks=[magrr, evaluation, logger])
+    # each client: SignDS + MagRR + its evaluation, once per round it took part; the
+    # busiest client is the worst
+    busiest = int(fl.participation.max())
+    expected = by_hand([(pure_dp_event(5.0), busiest),
+                        (randomized_response_dp_event(2.0, 2), busiest),
+                        (evaluation.dp_event(), busiest)])
+    report = privacy_report(fl)
+    assert {r["releases"] for r in report.rows()} == {busiest}
+    for obj in (fl, history, fl.model, [fl, magrr, evaluation]):
+        _close(privacy_report(obj).epsilon, expected)
+    _close(history.history["epsilon"][-1], expected)
+
+
+def test_by_hand_gaussian_upload():
+    x, y = _digits()
+    fl = HorizontalFL(_mlp(), partition(x, y, 5, seed=0),
+                      upload=GaussianUpload(clip_norm=1.0, noise_multiplier=3.0, seed=0), seed=0)
+    history = fl.fit(rounds=4, clients_per_round=2, verbose=0)
+    busiest = int(fl.participation.max())
+    expected = by_hand([(gaussian_dp_event(3.0), busiest)])
+    for obj in (fl, history, fl.upload):
+        _close(privacy_report(obj).epsilon, expected)
+
+
+def test_fedavg_is_not_private_and_ledgers_merge_once():
+    x, y = _digits(100)
+    fl = HorizontalFL(_mlp(), partition(x, y, 3, seed=0), seed=0)
+    fl.fit(rounds=1, clients_per_round=2, verbose=0)
+    assert math.isinf(privacy_report(fl).epsilon)
+    # the same protection reached by several paths is merged once
+    ledger = privacy_ledger([fl, fl.model, fl.model.history, fl.upload])
+    (kind,) = ledger.kinds
+    assert ledger.total(kind) == 1
+
+
+def test_plan_then_run_meets_the_target():
+    eps = plan_epsilon(6.0, DELTA, releases=3, mechanism="embedding_dp", num_coordinates=8)
+    model, x, y = _vertical(embedding_dp=kf.EmbeddingDPLayer(eps=eps, seed=0),
+                            label_dp=kf.LabelDPLayer(eps=1.0, seed=0))
+    model.fit(x, y, epochs=3, batch_size=64, verbose=0)
+    spent = privacy_report(model, protects="features").epsilon
+    assert 5.9 <= spent <= 6.0 + 1e-9
+    z = plan_noise_multiplier(4.0, DELTA, releases=10)
+    assert by_hand([(gaussian_dp_event(z), 10)]) <= 4.0 + 1e-3
+    assert by_hand([(gaussian_dp_event(z * 0.95), 10)]) > 4.0
+    with pytest.raises(ValueError, match="cannot be met"):
+        plan_epsilon(1e-9, DELTA, releases=1000)
