@@ -357,3 +357,25 @@ def test_plan_then_run_meets_the_target():
     assert by_hand([(gaussian_dp_event(z * 0.95), 10)]) > 4.0
     with pytest.raises(ValueError, match="cannot be met"):
         plan_epsilon(1e-9, DELTA, releases=1000)
+
+
+def test_a_restored_host_protection_keeps_counting_what_the_original_released():
+    """A run resumed from a checkpoint must not forget the releases before it: the host-side
+    protections carry their ledger in state_dict (JSON-safe)."""
+    import json
+
+    magrr = MagRR(eps_rr=2.0, seed=0)
+    for _ in range(3):
+        magrr.round(np.full(4, 0.1), client_ids=[0, 1, 2, 3])
+    enc = SignDSEncoder(k=0.2, eps=5.0, seed=0)
+    for c in (0, 0, 1):
+        enc.encode(np.linspace(-1, 1, 50), client_id=c)
+    gauss = GaussianUpload(1.0, 2.0, seed=0)
+    gauss.client_message(np.ones(5, "float32"), 3, client_id=7)
+    copies = [MagRR.from_config(magrr.get_config()), SignDSEncoder.from_config(enc.get_config()),
+              GaussianUpload(1.0, 2.0, seed=0)]
+    for original, copy in zip((magrr, enc, gauss), copies):
+        state = json.loads(json.dumps(original.state_dict()))
+        copy.load_state_dict(state)
+        _close(privacy_report(copy).epsilon, privacy_report(original).epsilon)
+        assert privacy_report(copy).epsilon > 0

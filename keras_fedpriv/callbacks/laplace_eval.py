@@ -627,7 +627,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         """
         return {"num_evaluations": int(self.num_evaluations),
                 "client_releases": {int(c): int(n) for c, n in self.client_releases.items()},
-                "num_releases": int(self.num_releases)}
+                "num_releases": int(self.num_releases), "ledger": self._ledger.to_dict()}
 
     def load_state_dict(self, state):
         """Restore a `state_dict` (so a seeded copy continues its noise stream).
@@ -652,3 +652,5 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                     for c, n in dict(state["client_releases"]).items()}
         self._load_num_releases(state)
         self.num_evaluations, self.client_releases = evaluations, releases
+        if "ledger" in state:
+            self._ledger = ReleaseLedger.from_dict(state["ledger"])

@@ -383,7 +383,7 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         """
         return {"r_est": float(self.r_est), "phase": self.phase,
                 "rounds_in_range": int(self.rounds_in_range),
-                "num_releases": int(self.num_releases)}
+                "num_releases": int(self.num_releases), "ledger": self._ledger.to_dict()}
 
     def load_state_dict(self, state):
         """Restore a `state_dict`.
@@ -410,6 +410,8 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
             self._load_num_releases(state)  # raises: a seeded copy needs its stream position
         self.r_est, self.phase, self.rounds_in_range = r_est, phase, rounds
         self._load_num_releases(state)
+        if "ledger" in state:
+            self._ledger = ReleaseLedger.from_dict(state["ledger"])
 
 
 def _validate_magnitudes(magnitudes):

@@ -169,8 +169,9 @@ class GaussianUpload(SeededReleases):
         self._ledger = ReleaseLedger()
 
     def state_dict(self):
-        """``{"num_releases": n}``: the number of noisy messages so far (no randomness)."""
-        return {"num_releases": int(self.num_releases)}
+        """``{"num_releases": n, "ledger": ...}``: noisy messages so far and their release
+        ledger (no randomness)."""
+        return {"num_releases": int(self.num_releases), "ledger": self._ledger.to_dict()}
 
     def load_state_dict(self, state):
         """Restore a `state_dict`, so that a seeded copy continues its noise stream."""
@@ -178,6 +179,8 @@ class GaussianUpload(SeededReleases):
             raise TypeError(f"`state` must be a dict from GaussianUpload.state_dict(); got "
                             f"{type(state).__name__}.")
         self._load_num_releases(state)
+        if "ledger" in state:
+            self._ledger = ReleaseLedger.from_dict(state["ledger"])
 
     def client_message(self, delta, num_examples, client_id=None):
         noisy = gaussian_mechanism(delta, self.clip_norm, self.noise_multiplier,

@@ -184,6 +184,36 @@ class ReleaseLedger:
                     out._approximate.add(col)
         return out
 
+    # -- checkpoints -----------------------------------------------------------------
+    def to_dict(self):
+        """A JSON-safe copy of every record (for a protection's ``state_dict``)."""
+        kinds = []
+        for kind in self._kinds:
+            col = self._index[kind.key]
+            kinds.append({
+                "mechanism": kind.mechanism, "protects": kind.protects, "unit": kind.unit,
+                "note": kind.note, "event": _event_to_dict(kind.event),
+                "everyone": int(self._everyone[col]),
+                "units": {str(u): int(c) for u, c in self._per_unit[kind.unit][col].items()},
+                "approximate": col in self._approximate})
+        return {"kinds": kinds}
+
+    @classmethod
+    def from_dict(cls, state):
+        """The ledger saved by `to_dict`."""
+        if not isinstance(state, dict) or not isinstance(state.get("kinds"), list):
+            raise ValueError("a ledger state must be a dict from ReleaseLedger.to_dict(); got "
+                             f"{type(state).__name__}.")
+        out = cls()
+        for item in state["kinds"]:
+            kind = ReleaseKind(item["mechanism"], item["protects"], item["unit"],
+                               _event_from_dict(item["event"]), item.get("note", ""))
+            out.record(kind, units=None, count=int(item.get("everyone", 0)))
+            units = item.get("units", {})
+            out.record_counts(kind, [int(u) for u in units], [int(c) for c in units.values()],
+                              approximate=bool(item.get("approximate", False)))
+        return out
+
     @classmethod
     def merged(cls, ledgers):
         """One ledger holding the records of all ``ledgers``."""
@@ -244,3 +274,46 @@ class ReleaseLedger:
         keep = [r for r in rows
                 if not any(np.all(o >= r) and np.any(o > r) for o in rows)]
         return kinds, [tuple(int(v) for v in r) for r in keep]
+
+
+_EVENTS = {
+    "randomized_response": (dp_accounting.RandomizedResponseDpEvent,
+                            ("noise_parameter", "num_buckets")),
+    "gaussian": (dp_accounting.GaussianDpEvent, ("noise_multiplier",)),
+    "laplace": (dp_accounting.LaplaceDpEvent, ("noise_multiplier",)),
+    "discrete_laplace": (dp_accounting.dp_event.DiscreteLaplaceDpEvent,
+                         ("noise_parameter", "sensitivity")),
+}
+
+
+def _event_to_dict(event):
+    if isinstance(event, dp_accounting.NonPrivateDpEvent):
+        return {"type": "non_private"}
+    if isinstance(event, dp_accounting.NoOpDpEvent):
+        return {"type": "no_op"}
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        return {"type": "composed", "events": [_event_to_dict(e) for e in event.events]}
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        return {"type": "self_composed", "event": _event_to_dict(event.event),
+                "count": int(event.count)}
+    for name, (cls, fields) in _EVENTS.items():
+        if isinstance(event, cls):
+            return {"type": name, **{f: getattr(event, f) for f in fields}}
+    raise ValueError(f"cannot save the DpEvent {event!r} in a ledger state.")
+
+
+def _event_from_dict(data):
+    kind = data.get("type")
+    if kind == "non_private":
+        return dp_accounting.NonPrivateDpEvent()
+    if kind == "no_op":
+        return dp_accounting.NoOpDpEvent()
+    if kind == "composed":
+        return dp_accounting.ComposedDpEvent([_event_from_dict(e) for e in data["events"]])
+    if kind == "self_composed":
+        return dp_accounting.SelfComposedDpEvent(_event_from_dict(data["event"]),
+                                                 int(data["count"]))
+    if kind in _EVENTS:
+        cls, fields = _EVENTS[kind]
+        return cls(**{f: data[f] for f in fields})
+    raise ValueError(f"unknown DpEvent type {kind!r} in a ledger state.")

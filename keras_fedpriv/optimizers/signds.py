@@ -339,8 +339,9 @@ class SignDSEncoder(SeededReleases):
         return encoder
 
     def state_dict(self):
-        """``{"num_releases": n}``: the number of messages encoded so far (no randomness)."""
-        return {"num_releases": int(self.num_releases)}
+        """``{"num_releases": n, "ledger": ...}``: messages so far and their release ledger
+        (no randomness)."""
+        return {"num_releases": int(self.num_releases), "ledger": self._ledger.to_dict()}
 
     def load_state_dict(self, state):
         """Restore a `state_dict`, so that a seeded copy continues its stream.
@@ -354,6 +355,8 @@ class SignDSEncoder(SeededReleases):
             raise TypeError(f"`state` must be a dict from SignDSEncoder.state_dict(); got "
                             f"{type(state).__name__}.")
         self._load_num_releases(state)
+        if "ledger" in state:
+            self._ledger = ReleaseLedger.from_dict(state["ledger"])
 
     def __repr__(self):
         return (f"SignDSEncoder(k={self.k!r}, eps={self.eps!r}, thr_ratio={self.thr_ratio!r}, "
