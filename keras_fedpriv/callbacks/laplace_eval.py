@@ -25,7 +25,13 @@ from collections import OrderedDict
 import keras
 import numpy as np
 
-from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, register_protection
+from keras_fedpriv.mechanisms.ledger import (
+    CLIENT,
+    ReleaseKind,
+    ReleaseLedger,
+    non_private_event,
+    register_protection,
+)
 from keras_fedpriv.mechanisms.events import repeat_event
 from keras_fedpriv.mechanisms.laplace import (
     SAMPLERS,
@@ -243,7 +249,9 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         num_eval_clients: the number of clients an array ``eval_data`` is
             split into (ignored for a list or None).
         from_logits: apply softmax to the model's outputs first.
-        log_clean: also log ``clean_<metric>`` (the noiseless scores).
+        log_clean: also log ``clean_<metric>`` (the noiseless scores). A
+            simulation-only diagnostic: the ledger records it as a release
+            without DP, so the run's report becomes ``inf``.
         sampler: ``"discrete"`` (float-safe, default) or ``"continuous"``
             (naive float sampler, for comparison only).
         silhouette_sample_size: None (all scored rows) or the number of rows
@@ -496,6 +504,11 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         for cid, noisy, clean in reports:
             self.client_releases[cid] = self.client_releases.get(cid, 0) + 1
             self._ledger.record(kind, [int(cid)])
+            if self.log_clean:
+                self._ledger.record(ReleaseKind(
+                    "LaplaceEvaluation clean_*", "client data", CLIENT, non_private_event(),
+                    "log_clean=True: scores of the noiseless outputs in the logs "
+                    "(simulation-only)"), [int(cid)])
             self._buffer.pop(cid, None)
             self._buffer[cid] = (noisy, clean)
         if self.cluster_client_num is not None:

@@ -58,7 +58,8 @@ class HorizontalFL:
         log_client_loss: also log ``sim_client_loss``, the mean of the
             round's clients' exact local training losses. A SIMULATION-ONLY
             diagnostic: no upload scheme releases it (with one client per
-            round it is that client's own loss), so it is off by default.
+            round it is that client's own loss), so it is off by default;
+            when on, the ledger records it as a release without DP.
 
     Privacy: every upload is recorded by the upload scheme with the client's
     id, and the callbacks that release (MagRR, LaplaceEvaluation) record
@@ -279,6 +280,10 @@ class HorizontalFL:
             }
             if self.log_client_loss:  # simulation-only: never released by the protocol
                 logs["sim_client_loss"] = float(np.mean(losses))
+                self._ledger.record(ReleaseKind(
+                    "HorizontalFL sim_client_loss", "client data", CLIENT, non_private_event(),
+                    "log_client_loss=True: the clients' exact losses in the History "
+                    "(simulation-only)"), [int(c) for c in chosen])
             if validation_data is not None:
                 vx, vy = validation_data
                 scores = model.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)

@@ -434,6 +434,18 @@ class VerticalModel(keras.Model):
             sent = protection(z, training=training)
         return z, sent, losses + list(protection.losses)
 
+    # `.keras`: the counts of unprotected releases travel with the model, so a
+    # reloaded model still reports that labels or embeddings left in the clear.
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        store["unprotected_releases"] = np.asarray(self.unprotected_releases.numpy())
+
+    def load_own_variables(self, store):
+        if "unprotected_releases" in store:
+            self.unprotected_releases.assign(np.asarray(store["unprotected_releases"], np.int64))
+            store = {k: store[k] for k in store.keys() if k != "unprotected_releases"}
+        super().load_own_variables(store)
+
     def privacy_ledger(self):
         """What this model sent without a DP mechanism (`ReleaseLedger`, unit: example).
 

@@ -151,6 +151,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
                 x, "EmbeddingDPLayer: the embedding has NaN or inf values")
         randomize = self.eps is not None and (bool(training) or self.at_inference)
         rows = tf.shape(x)[0]
+        self._count_coordinates(tf.reduce_prod(tf.shape(x)[1:]))
         if randomize:
             noisy = quantize_rr(x, self.eps, noise=self._next_words(tf.shape(x)))
             if example_ids is not None:
@@ -194,9 +195,12 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
                                       "the follower's embedding, quantization only (eps=None, or inference with "
                                       "at_inference=False): the sign pattern, no DP"),
                           units=None, count=int(totals[rc.NON_PRIVATE]))
-        if self.eps is None or self._num_coordinates is None:
+        # Every release is priced at the largest row size released so far (a
+        # layer that saw rows of several sizes is over-counted, never under).
+        d = max(int(totals[rc.MAX_COORDINATES]), 0)
+        if self.eps is None or d == 0:
             return ledger
-        kind = ReleaseKind(name, "features", EXAMPLE, self.dp_event(),
+        kind = ReleaseKind(name, "features", EXAMPLE, self.dp_event(num_coordinates=d),
                            "the follower's embedding: every call is a release of each row (counted per example id; calls "
                            "without ids count for every example)")
         if totals[rc.FRESH_ANON]:

@@ -177,6 +177,7 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
             # Keyed by (secret, example id): the same noise in every call.
             words = self._words_for_ids(ids)[:2]
             self._count_release(rc.ONCE, n)
+            self._count_key_generation(n)
         else:
             raise ValueError(
                 "LabelDPLayer randomizes each example once, so it needs `example_ids` (unique "
@@ -240,10 +241,15 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
         name = f"LabelDPLayer {self.name!r}"
         k = self._num_classes()
         if totals[rc.ONCE]:
+            # One release per key: a seeded key is the same after a reload; an
+            # unseeded layer that was reloaded or restored has a fresh key, and its
+            # keyed noise is a new, independent release of every label.
+            keys = 1 if self.seed is not None else max(int(totals[rc.KEY_GENERATIONS]), 1)
             ledger.record(ReleaseKind(name, "labels", EXAMPLE,
                                       randomized_response_dp_event(self.eps, k),
-                                      "keyed by example id: one release per example, any "
-                                      "number of calls"), units=None)
+                                      "keyed by example id: one release per example and secret "
+                                      "key, any number of calls (a reloaded unseeded layer has "
+                                      "a new key)"), units=None, count=keys)
         fresh = ReleaseKind(name, "labels", EXAMPLE,
                             rr_with_prior_dp_event(self.eps, k) if totals[rc.PRIOR]
                             else randomized_response_dp_event(self.eps, k),

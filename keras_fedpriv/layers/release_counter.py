@@ -6,7 +6,11 @@ its counts in two local variables (like its secret key: not Keras weights,
 shared by all replicas, never mirrored):
 
 * ``release_totals`` (int64, one slot per kind of call, see ``SLOTS``):
-  the number of calls of each kind that released at least one row;
+  the number of calls of each kind that released at least one row, the
+  number of secret keys that made keyed releases (``key_generations``: a
+  reloaded or restored unseeded layer has a fresh key, so its keyed noise is
+  a new, independent release) and the largest row size released
+  (``max_coordinates``);
 * ``release_id_counts`` (int32, created on the first call that has
   example ids and fresh noise): per example id, the number of fresh-noise
   releases about that example. Ids are taken modulo ``ID_CAPACITY``; an id
@@ -35,12 +39,23 @@ ID_CAPACITY = 2 ** 20
 
 #: Slots of ``release_totals``.
 SLOTS = ("fresh_with_ids", "fresh_without_ids", "keyed_once", "non_private", "prior",
-         "folded")
-FRESH_IDS, FRESH_ANON, ONCE, NON_PRIVATE, PRIOR, FOLDED = range(len(SLOTS))
+         "folded", "key_generations", "max_coordinates")
+(FRESH_IDS, FRESH_ANON, ONCE, NON_PRIVATE, PRIOR, FOLDED, KEY_GENERATIONS,
+ MAX_COORDINATES) = range(len(SLOTS))
 
 _TOTALS = "release_totals"
 _ID_SLOTS = "release_id_slots"
 _ID_VALUES = "release_id_values"
+
+
+class _KeyUse:
+    """Holds the 'current key has released' flag (a plain object: never checkpointed)."""
+
+    def __init__(self):
+        self.variable = _LocalVariable(np.int64(0), trainable=False, name="key_used")
+
+    def reset(self):
+        self.variable.assign(0)
 
 
 class ReleaseCounterMixin:
@@ -51,6 +66,25 @@ class ReleaseCounterMixin:
                                              name=_TOTALS)
         self._release_id_counts = None
         self._release_lock = threading.Lock()
+        # Whether the current key has made keyed releases. Kept out of every
+        # checkpoint (a holder object is not tracked): a restored layer has a
+        # fresh key, whose first keyed release starts a new generation.
+        self._key_use = _KeyUse()
+        self.rng_key.fresh_key_hooks.append(self._key_use.reset)
+
+    def _count_key_generation(self, rows):
+        """Count a new key generation at the first keyed release of the current key."""
+        called = tf.cast(tf.greater(rows, 0), tf.int64)
+        used = self._key_use.variable
+        first = called * (1 - used.read_value())
+        update = tf.one_hot(KEY_GENERATIONS, len(SLOTS), dtype=tf.int64) * first
+        with tf.control_dependencies([self.release_totals.assign_add(update)]):
+            return used.assign(tf.maximum(used.read_value(), called))
+
+    def _count_coordinates(self, coordinates):
+        """Keep the largest number of coordinates per row released so far."""
+        self.release_totals.scatter_max(tf.IndexedSlices(
+            tf.reshape(tf.cast(coordinates, tf.int64), [1]), tf.constant([MAX_COORDINATES])))
 
     # -- in the graph -------------------------------------------------------------------
     def _id_count_variable(self):
@@ -94,6 +128,7 @@ class ReleaseCounterMixin:
     def reset_release_counts(self):
         """Forget every recorded release (e.g. a fresh model for a new data set)."""
         self.release_totals.assign(np.zeros(len(SLOTS), np.int64))
+        self._key_use.reset()
         if self._release_id_counts is not None:
             self._release_id_counts.assign(np.zeros(ID_CAPACITY, np.int32))
 

@@ -78,6 +78,8 @@ class SecretKeyVariable(_LocalVariable):
     def _restore_from_tensors(self, restored_tensors):
         if self.keep_when_saved:
             return super()._restore_from_tensors(restored_tensors)
+        for hook in self.fresh_key_hooks:  # e.g. the layer's key-generation count
+            hook()
         return self.assign(_key_value(None))
 
 
@@ -136,6 +138,7 @@ class SecretRandomMixin:
         self.seed = validate_seed(seed)
         self.rng_key = SecretKeyVariable(_key_value(self.seed), trainable=False, name="rng_key")
         self.rng_key.keep_when_saved = self.seed is not None
+        self.rng_key.fresh_key_hooks = []
         self._key_at_load = _FreshKeyAtLoad(self.rng_key)
         self.rng_counter = _LocalVariable(np.zeros(3, np.int64), trainable=False, name=_COUNTER)
 

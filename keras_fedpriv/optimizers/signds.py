@@ -30,7 +30,7 @@ import warnings
 import numpy as np
 
 from keras_fedpriv.mechanisms import signds as _signds
-from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger
+from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, non_private_event
 from keras_fedpriv.mechanisms.random import SeededReleases
 from keras_fedpriv.mechanisms.validation import (
     config_with_seed,
@@ -275,7 +275,13 @@ class SignDSEncoder(SeededReleases):
         sign = 1 if rng.integers(0, 2) else -1
         indices, topk_mean = _signds._select_indices(flat, k, h, self.eps, thr, sign, rng)
         message = SignDSMessage(sign=sign, indices=indices, dim=d, num_examples=num_examples)
-        self._ledger.record(self._release_kind(), units=None if client_id is None else [client_id])
+        units = None if client_id is None else [client_id]
+        self._ledger.record(self._release_kind(), units=units)
+        if num_examples is not None:  # the client's data size goes out in the clear
+            self._ledger.record(ReleaseKind(
+                "SignDS message", "client data", CLIENT, non_private_event(),
+                "num_examples (the client's data size) sent in the clear as an aggregation "
+                "weight"), units=units)
         return message, topk_mean
 
     def encode(self, update, num_examples=None, client_id=None):
