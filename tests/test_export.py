@@ -544,8 +544,11 @@ def test_magrr_checkpoint_resumes_the_same_trajectory():
     # A checkpoint as JSON: the config and the server state.
     config = json.loads(json.dumps(keras.saving.serialize_keras_object(magrr)))
     state = json.loads(json.dumps(magrr.state_dict()))
+    ledger = state.pop("ledger")  # the release ledger travels with the state (JSON-safe)
     assert state == {"r_est": pytest.approx(25e-4), "phase": "growth", "rounds_in_range": 1,
                      "num_releases": 1}
+    assert [k["everyone"] for k in ledger["kinds"]] == [1]
+    state["ledger"] = ledger
     restored = keras.saving.deserialize_keras_object(config)
     assert type(restored) is MagRR and restored.get_config() == magrr.get_config()
     fresh = keras.saving.deserialize_keras_object(config)  # control: config only, no state

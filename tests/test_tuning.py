@@ -7,6 +7,8 @@ import pytest
 
 import keras_fedpriv as kf
 from keras_fedpriv.federated import VerticalModel, with_example_ids
+from keras_fedpriv.mechanisms import randomized_response_dp_event
+from keras_fedpriv.privacy import compose_epsilon
 from keras_fedpriv.tuning import (
     PrivacyUtility,
     eps_hyperparameter,
@@ -52,8 +54,14 @@ def test_each_tuner_maximizes_utility_under_an_eps_budget(tuner_cls, tmp_path):
         eps = t.hyperparameters.get("eps")
         assert 0.25 <= eps <= 8.0
         logged_eps = t.metrics.get_last_value("epsilon")
-        # labels randomized once: one release at the trial's eps
-        assert logged_eps == pytest.approx(eps, rel=1e-3)
+        # labels randomized once per secret key: one release at the trial's eps, or more
+        # where Hyperband resumed the trial from a checkpoint into a new model (a fresh key
+        # re-randomizes every label: the ledger counts a new release)
+        generations = [compose_epsilon([(randomized_response_dp_event(eps, 2), g)], 1e-5)
+                       for g in (1, 2, 3)]
+        assert any(logged_eps == pytest.approx(g, rel=2e-3) for g in generations)
+        if tuner_cls != "Hyperband":
+            assert logged_eps == pytest.approx(eps, rel=1e-3)
         score = t.metrics.get_last_value("privacy_utility")
         if eps > 2.0:
             assert score == -1.0

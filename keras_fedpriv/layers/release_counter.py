@@ -82,9 +82,15 @@ class ReleaseCounterMixin:
             return used.assign(tf.maximum(used.read_value(), called))
 
     def _count_coordinates(self, coordinates):
-        """Keep the largest number of coordinates per row released so far."""
-        self.release_totals.scatter_max(tf.IndexedSlices(
-            tf.reshape(tf.cast(coordinates, tf.int64), [1]), tf.constant([MAX_COORDINATES])))
+        """Keep the largest number of coordinates per row released so far.
+
+        An ``assign_add`` of the excess (the same op as every other count; a
+        race between concurrent calls can only over-state the maximum).
+        """
+        excess = tf.maximum(tf.cast(coordinates, tf.int64)
+                            - self.release_totals.read_value()[MAX_COORDINATES], 0)
+        self.release_totals.assign_add(
+            tf.one_hot(MAX_COORDINATES, len(SLOTS), dtype=tf.int64) * excess)
 
     # -- in the graph -------------------------------------------------------------------
     def _id_count_variable(self):
