@@ -10,7 +10,24 @@ from keras_fedpriv.layers.label_dp import LabelDPLayer
 __all__ = ["privatize_labels", "privatize_dataset"]
 
 
-def privatize_labels(labels, eps, mode="auto", num_classes=None, prior=None, seed=None):
+def _privatizer(layer, eps, mode, num_classes, seed):
+    """The LabelDPLayer that randomizes: ``layer`` as given, or a new one from the arguments."""
+    if layer is None:
+        if eps is None:
+            raise TypeError("give `eps` (a new LabelDPLayer randomizes the labels) or `layer` "
+                            "(an existing LabelDPLayer, whose ledger then records the release).")
+        return LabelDPLayer(eps, mode=mode, num_classes=num_classes, seed=seed)
+    if not isinstance(layer, LabelDPLayer):
+        raise TypeError(f"`layer` must be a keras_fedpriv.LabelDPLayer; got "
+                        f"{type(layer).__name__}.")
+    if eps is not None or seed is not None or mode != "auto" or num_classes is not None:
+        raise ValueError("with `layer`, leave `eps`, `mode`, `num_classes` and `seed` unset: "
+                         "the layer's own settings are used.")
+    return layer
+
+
+def privatize_labels(labels, eps=None, mode="auto", num_classes=None, prior=None, seed=None,
+                     layer=None):
     """Return a randomized copy of ``labels``, each example randomized once.
 
     The labels are validated row by row first (a clear ValueError names the
@@ -26,6 +43,10 @@ def privatize_labels(labels, eps, mode="auto", num_classes=None, prior=None, see
         prior: optional (N, K) per-example class probabilities for
             RR-with-prior (they must not depend on the example's own label).
         seed: None for a fresh OS-entropy secret, or an int (reproducible).
+        layer: instead of ``eps``/``mode``/``num_classes``/``seed``, an
+            existing `LabelDPLayer` to randomize with. Its ledger records the
+            release, so ``privacy_report([model, layer])`` counts it (a layer
+            made here is dropped with its record).
 
     Returns:
         A numpy array of the input's shape and dtype.
@@ -34,13 +55,14 @@ def privatize_labels(labels, eps, mode="auto", num_classes=None, prior=None, see
         >>> y_noisy = privatize_labels(y_train, eps=2.0)
     """
     array = np.asarray(labels)
-    layer = LabelDPLayer(eps, mode=mode, num_classes=num_classes, seed=seed)
+    layer = _privatizer(layer, eps, mode, num_classes, seed)
     out = layer(array, example_ids=np.arange(array.shape[0] if array.ndim else 0, dtype=np.int64),
                 prior=prior, training=True)
     return np.asarray(out).astype(array.dtype, copy=False)
 
 
-def privatize_dataset(dataset, eps, mode="auto", num_classes=None, seed=None, label_key=None):
+def privatize_dataset(dataset, eps=None, mode="auto", num_classes=None, seed=None, label_key=None,
+                      layer=None):
     """Randomize the labels of a `tf.data.Dataset` once per example.
 
     The dataset is enumerated and each label is randomized by a pure function
@@ -59,7 +81,7 @@ def privatize_dataset(dataset, eps, mode="auto", num_classes=None, seed=None, la
             / ``(features, labels, sample_weight)``, or other tuples or dicts
             together with ``label_key``. Labels have shape () / (1,) for
             binary or sparse, (K,) for one-hot.
-        eps, mode, num_classes, seed: as in `privatize_labels`.
+        eps, mode, num_classes, seed, layer: as in `privatize_labels`.
         label_key: None (Keras' convention, position 1 of a 2- or 3-tuple),
             an int position in a tuple element, or a key of a dict element.
 
@@ -80,7 +102,7 @@ def privatize_dataset(dataset, eps, mode="auto", num_classes=None, seed=None, la
     if rank not in (0, 1):
         raise ValueError("privatize_dataset: apply it to unbatched elements (labels of shape () "
                          f"or (K,)); got label shape {label_spec.shape}. Use .unbatch() first.")
-    layer = LabelDPLayer(eps, mode=mode, num_classes=num_classes, seed=seed)
+    layer = _privatizer(layer, eps, mode, num_classes, seed)
     is_dict = isinstance(spec, dict)
 
     def randomize(position, element):

@@ -379,3 +379,28 @@ def test_a_restored_host_protection_keeps_counting_what_the_original_released():
         copy.load_state_dict(state)
         _close(privacy_report(copy).epsilon, privacy_report(original).epsilon)
         assert privacy_report(copy).epsilon > 0
+
+
+def test_labels_privatized_before_training_are_counted_through_their_layer():
+    """privatize_labels + VerticalModel(label_dp=None): the model cannot know the labels were
+    randomized, so by default it records the true labels as released (inf); with
+    labels_privatized=True and the privatizing layer in the report, the figure is the layer's."""
+    model, x, y = _vertical(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0))
+    privatizer = kf.LabelDPLayer(eps=1.0, seed=0)
+    y_private = kf.privatize_labels(y, layer=privatizer)
+    model.fit(x, y_private, epochs=1, batch_size=64, verbose=0)
+    assert math.isinf(privacy_report(model, protects="labels").epsilon)
+
+    trusted, x, y = _vertical(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0))
+    trusted = VerticalModel(trusted.bottoms, trusted.top, leader="party_b",
+                            embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0),
+                            labels_privatized=True)
+    trusted.compile("adam", "binary_crossentropy")
+    trusted.fit(x, y_private, epochs=2, batch_size=64, verbose=0)
+    _close(privacy_report([trusted, privatizer], protects="labels").epsilon,
+           by_hand([(randomized_response_dp_event(1.0, 2), 1)]))
+    with pytest.raises(ValueError, match="labels_privatized"):
+        VerticalModel(trusted.bottoms, trusted.top, leader="party_b", labels_privatized=True,
+                      label_dp=kf.LabelDPLayer(eps=1.0))
+    with pytest.raises(TypeError, match="eps"):
+        kf.privatize_labels(y)

@@ -166,6 +166,14 @@ class VerticalModel(keras.Model):
             would reveal it), and ``fit`` refuses sample weights unless
             ``label_free_sample_weight=True`` says they do not depend on the
             labels.
+        labels_privatized: True if the labels given to ``fit`` were randomized
+            before training (`keras_fedpriv.privatize_labels` /
+            `privatize_dataset`): the cut gradients are then computed from
+            randomized labels. Otherwise, without ``label_dp``, every training
+            step is recorded as a release of the true labels without DP (the
+            report says ``inf``). Pass the privatizing `LabelDPLayer`
+            (``privatize_labels(..., layer=...)``) to `privacy_report` too, so
+            its release is counted.
         **kwargs: `keras.Model` arguments (``name``, ...).
 
     Example:
@@ -178,7 +186,8 @@ class VerticalModel(keras.Model):
 
     _is_vertical_model = True
 
-    def __init__(self, bottoms, top, leader=None, embedding_dp=None, label_dp=None, **kwargs):
+    def __init__(self, bottoms, top, leader=None, embedding_dp=None, label_dp=None,
+                 labels_privatized=False, **kwargs):
         super().__init__(**kwargs)
         parties = self._validate_bottoms(bottoms)
         if not isinstance(top, keras.layers.Layer):
@@ -189,6 +198,14 @@ class VerticalModel(keras.Model):
         if leader is not None and (not isinstance(leader, str) or leader not in bottoms):
             raise ValueError(f"VerticalModel: `leader` must be None (the leader has no bottom "
                              f"model) or one of the parties {parties}; got {leader!r}.")
+        if not isinstance(labels_privatized, bool):
+            raise TypeError(f"VerticalModel: `labels_privatized` must be a bool; got "
+                            f"{labels_privatized!r}.")
+        if labels_privatized and label_dp is not None:
+            raise ValueError("VerticalModel: `labels_privatized=True` says the labels given to "
+                             "fit were randomized before training; with `label_dp` the model "
+                             "randomizes them itself. Pass one or the other.")
+        self.labels_privatized = labels_privatized
         if label_dp is not None and not isinstance(label_dp, LabelDPLayer):
             raise TypeError(f"VerticalModel: `label_dp` must be None or a "
                             f"keras_fedpriv.LabelDPLayer; got {type(label_dp).__name__}.")
@@ -618,7 +635,7 @@ class VerticalModel(keras.Model):
         # 2. The leader: top on what arrived (no autograd history crosses the wire).
         received = {p: tf.stop_gradient(sent[p]) for p in self._parties}
         y_train = self._privatize_labels(y, ids)
-        if self.label_dp is None and y is not None:
+        if self.label_dp is None and not self.labels_privatized and y is not None:
             self._count_unprotected(len(self._followers), _rows(tree.flatten(y)[0]))
         sample_weight = self._label_dp_sample_weight(y_train, sample_weight)
         top_vars = list(self.top.trainable_variables)
@@ -988,6 +1005,7 @@ class VerticalModel(keras.Model):
             "embedding_dp": {p: (None if layer is None else ser(layer))
                              for p, layer in self.protections.items()},
             "label_dp": None if self.label_dp is None else ser(self.label_dp),
+            "labels_privatized": self.labels_privatized,
         }
 
     @classmethod
