@@ -14,7 +14,6 @@ import keras
 import keras_tuner as kt
 import numpy as np
 import pytest
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from sklearn.datasets import load_digits
 
 import keras_fedpriv as kf
@@ -24,7 +23,6 @@ from keras_fedpriv.federated import (
     HorizontalFL,
     VerticalModel,
     partition,
-    with_example_ids,
 )
 from keras_fedpriv.mechanisms import randomized_response_dp_event
 from keras_fedpriv.mechanisms.events import pure_dp_event
@@ -39,54 +37,12 @@ from keras_fedpriv.privacy import (
     privacy_report,
 )
 from keras_fedpriv.tuning import search_epsilon, trial_epsilon
-
-DELTA = 1e-5
-REL = dp_accounting.NeighboringRelation.REPLACE_ONE
+from ledger_cases import DELTA, REL, by_hand, vertical_model
 
 
 # ------------------------------------------------------------------ by hand
-def _pld(event):
-    if isinstance(event, dp_accounting.RandomizedResponseDpEvent):
-        return pld_lib.from_randomized_response(event.noise_parameter, event.num_buckets,
-                                                value_discretization_interval=1e-4,
-                                                neighboring_relation=REL)
-    if isinstance(event, dp_accounting.dp_event.DiscreteLaplaceDpEvent):
-        return pld_lib.from_discrete_laplace_mechanism(event.noise_parameter, event.sensitivity,
-                                                       value_discretization_interval=1e-4)
-    assert isinstance(event, dp_accounting.GaussianDpEvent), event
-    return pld_lib.from_gaussian_mechanism(event.noise_multiplier,
-                                           value_discretization_interval=1e-4)
-
-
-def by_hand(events_with_counts, delta=DELTA):
-    """eps of ``[(event, count)]`` with dp-accounting's PLDs, composed explicitly."""
-    total = None
-    for event, count in events_with_counts:
-        if isinstance(event, dp_accounting.ComposedDpEvent):
-            parts = [(e, count) for e in event.events]
-            sub = [_pld(e).self_compose(c) for e, c in parts]
-        else:
-            sub = [_pld(event).self_compose(count)]
-        for pld in sub:
-            total = pld if total is None else total.compose(pld)
-    return float(total.get_epsilon_for_delta(delta))
-
-
 def _close(a, b):
     assert a == pytest.approx(b, rel=2e-3, abs=2e-3)
-
-
-def _vertical(label_dp=None, embedding_dp=None, n=128, leader="party_b"):
-    rng = np.random.default_rng(0)
-    xa = rng.normal(size=(n, 6)).astype("float32")
-    xb = rng.normal(size=(n, 4)).astype("float32")
-    y = (xa[:, 0] + xb[:, 0] > 0.5).astype("float32")
-    bottom = lambda k: keras.Sequential([keras.Input((k,)), keras.layers.Dense(8)])  # noqa: E731
-    top = keras.Sequential([keras.Input((16,)), keras.layers.Dense(1, activation="sigmoid")])
-    model = VerticalModel({"party_a": bottom(6), "party_b": bottom(4)}, top, leader=leader,
-                          label_dp=label_dp, embedding_dp=embedding_dp)
-    model.compile("adam", "binary_crossentropy")
-    return model, with_example_ids({"party_a": xa, "party_b": xb}), y
 
 
 def _digits(n=300):
@@ -174,7 +130,7 @@ def test_case14_second_fit_shared_layer_inference_and_unprotected_inference():
     """Case 14: a second fit was not added; a layer applied to two embeddings per pass was
     counted once; inference passes needed extra_releases; at_inference=False inference
     (no DP) was counted as an eps-DP release."""
-    model, x, y = _vertical(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0),
+    model, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0),
                             label_dp=kf.LabelDPLayer(eps=1.0, seed=0))
     model.fit(x, y, epochs=2, batch_size=64, verbose=0)
     model.fit(x, y, epochs=3, batch_size=64, verbose=0)
@@ -194,7 +150,7 @@ def test_case14_second_fit_shared_layer_inference_and_unprotected_inference():
     (row,) = privacy_report(two).rows()
     assert row["releases"] == 2  # one call per embedding, per example
 
-    quiet, x, y = _vertical(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, at_inference=False),
+    quiet, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, at_inference=False),
                             label_dp=kf.LabelDPLayer(eps=1.0, seed=0))
     quiet.fit(x, y, epochs=1, batch_size=64, verbose=0)
     assert math.isfinite(privacy_report(quiet).epsilon)
@@ -262,7 +218,7 @@ def test_by_hand_label_dp_once_per_batch_and_prior():
 
 
 def test_by_hand_embedding_dp_training_inference_and_vertical_model():
-    model, x, y = _vertical(label_dp=kf.LabelDPLayer(eps=1.0, seed=0),
+    model, x, y = vertical_model(label_dp=kf.LabelDPLayer(eps=1.0, seed=0),
                             embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0))
     logger = EpsilonLogger()
     history = model.fit(x, y, epochs=3, batch_size=64, verbose=0, callbacks=[logger])
@@ -283,7 +239,7 @@ def test_by_hand_embedding_dp_training_inference_and_vertical_model():
 
 
 def test_by_hand_vertical_model_without_protection_is_not_private():
-    model, x, y = _vertical()
+    model, x, y = vertical_model()
     model.fit(x, y, epochs=1, batch_size=64, verbose=0)
     report = privacy_report(model)
     assert math.isinf(report.epsilon)
@@ -347,7 +303,7 @@ def test_fedavg_is_not_private_and_ledgers_merge_once():
 
 def test_plan_then_run_meets_the_target():
     eps = plan_epsilon(6.0, DELTA, releases=3, mechanism="embedding_dp", num_coordinates=8)
-    model, x, y = _vertical(embedding_dp=kf.EmbeddingDPLayer(eps=eps, seed=0),
+    model, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=eps, seed=0),
                             label_dp=kf.LabelDPLayer(eps=1.0, seed=0))
     model.fit(x, y, epochs=3, batch_size=64, verbose=0)
     spent = privacy_report(model, protects="features").epsilon
@@ -385,13 +341,13 @@ def test_labels_privatized_before_training_are_counted_through_their_layer():
     """privatize_labels + VerticalModel(label_dp=None): the model cannot know the labels were
     randomized, so by default it records the true labels as released (inf); with
     labels_privatized=True and the privatizing layer in the report, the figure is the layer's."""
-    model, x, y = _vertical(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0))
+    model, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0))
     privatizer = kf.LabelDPLayer(eps=1.0, seed=0)
     y_private = kf.privatize_labels(y, layer=privatizer)
     model.fit(x, y_private, epochs=1, batch_size=64, verbose=0)
     assert math.isinf(privacy_report(model, protects="labels").epsilon)
 
-    trusted, x, y = _vertical(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0))
+    trusted, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0))
     trusted = VerticalModel(trusted.bottoms, trusted.top, leader="party_b",
                             embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0),
                             labels_privatized=True)

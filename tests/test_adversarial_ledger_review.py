@@ -8,53 +8,18 @@ any of them; private attributes are read only to show the evidence).
 
 import math
 
-import dp_accounting
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 import keras_fedpriv as kf
 from keras_fedpriv.callbacks import LaplaceEvaluation
-from keras_fedpriv.federated import VerticalModel, with_example_ids
 from keras_fedpriv.mechanisms import randomized_response_dp_event
 from keras_fedpriv.mechanisms.quantize import quantize_rr_dp_event
 from keras_fedpriv.optimizers import SignDSEncoder
 from keras_fedpriv.privacy import privacy_report
+from ledger_cases import by_hand, vertical_model
 
-DELTA = 1e-5
-
-
-def _pld(event):
-    if isinstance(event, dp_accounting.RandomizedResponseDpEvent):
-        return pld_lib.from_randomized_response(event.noise_parameter, event.num_buckets,
-                                                value_discretization_interval=1e-4)
-    raise TypeError(event)
-
-
-def by_hand(events_with_counts, delta=DELTA):
-    """eps of ``[(event, count)]`` with dp-accounting's PLDs, composed explicitly."""
-    total = None
-    for event, count in events_with_counts:
-        parts = event.events if isinstance(event, dp_accounting.ComposedDpEvent) else [event]
-        for e in parts:
-            pld = _pld(e).self_compose(count)
-            total = pld if total is None else total.compose(pld)
-    return float(total.get_epsilon_for_delta(delta))
-
-
-def _vertical(label_dp=None, embedding_dp=None, n=128, leader="party_b"):
-    rng = np.random.default_rng(0)
-    xa = rng.normal(size=(n, 6)).astype("float32")
-    xb = rng.normal(size=(n, 4)).astype("float32")
-    y = (xa[:, 0] + xb[:, 0] > 0.5).astype("float32")
-    bottom = lambda k: keras.Sequential([keras.Input((k,)), keras.layers.Dense(8)])  # noqa: E731
-    top = keras.Sequential([keras.Input((16,)), keras.layers.Dense(1, activation="sigmoid")])
-    model = VerticalModel({"party_a": bottom(6), "party_b": bottom(4)}, top, leader=leader,
-                          label_dp=label_dp, embedding_dp=embedding_dp)
-    model.compile("adam", "binary_crossentropy")
-    return model, with_example_ids({"party_a": xa, "party_b": xb}), y
 
 
 # ------------------------------------------------------------------------- HIGH
@@ -66,7 +31,7 @@ def test_keyed_label_dp_rerandomizes_after_reload_but_ledger_counts_one_release(
     The release counts travel with the model (save_own_variables), so the reloaded model's
     report still says one release: eps 1.0 where two independent binary RR at eps=1 compose
     to eps 2.0 (under-count by 2x; k resumes -> k x)."""
-    model, x, y = _vertical(label_dp=kf.LabelDPLayer(eps=1.0),
+    model, x, y = vertical_model(label_dp=kf.LabelDPLayer(eps=1.0),
                             embedding_dp=kf.EmbeddingDPLayer(eps=2.0))
     model.fit(x, y, epochs=1, batch_size=64, verbose=0)
     ids = x["example_ids"]
@@ -90,7 +55,7 @@ def test_vertical_model_reloaded_forgets_that_true_labels_were_sent():
     plain local variable that `.keras` saving does not carry (VerticalModel has no
     save_own_variables), so the reloaded model reports a finite eps (8.0 here: only the
     follower's EmbeddingDP) for a run that released the labels with no DP at all."""
-    model, x, y = _vertical(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0))
+    model, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=2.0, seed=0))
     model.fit(x, y, epochs=1, batch_size=64, verbose=0)
     assert math.isinf(privacy_report(model).epsilon)
 
