@@ -360,3 +360,13 @@ def test_labels_privatized_before_training_are_counted_through_their_layer():
                       label_dp=kf.LabelDPLayer(eps=1.0))
     with pytest.raises(TypeError, match="eps"):
         kf.privatize_labels(y)
+
+
+def test_example_ids_that_do_not_name_every_row_count_for_every_example():
+    """EmbeddingDPLayer takes ids only for counting: ids of the wrong length (one id for a
+    batch of 8) must not make the release count for that one example only."""
+    layer = kf.EmbeddingDPLayer(eps=2.0, seed=0)
+    layer(np.ones((8, 3), "float32"), training=True, example_ids=np.array([0]))
+    layer(np.ones((2, 3), "float32"), training=True, example_ids=np.array([5, 6]))
+    (row,) = privacy_report(layer).rows()
+    assert row["releases"] == 2  # examples 5 and 6: the anonymous call + their own

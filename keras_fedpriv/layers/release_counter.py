@@ -109,14 +109,21 @@ class ReleaseCounterMixin:
         other slots count calls only.
         """
         called = tf.cast(tf.greater(rows, 0), tf.int64)
-        update = tf.one_hot(slot, len(SLOTS), dtype=tf.int64) * called
-        if slot == FRESH_IDS:
-            ids = tf.cast(tf.reshape(example_ids, [-1]), tf.int64)
-            outside = tf.reduce_any(tf.logical_or(ids < 0, ids >= ID_CAPACITY))
-            update += tf.one_hot(FOLDED, len(SLOTS), dtype=tf.int64) * tf.cast(outside, tf.int64)
-            slots = tf.math.floormod(ids, ID_CAPACITY)
-            self._id_count_variable().scatter_add(
-                tf.IndexedSlices(tf.ones_like(slots, tf.int32), slots))
+        if slot != FRESH_IDS:
+            self.release_totals.assign_add(tf.one_hot(slot, len(SLOTS), dtype=tf.int64) * called)
+            return
+        ids = tf.cast(tf.reshape(example_ids, [-1]), tf.int64)
+        # Ids that do not name every row (a wrong count) cannot be trusted to
+        # count per example: the call then counts for every example instead.
+        match = tf.cast(tf.equal(tf.cast(tf.size(ids), tf.int64),
+                                 tf.cast(rows, tf.int64)), tf.int64)
+        outside = tf.cast(tf.reduce_any(tf.logical_or(ids < 0, ids >= ID_CAPACITY)), tf.int64)
+        update = (tf.one_hot(FRESH_IDS, len(SLOTS), dtype=tf.int64) * called * match
+                  + tf.one_hot(FRESH_ANON, len(SLOTS), dtype=tf.int64) * called * (1 - match)
+                  + tf.one_hot(FOLDED, len(SLOTS), dtype=tf.int64) * outside * match)
+        slots = tf.math.floormod(ids, ID_CAPACITY)
+        self._id_count_variable().scatter_add(tf.IndexedSlices(
+            tf.fill(tf.shape(slots), tf.cast(match, tf.int32)), slots))
         self.release_totals.assign_add(update)
 
     # -- on the host --------------------------------------------------------------------
