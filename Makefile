@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench api clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q tests
+
+api: $(STAMP)
+	$(PY) docs/build_api.py build/api
 
 bench: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/rr_with_prior.py
