@@ -1,4 +1,4 @@
-"""Attacks that measure how much a federated protocol leaks (ALGORITHMS.md section 7).
+"""Attacks that measure how much a federated protocol leaks.
 
 * `norm_label_inference`, `direction_label_inference`: a follower infers the
   leader's binary labels from the cut-layer gradients it receives (Li et al.,

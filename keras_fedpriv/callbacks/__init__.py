@@ -2,11 +2,11 @@
 
 * `MagRR`: server-side estimation of the global step size of sign-based
   (SignDS) client updates from one randomized-response bit per client and
-  round (seed 003, ALGORITHMS.md section 5).
+  round (MindSpore Federated's SignDS design).
 * `LaplaceEvaluation`: clustering scores (silhouette, Calinski-Harabasz,
   Davies-Bouldin) of the model's softmax outputs, which the clients release
-  under Laplace local DP after every epoch or federated round (seed 004,
-  ALGORITHMS.md section 6).
+  under Laplace local DP after every epoch or federated round (MindSpore Federated's
+  design).
 """
 
 from keras_fedpriv.callbacks.laplace_eval import LaplaceEvaluation

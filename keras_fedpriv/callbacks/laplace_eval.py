@@ -1,8 +1,8 @@
-"""Laplace-protected clustering evaluation of a model's outputs (seed 004).
+"""Laplace-protected clustering evaluation of a model's outputs (MindSpore Federated's design).
 
 During (federated) training the server wants to know whether the model's
 outputs separate the data into clusters, without seeing any client's outputs
-in the clear (ALGORITHMS.md section 6):
+in the clear:
 
 * client: run inference with the current model on its evaluation data and add
   i.i.d. Laplace noise of scale ``sensitivity / eps`` to every entry of every
@@ -145,19 +145,19 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     same way on the noiseless outputs of the same clients, to show what the
     noise costs (this is a simulation aid: a real server never sees them).
 
-    **Sensitivity: 2 by default, not the seed's 1.** The seed and the
+    **Sensitivity: 2 by default, not the original design's 1.** The original design and the
     reference implementation add Laplace noise of scale ``1 / eps``, i.e. L1
     sensitivity 1. But two probability vectors can differ by up to 2 in L1
     norm (e.g. ``[1, 0]`` and ``[0, 1]``), so with sensitivity 1 the real
-    guarantee is ``2 * eps``-LDP: the seed's eps is understated by a factor
+    guarantee is ``2 * eps``-LDP: the original design's eps is understated by a factor
     2. This class defaults to the correct ``sensitivity=2.0``. Pass
     ``sensitivity=1.0`` only to reproduce the seed (a warning says so). In
     every case `epsilon` and `dp_event` report the *true* guarantee for
     probability vectors, ``2 * eps / sensitivity``.
 
-    **The seed's eps = 230260 is almost no protection.** The seed picks eps
+    **The original design's eps = 230260 is almost no protection.** The original design picks eps
     so that 90% of the noise draws are below 1e-5 in magnitude: the noise
-    scale is ``1 / 230260 = 4.3e-6`` with the seed's sensitivity 1
+    scale is ``1 / 230260 = 4.3e-6`` with the original design's sensitivity 1
     (``8.7e-6`` with sensitivity 2), far below the differences between the
     outputs of different examples. The scores are unaffected, and so is what
     the server learns about each client's outputs. Meaningful protection
@@ -182,7 +182,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     ``eval_data=None``, the buffer collects the participants of the latest
     rounds (their reports were made with the models of their rounds).
     ``cluster_client_num=None`` (default) scores the clients of the current
-    evaluation only (no buffer across evaluations); the seed's configuration
+    evaluation only (no buffer across evaluations); the original design's configuration
     uses ``cluster_client_num=1000``. The buffer survives across ``fit``
     calls (to resume training); `reset_buffer` empties it.
 
@@ -385,7 +385,9 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
 
     def _release_kind(self):
         return ReleaseKind("LaplaceEvaluation", "client data", CLIENT,
-                           self.dp_event(), "noisy softmax outputs: each evaluation releases every evaluated example's "
+                           self.dp_event(),
+                           "noisy softmax outputs: each evaluation releases every evaluated "
+                           "example's "
                            "output once; counted per client evaluated")
 
     def privacy_ledger(self):

@@ -1,7 +1,9 @@
-"""MagRR: estimating the global step size with randomized response (seed 003).
+"""MagRR: estimating the global step size with randomized response.
+
+From MindSpore Federated's SignDS design.
 
 SignDS clients upload only a sign and a set of coordinates, so the server does
-not know how far to move along them. MagRR (ALGORITHMS.md section 5) lets it
+not know how far to move along them. MagRR lets it
 estimate the step size ``r`` of the clients' updates from one randomized bit
 per client and round:
 
@@ -129,16 +131,16 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
     ``magrr_debiased_ones`` into the logs (so `History` records them).
     Nothing here depends on the driver.
 
-    Constants (this class's default = the seed's value; the reference is
+    Constants (this class's default = the original design's value; the reference is
     MindSpore Federated's implementation):
 
     ==========================  ==============  ===================
-    argument                    default (seed)  reference
+    argument                    default         reference
     ==========================  ==============  ===================
     ``eps_rr``                  5.0             5 (hard-coded)
     ``r_init``                  1e-5            1e-5
-    ``growth_factor``           5.0             5 (seed: no number)
-    ``switch_after``            10              10 (seed: no number)
+    ``growth_factor``           5.0             5 (design: none)
+    ``switch_after``            10              10 (design: none)
     ``growth_threshold``        2.0             2.0
     ``contraction_threshold``   1.0             0.5
     ``contraction_factor``      2.0 (halve)     1.5
@@ -190,7 +192,8 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         self.r_init = validate_real(r_init, "r_init", low=0, low_open=True)
         self.growth_factor = validate_real(growth_factor, "growth_factor", low=1, low_open=True)
         self.switch_after = validate_positive_int(switch_after, "switch_after")
-        self.growth_threshold = validate_real(growth_threshold, "growth_threshold", low=0, low_open=True)
+        self.growth_threshold = validate_real(growth_threshold, "growth_threshold", low=0,
+                                              low_open=True)
         self.contraction_threshold = validate_real(contraction_threshold, "contraction_threshold",
                                            low=0, low_open=True)
         self.contraction_factor = validate_real(contraction_factor, "contraction_factor",
@@ -267,7 +270,8 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         seed = int(self._release_generator().integers(0, 2**63))
         reports = binary_randomized_response(bits, self.eps_rr, seed=seed)
         kind = ReleaseKind("MagRR", "client data", CLIENT,
-                           self.dp_event(1), "its step size: one randomized-response bit per round a client "
+                           self.dp_event(1),
+                           "its step size: one randomized-response bit per round a client "
                            "takes part in")
         if client_ids is None:
             self._ledger.record(kind, units=None, count=1)

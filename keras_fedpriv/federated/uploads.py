@@ -10,8 +10,8 @@ Three schemes, one small class each, with the same two methods:
   dense float32 step to add to the global weights.
 
 `FedAvgUpload` (dense float update, averaged with weights = client sizes; no
-protection), `SignDSUpload` (SignDS: a sign and a few indices, ALGORITHMS.md
-section 4) and `GaussianUpload` (clip + Gaussian noise per client, the seed's
+protection), `SignDSUpload` (SignDS: a sign and a few indices) and
+`GaussianUpload` (clip + Gaussian noise per client, the original design's
 `DP_ENCRYPT` baseline). The mechanisms themselves live in
 `keras_fedpriv.mechanisms` and `keras_fedpriv.optimizers`; this module only
 routes updates through them.
@@ -109,7 +109,7 @@ class SignDSUpload:
     Args:
         encoder: a `SignDSEncoder` (or None for the default one).
         global_lr: the server's step when no MagRR estimate is available
-            (the seed's ``sign_global_lr``).
+            (the original design's ``sign_global_lr``).
     """
 
     name = "signds"

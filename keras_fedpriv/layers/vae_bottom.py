@@ -1,4 +1,6 @@
-"""VAEBottom: a follower's bottom model as the encoder of a VAE (seed 002).
+"""VAEBottom: a follower's bottom model as the encoder of a VAE.
+
+After "Exploiting Internal Randomness for Privacy in Vertical Federated Learning", ESORICS 2024.
 
 The embedding a follower sends up is a reparameterized posterior sample
 ``z = mu(x) + sigma(x) * n``, ``n ~ N(0, I)``, with ``sigma = exp(0.5 *
@@ -36,7 +38,9 @@ def kl_to_standard_normal(mu, logvar):
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
 class VAEBottom(SecretRandomMixin, keras.layers.Layer):
-    """A follower's bottom model that sends a VAE posterior sample (seed 002).
+    """A follower's bottom model that sends a VAE posterior sample.
+
+    After "Exploiting Internal Randomness for Privacy in Vertical Federated Learning", ESORICS 2024.
 
     Encoder: ``Dense(u, relu)`` for each ``u`` in ``hidden_units``, then two
     linear heads, ``mu = Dense(latent_dim)`` and ``logvar = Dense(latent_dim)``.

@@ -1,4 +1,4 @@
-"""Clipping + Gaussian noise on a client update (the baseline of seed 003's `DP_ENCRYPT`).
+"""Clipping + Gaussian noise on a client update (MindSpore Federated's `DP_ENCRYPT` baseline).
 
 A client clips its flat update to L2 norm ``clip_norm`` and adds independent
 N(0, (noise_multiplier * clip_norm)^2) noise to every coordinate before it

@@ -3,7 +3,7 @@
 ``laplace(values, eps, sensitivity)`` adds noise of scale ``b = sensitivity / eps``
 to every entry; each row (last axis) is one release whose L1 sensitivity is
 ``sensitivity`` (2 for probability vectors: two of them differ by at most 2 in
-L1; seed 004 and the reference use 1, which understates eps by a factor 2).
+L1; MindSpore Federated's design and code use 1, which understates eps by a factor 2).
 
 Why not ``x + numpy.random.laplace(b)``: floating-point noise leaks the input
 through the low-order bits of the output (Mironov, "On significance of the
@@ -53,7 +53,8 @@ from keras_fedpriv.mechanisms.validation import (
     validate_real,
 )
 
-__all__ = ["MIN_NOISE_PARAMETER", "SAMPLERS", "discrete_laplace_integers", "laplace", "laplace_dp_event", "laplace_grid",
+__all__ = ["MIN_NOISE_PARAMETER", "SAMPLERS", "discrete_laplace_integers", "laplace",
+           "laplace_dp_event", "laplace_grid",
            "laplace_scale"]
 
 SAMPLERS = ("discrete", "continuous")
@@ -212,7 +213,7 @@ def laplace_dp_event(eps, sensitivity=2.0, num_values=None, sampler="discrete",
         sampler: as in `laplace`.
         distance: the L1 distance between neighbouring rows that the event
             must cover, when it differs from ``sensitivity`` (e.g. 2 for
-            probability vectors whose noise was calibrated to the seed's
+            probability vectors whose noise was calibrated to the original design's
             sensitivity 1). Default: ``sensitivity``.
 
     Returns:

@@ -1,8 +1,8 @@
-"""One-bit quantization followed by randomized response (EmbeddingDP, seed 001).
+"""One-bit quantization followed by randomized response (EmbeddingDP).
 
 ``B = 1 if x > 0 else 0`` elementwise; with ``eps`` given, a 1 stays 1 with
 ``p = e^(eps/2) / (e^(eps/2) + 1)`` and a 0 becomes 1 with
-``q = 1 / (e^(eps/2) + 1)`` (ALGORITHMS.md section 2): symmetric randomized
+``q = 1 / (e^(eps/2) + 1)``: symmetric randomized
 response with flip probability q, so each coordinate is (eps/2)-DP and a
 d-dimensional embedding is (d * eps / 2)-DP by basic composition.
 """

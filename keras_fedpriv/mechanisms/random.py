@@ -4,7 +4,7 @@ Why not `keras.random`: Keras casts every seed to int32
 (`keras/src/backend/tensorflow/random.py::_cast_seed`), so a `SeedGenerator`
 carries at most ~31 bits of secret, and `SeedGenerator(None)` seeds itself
 from Python's global `random` (predictable after
-`keras.utils.set_random_seed`). ALGORITHMS.md section 0 asks for a secret of
+`keras.utils.set_random_seed`). We want a secret of
 64 bits or more drawn from OS entropy, so the randomness here is keyed by a
 64-bit secret and generated with Philox-4x32-10 (Salmon et al. 2011, the
 counter-based generator TensorFlow itself uses):

@@ -3,7 +3,7 @@
 Pure functions: no Keras state. Each takes the data, ``eps`` and either
 ``noise`` (uniform uint32 words, from `keras_fedpriv.mechanisms.random`) or a
 ``seed`` (None: a fresh secret from OS entropy; an int: reproducible). The
-formulas are those of ALGORITHMS.md section 1:
+formulas:
 
 * binary: flip with ``p = 1 / (1 + e^eps)``;
 * k-ary over K classes: keep with ``p1 = e^eps / (K - 1 + e^eps)``, move to
@@ -356,7 +356,8 @@ def kary_randomized_response(class_ids, num_classes, eps, *, seed=None, noise=No
     k = validate_positive_int(num_classes, "num_classes", minimum=2)
     class_ids = ops.cast(ops.convert_to_tensor(class_ids), "int32")
     w_keep, w_other = _noise(noise, ops.shape(class_ids), seed, count=2)
-    return _rr_on_ranks(class_ids, ops.full(ops.shape(class_ids), k, "int32"), k, w_keep, w_other, eps)
+    return _rr_on_ranks(class_ids, ops.full(ops.shape(class_ids), k, "int32"), k, w_keep, w_other,
+                        eps)
 
 
 def _static_num_classes(prior):

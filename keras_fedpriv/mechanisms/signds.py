@@ -1,4 +1,4 @@
-"""SignDS's exponential mechanism: the pure math (seed 003, ALGORITHMS.md section 4).
+"""SignDS's exponential mechanism: the pure math (MindSpore Federated's SignDS design).
 
 A client holds a flat update of length ``d`` and a top-k set ``S`` of ``k``
 indices (the k largest values for sign +1, the k smallest for sign -1). It
@@ -14,7 +14,7 @@ proportional to ``e^eps`` if ``t >= thr`` and 1 otherwise. So
 
 and given ``t``, ``J`` is ``t`` uniform members of ``S`` plus ``h - t``
 uniform non-members. Any two updates change ``P(J)`` by a factor of at most
-``e^eps``: the index set is eps-LDP (seed 003's proof).
+``e^eps``: the index set is eps-LDP (the SignDS design's proof).
 
 The threshold ``thr`` and the output size ``h`` are chosen by the rules of the
 reference implementation (`optimal_threshold`, `optimal_output_dim`). All of

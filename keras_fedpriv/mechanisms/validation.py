@@ -1,7 +1,7 @@
 """Argument validation shared by every mechanism, layer and callback.
 
 There is one epsilon validator (`validate_eps`) and every public entry point
-calls it, so that the rules of ALGORITHMS.md section 0 hold everywhere:
+calls it, so that the same rules hold everywhere:
 epsilon is a real, finite number ``>= 0``; bools, strings, ``None``, NaN and
 infinity are rejected with an error that names the parameter, the value and
 the valid range; nothing is ever clamped silently.
@@ -152,7 +152,7 @@ def validate_int_sequence(value, name, *, minimum=1, allow_scalar=True, what="in
 def config_with_seed(config, seed):
     """``config`` plus ``"seed"`` when the user passed one explicitly.
 
-    A secret drawn from OS entropy is never written into a config (ALGORITHMS.md
-    section 0): whoever holds a saved config must not be able to replay the noise.
+    A secret drawn from OS entropy is never written into a config: whoever holds a
+    saved config must not be able to replay the noise.
     """
     return config if seed is None else dict(config, seed=seed)

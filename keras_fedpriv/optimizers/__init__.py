@@ -1,6 +1,6 @@
 """Federated client/server update encodings.
 
-SignDS (ALGORITHMS.md section 4): `SignDSEncoder` turns a client's flattened
+SignDS: `SignDSEncoder` turns a client's flattened
 update into a `SignDSMessage` (a fair-coin sign and a few sorted int32
 indices chosen by an eps-LDP exponential mechanism); the server side
 `decode`s and `aggregate`s the messages into a dense step.

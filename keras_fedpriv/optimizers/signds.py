@@ -1,4 +1,4 @@
-"""SignDS client encoder and server decoder (seed 003, ALGORITHMS.md section 4).
+"""SignDS client encoder and server decoder (MindSpore Federated's SignDS design).
 
 Client: after local training, the update ``D = new - old`` is flattened into
 one vector of length ``d`` (`flatten_update`) and `SignDSEncoder.encode`
@@ -49,7 +49,7 @@ __all__ = [
     "unflatten_update",
 ]
 
-#: The seed's domain for ``sign_dim_out``.
+#: The original design's domain for ``sign_dim_out``.
 MAX_DIM_OUT = 50
 #: The reference server rejects messages with more indices than this.
 DEFAULT_MAX_DIM_OUT = 100

@@ -9,8 +9,9 @@
 * `audit` and one auditor per mechanism (`audit_binary_rr`, ...,
   `audit_signds`): empirical lower bounds on eps with Clopper-Pearson
   confidence (docs/audit.md).
-* `deldp` / `DELDPReport`: the dELDP estimate of a VAE bottom (seed 002,
-  Theorem 2), an empirical estimate over given samples, not a DP guarantee.
+* `deldp` / `DELDPReport`: the dELDP estimate of a VAE bottom (Theorem 2 of
+  "Exploiting Internal Randomness for Privacy in Vertical Federated Learning", ESORICS 2024), an
+  empirical estimate over given samples, not a DP guarantee.
 """
 
 from keras_fedpriv.privacy.audit import (

@@ -627,7 +627,7 @@ def audit_laplace(eps, sampler="discrete", statistic="loss", sensitivity=2.0,
     (any two differ by at most 2 in L1). That holds with the default
     ``sensitivity=2``; the discrete sampler's exact eps on this pair is then
     ``eps * N / (N + 2)`` with ``N = 2 / gamma`` grid steps, a hair below.
-    With ``sensitivity=1`` (the seed's and the reference's value) the claim
+    With ``sensitivity=1`` (the original design's and the reference's value) the claim
     is false: the true eps of this pair is ``2 * eps``, and the audit shows
     it (`AuditResult.violates_claim`).
     The audit looks at the values only: it does not test the low-order-bit

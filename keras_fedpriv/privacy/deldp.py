@@ -1,4 +1,7 @@
-"""dELDP: the distance-based empirical local DP estimate of a VAE bottom (seed 002, Theorem 2).
+"""dELDP: the distance-based empirical local DP estimate of a VAE bottom.
+
+Theorem 2 of "Exploiting Internal Randomness for Privacy in Vertical Federated
+Learning", ESORICS 2024.
 
 For each label l, over the given samples x with that label::
 
@@ -244,7 +247,10 @@ def gaussian_factor(delta):
 
 
 def deldp(vae_bottom, x, labels, delta=2.0**-32, batch_size=1024, block_size=1024):
-    """Estimate the dELDP epsilon of a VAE bottom's released sample (Theorem 2, seed 002).
+    """Estimate the dELDP epsilon of a VAE bottom's released sample.
+
+    Theorem 2 of "Exploiting Internal Randomness for Privacy in Vertical Federated
+    Learning", ESORICS 2024.
 
     For each label l, over the rows of ``x`` with that label,
     ``Delta_l = max ||mu(x) - mu(x')||_2`` (exact, computed in blocks, never an
