@@ -40,7 +40,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import _report  # noqa: E402
 from keras_fedpriv.callbacks import MagRR  # noqa: E402
-from keras_fedpriv.demo_horizontal import build_mlp, load_digits_clients  # noqa: E402
+from keras_fedpriv.datasets import digits_clients as load_digits_clients  # noqa: E402
+from keras_fedpriv.demo_horizontal import build_mlp  # noqa: E402
 from keras_fedpriv.federated import GaussianUpload, HorizontalFL, SignDSUpload  # noqa: E402
 from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402

@@ -34,7 +34,7 @@ import keras_tuner as kt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_fedpriv import LabelDPLayer  # noqa: E402
-from keras_fedpriv.demo import load_data  # noqa: E402
+from keras_fedpriv.datasets import breast_cancer_vertical as load_data  # noqa: E402
 from keras_fedpriv.federated import VerticalModel, with_example_ids  # noqa: E402
 from keras_fedpriv.tuning import (  # noqa: E402
     PrivacyUtility,

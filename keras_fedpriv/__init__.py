@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 from keras_fedpriv import (  # noqa: E402
     attacks,
     callbacks,
+    datasets,
     federated,
     mechanisms,
     optimizers,
@@ -26,6 +27,7 @@ from keras_fedpriv.layers import EmbeddingDPLayer, LabelDPLayer, VAEBottom  # no
 from keras_fedpriv.privatize import privatize_dataset, privatize_labels  # noqa: E402
 
 __all__ = ["EmbeddingDPLayer", "HorizontalFL", "LabelDPLayer", "MagRR", "SignDS",
-           "SignDSEncoder", "VAEBottom", "VerticalModel", "attacks", "callbacks", "federated",
+           "SignDSEncoder", "VAEBottom", "VerticalModel", "attacks", "callbacks", "datasets",
+           "federated",
            "mechanisms", "optimizers", "privacy", "privatize_dataset", "privatize_labels",
            "__version__"]

@@ -37,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_fedpriv.attacks import direction_label_inference, norm_label_inference
+from keras_fedpriv.datasets import breast_cancer_vertical
 from keras_fedpriv.federated import MessageRecorder, VerticalModel
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
 from keras_fedpriv.layers.vae_bottom import VAEBottom
@@ -112,28 +113,12 @@ def configurations(quick=False, embedding_dim=EMBEDDING_DIM):
 
 
 def load_data():
-    """Breast cancer data, stratified 70/30 split, standardized on the training split.
+    """The demo's data: `keras_fedpriv.datasets.breast_cancer_vertical` with its split.
 
     Returns:
-        ``(xa_train, xb_train, y_train, xa_test, xb_test, y_test)``: the
-        follower's features (first 15), the leader's features (last 15) and
-        float32 labels of shape (N, 1), 1 = malignant (the minority class).
+        ``(xa_train, xb_train, y_train, xa_test, xb_test, y_test)``.
     """
-    from sklearn.datasets import load_breast_cancer
-    from sklearn.model_selection import train_test_split
-    from sklearn.preprocessing import StandardScaler
-
-    x, y = load_breast_cancer(return_X_y=True)
-    y = 1 - y  # scikit-learn's 1 is benign; 1 = malignant, the 37% minority, as in the attacks
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=TEST_SIZE, stratify=y, random_state=SPLIT_STATE)
-    scaler = StandardScaler().fit(x_train)  # fitted on the training split only
-    x_train = scaler.transform(x_train).astype("float32")
-    x_test = scaler.transform(x_test).astype("float32")
-    y_train = y_train.astype("float32").reshape(-1, 1)
-    y_test = y_test.astype("float32").reshape(-1, 1)
-    k = NUM_FOLLOWER_FEATURES
-    return (x_train[:, :k], x_train[:, k:], y_train, x_test[:, :k], x_test[:, k:], y_test)
+    return breast_cancer_vertical(NUM_FOLLOWER_FEATURES, TEST_SIZE, SPLIT_STATE)
 
 
 def build_model(num_a, num_b, embedding_dp=None, embedding_dim=EMBEDDING_DIM, vae=False,

@@ -19,8 +19,8 @@ import keras
 import numpy as np
 
 from keras_fedpriv.callbacks.magrr import MagRR
+from keras_fedpriv.datasets import digits_clients
 from keras_fedpriv.federated.horizontal import HorizontalFL
-from keras_fedpriv.federated.partition import partition
 from keras_fedpriv.federated.uploads import GaussianUpload, SignDSUpload
 from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon
 from keras_fedpriv.optimizers.signds import SignDSEncoder
@@ -60,23 +60,8 @@ def _configs(seed):
 
 
 def load_digits_clients(num_clients=NUM_CLIENTS, alpha=None, seed=None):
-    """Digits (x / 16, float32): a stratified 20% test split, the rest among clients.
-
-    Args:
-        num_clients: number of clients.
-        alpha: None for an IID split, else Dirichlet(alpha) label skew.
-        seed: seeds the split among clients (the test split is always the same).
-
-    Returns:
-        ``(clients, (x_test, y_test))`` with ``clients`` a list of ``(x, y)``.
-    """
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, stratify=y, random_state=0)
-    return partition(x_tr, y_tr, num_clients, alpha=alpha, seed=seed), (x_te, y_te)
+    """The demo's data: `keras_fedpriv.datasets.digits_clients` (20% test split)."""
+    return digits_clients(num_clients, alpha=alpha, seed=seed)
 
 
 def build_mlp(learning_rate=LOCAL_LR):

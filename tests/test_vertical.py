@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import keras_fedpriv as kf
-from keras_fedpriv.demo import load_data
+from keras_fedpriv.datasets import breast_cancer_vertical as load_data
 from keras_fedpriv.federated import (
     MessageCallback,
     MessageRecorder,
