@@ -1,5 +1,7 @@
 """HorizontalFL, partitioning, the upload schemes and the SignDS optimizer wrapper."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -281,3 +283,111 @@ def test_keras_early_stopping_and_checkpoint_work_per_round(tmp_path):
     back = keras.models.load_model(path)
     acc = back.evaluate(x[300:400], y[300:400], verbose=0, return_dict=True)["accuracy"]
     assert acc == pytest.approx(max(hist.history["val_accuracy"]), abs=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(clipnorm=1.0), dict(clipvalue=0.5), dict(global_clipnorm=1.0), dict(weight_decay=1e-4),
+    dict(use_ema=True), dict(loss_scale_factor=128.0), dict(gradient_accumulation_steps=2),
+    dict(learning_rate=0.1),
+])
+def test_signds_refuses_base_optimizer_arguments_it_would_ignore(kwargs):
+    (arg, value), = kwargs.items()
+    with pytest.raises(ValueError, match=f"`{arg}`.*inner optimizer"):
+        SignDS(keras.optimizers.SGD(0.1), **kwargs)
+    with pytest.raises(TypeError, match="momentum"):
+        SignDS(keras.optimizers.SGD(0.1), momentum=0.9)
+    # defaults change nothing and are accepted; on the inner optimizer the argument works
+    SignDS(keras.optimizers.SGD(0.1), clipnorm=None, use_ema=False)
+    inner = keras.optimizers.SGD(**{"learning_rate": 0.2, **kwargs})
+    assert getattr(SignDS(inner).inner_optimizer, arg) is not None
+
+
+def test_signds_scales_the_loss_with_the_inner_loss_scale_factor():
+    """model.fit scales the loss with SignDS.scale_loss; the inner optimizer unscales."""
+    x, y = _digits()
+    plain = _model(optimizer=SignDS(keras.optimizers.SGD(0.1)))
+    scaled = _model(optimizer=SignDS(keras.optimizers.SGD(0.1, loss_scale_factor=64.0)))
+    for m in (plain, scaled):
+        m.fit(x[:64], y[:64], epochs=2, batch_size=64, shuffle=False, verbose=0)
+    for a, b in zip(plain.get_weights(), scaled.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+# ------------------------------------------------------- BatchNormalization
+def _bn_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16),
+                              keras.layers.BatchNormalization(momentum=0.5),
+                              keras.layers.ReLU(), keras.layers.Dense(10)])
+    model.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def _bn_stats(model):
+    bn = model.layers[1]
+    return [bn.moving_mean.numpy(), bn.moving_variance.numpy()]
+
+
+def test_batch_norm_average_sets_the_size_weighted_mean_of_client_statistics():
+    x, y = _digits()
+    clients = [(x[:40], y[:40]), (x[40:100] * 2.0, y[40:100])]
+    model = _bn_model()
+    start = [w.copy() for w in model.get_weights()]
+    fl = HorizontalFL(model, clients, batch_size=128, seed=0, batch_norm="average")
+    fl.fit(rounds=1, clients_per_round=2, local_epochs=3, verbose=0)
+
+    refs = []
+    for cx, cy in clients:
+        ref = _bn_model()
+        ref.set_weights(start)
+        ref.fit(cx, cy, epochs=3, batch_size=128, verbose=0, shuffle=False)
+        refs.append(_bn_stats(ref))
+    want = [(40 * a + 60 * b) / 100 for a, b in zip(*refs)]
+    for got, w, init in zip(_bn_stats(model), want, _bn_stats(_bn_model())):
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+        assert not np.allclose(got, init)
+    # the statistics reach the server in the clear: recorded, not private, for both clients
+    kind, = [k for k in fl.privacy_ledger().kinds if "BatchNormalization" in k.mechanism]
+    assert fl.privacy_ledger().units_seen(kind) == 2
+
+
+def test_batch_norm_local_keeps_client_statistics_and_the_global_models_own():
+    x, y = _digits()
+    clients = [(x[:50], y[:50]), (x[50:100] * 3.0, y[50:100])]
+    model = _bn_model()
+    fl = HorizontalFL(model, clients, batch_size=128, seed=0, batch_norm="local")
+    init = _bn_stats(model)
+    start = [v.numpy() for v in model.trainable_variables]
+    # one full-batch step per call from the same weights: the batch statistics repeat
+    fl.train_client(0, start)
+    first = _bn_stats(model)
+    fl.train_client(1, start)
+    fl.train_client(0, start)
+    second = _bn_stats(model)
+    for i, f, s in zip(init, first, second):
+        batch = (f - 0.5 * i) / 0.5              # momentum 0.5: f = 0.5 init + 0.5 batch
+        np.testing.assert_allclose(s, 0.5 * f + 0.5 * batch, rtol=1e-4, atol=1e-5)
+
+    model.layers[1].moving_mean.assign(init[0])   # the global model's own statistics
+    model.layers[1].moving_variance.assign(init[1])
+    before = model.get_weights()
+    fl.fit(rounds=2, clients_per_round=2, verbose=0)
+    for got, i in zip(_bn_stats(model), init):
+        np.testing.assert_array_equal(got, i)
+    assert not np.allclose(model.get_weights()[0], before[0])   # the weights were federated
+
+
+def test_batch_norm_argument_warns_when_unset_and_rejects_unknown_values():
+    x, y = _digits()
+    clients = partition(x[:100], y[:100], 2, seed=0)
+    with pytest.warns(UserWarning, match="batch_norm"):
+        fl = HorizontalFL(_bn_model(), clients)
+    assert fl.batch_norm == "average"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        HorizontalFL(_bn_model(), clients, batch_norm="local")
+        HorizontalFL(_model(), clients)                  # no BatchNormalization: no warning
+    with pytest.raises(ValueError, match="batch_norm.*'fedbn'"):
+        HorizontalFL(_bn_model(), clients, batch_norm="fedbn")

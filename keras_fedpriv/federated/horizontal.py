@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -60,15 +61,35 @@ class HorizontalFL:
             diagnostic: no upload scheme releases it (with one client per
             round it is that client's own loss), so it is off by default;
             when on, the ledger records it as a release without DP.
+        batch_norm: what happens to the moving statistics (``moving_mean``,
+            ``moving_variance``) of the model's BatchNormalization layers.
+            ``"average"``: each sampled client starts from the global
+            model's statistics and the server sets the global statistics to
+            their client-size-weighted mean, as FedAvg does with the weights.
+            ``"local"`` (FedBN): every client keeps its own statistics from
+            one of its rounds to the next (starting from the global model's
+            the first time it is sampled) and the global model keeps its own,
+            untouched by the clients. BN's affine weights (gamma, beta) are
+            trainable and federated in both modes. None (default) means
+            ``"average"``, with a warning if the model has
+            BatchNormalization. The statistics are never uploaded through
+            the upload scheme: in ``"average"`` mode they reach the server
+            in the clear (the ledger records them as a release without DP).
 
     Privacy: every upload is recorded by the upload scheme with the client's
     id, and the callbacks that release (MagRR, LaplaceEvaluation) record
     theirs; `keras_fedpriv.privacy.privacy_report` of this object, of the
     model or of the History gives the busiest client's composed eps.
 
-    Only trainable weights are federated. Non-trainable state (random-seed
-    states, BatchNormalization statistics) stays as the last client left it;
-    models with BatchNormalization are not federated faithfully.
+    Trainable weights are federated through the upload scheme;
+    BatchNormalization statistics follow ``batch_norm``. Other non-trainable
+    state (random-seed states) stays as the last client left it.
+
+    Mixed precision: under ``mixed_float16`` Keras wraps the optimizer in a
+    `keras.optimizers.LossScaleOptimizer`; local steps scale the loss with it
+    (its ``apply`` unscales the gradients), its loss scale restarts for every
+    client like the other optimizer state, and updates are float32.
+    ``mixed_bfloat16`` needs no loss scaling.
 
     Example:
         >>> from keras_fedpriv.federated import HorizontalFL, partition
@@ -82,7 +103,7 @@ class HorizontalFL:
     """
 
     def __init__(self, model, clients, upload="fedavg", batch_size=32, seed=None,
-                 log_client_loss=False):
+                 log_client_loss=False, batch_norm=None):
         if not isinstance(model, keras.Model):
             raise TypeError(f"`model` must be a keras.Model; got {type(model).__name__}.")
         if not getattr(model, "compiled", False) or model.optimizer is None:
@@ -114,7 +135,31 @@ class HorizontalFL:
         x0 = self.clients[0][0]
         if not model.built:
             model(x0[:1])
+        self._bn_vars = self._batch_norm_statistics(model)
+        if batch_norm is None:
+            if self._bn_vars:
+                warnings.warn(
+                    "HorizontalFL: the model has BatchNormalization layers and `batch_norm` "
+                    "was not set; their moving statistics are averaged over each round's "
+                    "clients (batch_norm='average'). Pass batch_norm='average' or "
+                    "batch_norm='local' (FedBN: statistics stay on each client) to choose "
+                    "and silence this warning.", UserWarning, stacklevel=2)
+            batch_norm = "average"
+        if batch_norm not in ("average", "local"):
+            raise ValueError(f"`batch_norm` must be 'average', 'local' or None; got "
+                             f"{batch_norm!r}.")
+        self.batch_norm = batch_norm
+        self._client_bn = {}  # batch_norm='local': each client's own statistics
         self._local_train = None
+
+    @staticmethod
+    def _batch_norm_statistics(model):
+        """The moving mean and variance of every BatchNormalization layer, in layer order."""
+        out = []
+        for layer in model._flatten_layers(include_self=False, recursive=True):
+            if isinstance(layer, keras.layers.BatchNormalization):
+                out += [layer.moving_mean, layer.moving_variance]
+        return out
 
     @staticmethod
     def _check_client(i, client):
@@ -141,16 +186,20 @@ class HorizontalFL:
         opt_init = [np.array(v.numpy()) for v in opt_vars]
         bs = self.batch_size
         x0, y0 = self.clients[0]
+        bn = list(self._bn_vars)
         signature = [
             [tf.TensorSpec(v.shape, v.dtype) for v in tv],
             tf.TensorSpec((None,) + x0.shape[1:], tf.as_dtype(x0.dtype)),
             tf.TensorSpec((None,) + y0.shape[1:], tf.as_dtype(y0.dtype)),
             tf.TensorSpec((None,), tf.int32),
+            [tf.TensorSpec(v.shape, v.dtype) for v in bn],
         ]
 
         @tf.function(input_signature=signature)
-        def local_train(global_weights, x, y, order):
+        def local_train(global_weights, x, y, order, bn_start):
             for v, w in zip(tv, global_weights):
+                v.assign(w)
+            for v, w in zip(bn, bn_start):
                 v.assign(w)
             for v, init in zip(opt_vars, opt_init):
                 v.assign(tf.constant(init, dtype=v.dtype))
@@ -169,11 +218,16 @@ class HorizontalFL:
                 with tf.GradientTape() as tape:
                     y_pred = model(xb, training=True)
                     loss = model.compute_loss(x=xb, y=yb, y_pred=y_pred, training=True)
-                grads = tape.gradient(loss, tv)
+                    # as Keras' train_step: a LossScaleOptimizer (mixed_float16) or a
+                    # loss_scale_factor scales the loss here and unscales in apply()
+                    scaled = opt.scale_loss(loss)
+                grads = tape.gradient(scaled, tv)
                 opt.apply(grads, tv)
                 total += tf.cast(loss, tf.float32)
-            deltas = [v - w for v, w in zip(tv, global_weights)]
-            return deltas, total / tf.cast(tf.maximum(steps, 1), tf.float32)
+            deltas = [tf.cast(v, tf.float32) - tf.cast(w, tf.float32)
+                      for v, w in zip(tv, global_weights)]
+            bn_end = [tf.identity(v) for v in bn]
+            return deltas, total / tf.cast(tf.maximum(steps, 1), tf.float32), bn_end
 
         return local_train
 
@@ -181,15 +235,41 @@ class HorizontalFL:
         """Train one client from ``global_weights``; return (flat update, mean loss).
 
         The model's trainable weights are left at the client's trained values;
-        `fit` resets them to the global model afterwards.
+        `fit` resets them to the global model afterwards. BatchNormalization
+        statistics start from the model's current ones (``batch_norm="average"``)
+        or from the client's own (``"local"``, which keeps the client's new
+        statistics for its next round).
+
+        Args:
+            client: the client's index in ``clients``.
+            global_weights: the global model's trainable weights (arrays, in
+                ``model.trainable_variables`` order).
+            local_epochs: epochs of local training.
+
+        Returns:
+            ``(update, loss)``: the flat float32 update and the client's mean
+            local training loss.
         """
+        current = [v.numpy() for v in self._bn_vars]
+        delta, loss, _ = self._train_client(client, global_weights, local_epochs, current)
+        return delta, loss
+
+    def _train_client(self, client, global_weights, local_epochs, global_bn):
+        """Train one client; return (flat update, mean loss, its final BN statistics)."""
         if self._local_train is None:
             self._local_train = self._build_local_train()
         x, y = self.clients[client]
         n = len(x)
         order = np.concatenate([self._rng.permutation(n) for _ in range(local_epochs)])
-        deltas, loss = self._local_train(global_weights, x, y, order.astype(np.int32))
-        return flatten_update(deltas)[0], float(loss)
+        bn_start = global_bn
+        if self.batch_norm == "local":
+            bn_start = self._client_bn.get(client, global_bn)
+        deltas, loss, bn_end = self._local_train(global_weights, x, y, order.astype(np.int32),
+                                                 list(bn_start))
+        bn_end = [np.array(b) for b in bn_end]
+        if self.batch_norm == "local":
+            self._client_bn[client] = bn_end
+        return flatten_update(deltas)[0], float(loss), bn_end
 
     # ------------------------------------------------------------------- fit
     def fit(self, rounds, clients_per_round=10, local_epochs=1, validation_data=None,
@@ -255,13 +335,17 @@ class HorizontalFL:
             started = time.perf_counter()
             cb.on_epoch_begin(rnd)
             global_weights = [v.numpy() for v in tv]
+            global_bn = [v.numpy() for v in self._bn_vars]
             chosen = np.sort(self._rng.choice(self.num_clients, clients_per_round,
                                               replace=False))
-            uploads, losses = [], []
+            uploads, losses, client_bn = [], [], []
             for c in chosen:
-                delta, loss = self.train_client(c, global_weights, local_epochs)
+                delta, loss, bn_end = self._train_client(int(c), global_weights, local_epochs,
+                                                         global_bn)
                 uploads.append(self._client_message(delta, int(c)))
                 losses.append(loss)
+                client_bn.append(bn_end)
+            self._set_global_batch_norm(chosen, global_bn, client_bn)
             self.participation[chosen] += 1
             lr = None
             if magrr is not None:
@@ -302,6 +386,24 @@ class HorizontalFL:
         cb.on_train_end(logs)
         return model.history
 
+    def _set_global_batch_norm(self, chosen, global_bn, client_bn):
+        """Global BN statistics after a round: the clients' size-weighted mean, or unchanged."""
+        if not self._bn_vars:
+            return
+        if self.batch_norm == "local":
+            new = global_bn
+        else:
+            sizes = np.array([len(self.clients[c][0]) for c in chosen], np.float64)
+            weights = sizes / sizes.sum()
+            new = [sum(w * stats[i].astype(np.float64) for w, stats in zip(weights, client_bn))
+                   for i in range(len(self._bn_vars))]
+            self._ledger.record(ReleaseKind(
+                "HorizontalFL BatchNormalization statistics", "client data", CLIENT,
+                non_private_event(), "batch_norm='average': each client's moving mean and "
+                "variance reach the server in the clear"), [int(c) for c in chosen])
+        for v, value in zip(self._bn_vars, new):
+            v.assign(np.asarray(value).astype(v.dtype))
+
     def _client_message(self, delta, client):
         num_examples = len(self.clients[client][0])
         if self._upload_keeps_ledger:
@@ -320,7 +422,15 @@ class HorizontalFL:
         return [self.upload] + list(self._callbacks_seen)
 
     def privacy_ledger(self):
-        """Uploads of a scheme that keeps no ledger (counted as not private), per client."""
+        """Releases this object records itself, per client, all counted as not private.
+
+        Uploads of a scheme that keeps no ledger of its own, ``sim_client_loss``
+        (``log_client_loss=True``) and BatchNormalization statistics
+        (``batch_norm="average"`` on a model with BatchNormalization).
+
+        Returns:
+            A `ReleaseLedger`.
+        """
         return self._ledger
 
     def _find_magrr(self, callbacks):

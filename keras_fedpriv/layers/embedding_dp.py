@@ -130,6 +130,18 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
     def compute_output_shape(self, input_shape):
         return input_shape
 
+    def compute_output_spec(self, inputs, *args, **kwargs):
+        """Symbolic output: the input's shape and dtype (the layer keeps both).
+
+        Args:
+            inputs: the symbolic input; the other call arguments do not
+                change the output's shape or dtype.
+
+        Returns:
+            A `keras.KerasTensor` of the input's shape and dtype.
+        """
+        return keras.KerasTensor(inputs.shape, dtype=inputs.dtype)
+
     @input_checks.private_errors
     def call(self, inputs, training=None, example_ids=None):
         x = tf.convert_to_tensor(inputs)

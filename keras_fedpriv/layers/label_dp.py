@@ -143,6 +143,18 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
     def compute_output_shape(self, input_shape):
         return input_shape
 
+    def compute_output_spec(self, labels, *args, **kwargs):
+        """Symbolic output: the labels' shape and dtype (the layer keeps both).
+
+        Args:
+            labels: the symbolic labels; the other call arguments do not
+                change the output's shape or dtype.
+
+        Returns:
+            A `keras.KerasTensor` of the labels' shape and dtype.
+        """
+        return keras.KerasTensor(labels.shape, dtype=labels.dtype)
+
     @input_checks.private_errors
     def call(self, labels, example_ids=None, prior=None, training=None):
         if not training:

@@ -29,6 +29,28 @@ from keras_fedpriv.optimizers.signds import SignDSEncoder, decode, flatten_updat
 __all__ = ["SignDS", "SignDSRounds"]
 
 
+# Base `keras.optimizers.Optimizer` arguments and their defaults: the wrapper's own
+# would be ignored (its apply() hands the gradients to the inner optimizer).
+_BASE_OPTIMIZER_DEFAULTS = {
+    "weight_decay": None,
+    "clipnorm": None,
+    "global_clipnorm": None,
+    "clipvalue": None,
+    "use_ema": False,
+    "ema_momentum": 0.99,
+    "ema_overwrite_frequency": None,
+    "loss_scale_factor": None,
+    "gradient_accumulation_steps": None,
+}
+
+
+def _unwrap_signds(optimizer):
+    """The `SignDS` optimizer itself, or inside a `LossScaleOptimizer`; else None."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return optimizer if isinstance(optimizer, SignDS) else None
+
+
 class _RoundState:
     """The round's model variables and start values, kept out of the optimizer's variables.
 
@@ -56,6 +78,14 @@ class SignDS(keras.optimizers.Optimizer):
         encoder: a `SignDSEncoder` (default: ``SignDSEncoder()``).
         name: optimizer name.
 
+    The base-optimizer arguments (``learning_rate``, ``clipnorm``,
+    ``clipvalue``, ``global_clipnorm``, ``weight_decay``, ``use_ema``,
+    ``loss_scale_factor``, ``gradient_accumulation_steps``, ...) belong on the
+    inner optimizer, which makes the steps; passing one to `SignDS` raises a
+    ValueError. Under the ``mixed_float16`` policy ``model.compile`` wraps
+    `SignDS` in a `keras.optimizers.LossScaleOptimizer`; `SignDSRounds` accepts
+    that.
+
     Attributes:
         messages: the `SignDSMessage` of every finished round, oldest first.
         last_magnitude: the last round's private top-k mean (for MagRR's
@@ -63,7 +93,17 @@ class SignDS(keras.optimizers.Optimizer):
     """
 
     def __init__(self, optimizer, encoder=None, name=None, **kwargs):
-        super().__init__(learning_rate=0.0, name=name or "signds", **kwargs)
+        for arg, value in kwargs.items():
+            if arg in _BASE_OPTIMIZER_DEFAULTS and value == _BASE_OPTIMIZER_DEFAULTS[arg]:
+                continue  # a default value (e.g. from an old config) changes nothing
+            if arg in _BASE_OPTIMIZER_DEFAULTS or arg == "learning_rate":
+                raise ValueError(
+                    f"SignDS does not apply `{arg}`={value!r}: the inner optimizer makes the "
+                    f"steps. Set it there instead, e.g. SignDS(keras.optimizers.SGD(0.1, "
+                    f"{arg}=...), encoder).")
+            raise TypeError(f"SignDS got an unexpected argument `{arg}`={value!r}; it takes "
+                            f"`optimizer`, `encoder` and `name`.")
+        super().__init__(learning_rate=0.0, name=name or "signds")
         self.inner_optimizer = keras.optimizers.get(optimizer)
         if encoder is None:
             encoder = SignDSEncoder()
@@ -88,6 +128,10 @@ class SignDS(keras.optimizers.Optimizer):
             self.build(trainable_variables)
             self.built = True
         self.inner_optimizer.apply(grads, trainable_variables)
+
+    def scale_loss(self, loss):
+        """Scale the loss as the inner optimizer would (its ``loss_scale_factor``)."""
+        return self.inner_optimizer.scale_loss(loss)
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         own = len(self._variables)
@@ -192,7 +236,9 @@ class SignDS(keras.optimizers.Optimizer):
 class SignDSRounds(keras.callbacks.Callback):
     """Run SignDS rounds inside ``model.fit``: one round every ``epochs_per_round`` epochs.
 
-    The model must be compiled with a `SignDS` optimizer. At the end of each
+    The model must be compiled with a `SignDS` optimizer (or a
+    `keras.optimizers.LossScaleOptimizer` wrapping one, as ``model.compile``
+    makes under the ``mixed_float16`` policy). At the end of each
     round the callback calls ``optimizer.end_round()``, passes the message to
     ``on_message`` (your upload function), logs ``upload_bytes`` and
     ``upload_indices`` for that epoch, and starts the next round. Epochs after
@@ -219,10 +265,13 @@ class SignDSRounds(keras.callbacks.Callback):
                           else validate_eps(server_lr, "server_lr", lower_open=True))
 
     def _optimizer(self):
-        opt = self.model.optimizer
-        if not isinstance(opt, SignDS):
-            raise TypeError("SignDSRounds needs a model compiled with a SignDS optimizer; "
-                            f"got {type(opt).__name__}.")
+        opt = _unwrap_signds(self.model.optimizer)
+        if opt is None:
+            got = type(self.model.optimizer).__name__
+            if isinstance(self.model.optimizer, keras.optimizers.LossScaleOptimizer):
+                got += f" wrapping {type(self.model.optimizer.inner_optimizer).__name__}"
+            raise TypeError("SignDSRounds needs a model compiled with a SignDS optimizer "
+                            f"(or a LossScaleOptimizer wrapping one); got {got}.")
         return opt
 
     def on_train_begin(self, logs=None):
@@ -244,8 +293,8 @@ class SignDSRounds(keras.callbacks.Callback):
         opt.begin_round(self.model.trainable_variables)
 
     def on_train_end(self, logs=None):
-        opt = self.model.optimizer
-        if isinstance(opt, SignDS) and opt.in_round:
+        opt = _unwrap_signds(self.model.optimizer)
+        if opt is not None and opt.in_round:
             # Partial round: nothing uploaded, and its plain update must not stay
             # in the weights.
             discarded = getattr(self, "_epochs_in_round", 0)
