@@ -30,7 +30,8 @@ def quick_run():
 
 def test_quick_demo_rows(quick_run):
     rows, _, seconds = quick_run
-    assert seconds < 30, f"quick demo took {seconds:.1f} s"
+    # generous: a shared 2-core machine under load takes about twice an idle one's 15 s
+    assert seconds < 60, f"quick demo took {seconds:.1f} s"
     by = {(r["protection"], r["label_eps"], r["embedding_eps"]): r for r in rows}
     assert set(by) == {("none", None, None), ("LabelDP", 0.5, None), ("LabelDP", 2.0, None),
                        ("EmbeddingDP", None, 4.0), ("both", 2.0, 4.0), ("VAEBottom", None, None)}
