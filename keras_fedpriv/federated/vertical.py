@@ -1078,9 +1078,16 @@ class VerticalModel(keras.Model):
                               input_signature=input_signature, **kwargs)
 
     def _tensor_spec(self, party):
-        return tree.map_structure(
-            lambda t: tf.TensorSpec((None,) + tuple(t.shape[1:]), t.dtype),
-            self._input_specs[party])
+        """``party``'s feature spec (batch dimension None), named after the party.
+
+        A party with several feature tensors gets ``{party}_0``, ``{party}_1``,
+        ... in the flattened order of its inputs.
+        """
+        flat = tree.flatten(self._input_specs[party])
+        names = [party] if len(flat) == 1 else [f"{party}_{i}" for i in range(len(flat))]
+        specs = [tf.TensorSpec((None,) + tuple(t.shape[1:]), t.dtype, name=name)
+                 for t, name in zip(flat, names)]
+        return tree.pack_sequence_as(self._input_specs[party], specs)
 
     # --- serialization -------------------------------------------------------------------
 
