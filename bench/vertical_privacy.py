@@ -171,15 +171,20 @@ def run(config, data, seed):
     grads = recorder.cut_gradients("party_a")
     # Not recorder.labels(): with RR-with-prior the model is fit on pre-privatized labels.
     labels = y[recorder.example_ids()].astype(int)
+    # AUCs read in the attacker's favour, max(AUC, 1 - AUC); the raw AUC (higher score =
+    # positive) is kept next to it.
     if k == 2:
-        out["norm_auc"] = norm_label_inference(grads, labels).auc
-        out["dir_auc"] = direction_label_inference(
-            grads, labels, int(np.flatnonzero(labels == 1)[0])).auc
+        norm = norm_label_inference(grads, labels)
+        direction = direction_label_inference(grads, labels, int(np.flatnonzero(labels == 1)[0]))
+        out["norm_auc"], out["norm_raw_auc"] = norm.auc, norm.raw_auc
+        out["dir_auc"], out["dir_raw_auc"] = direction.auc, direction.raw_auc
     else:
-        aucs = [direction_label_inference(grads, (labels == c).astype(int),
-                                          int(np.flatnonzero(labels == c)[0])).auc
-                for c in range(k)]
-        out["norm_auc"], out["dir_auc"] = float("nan"), float(np.mean(aucs))
+        results = [direction_label_inference(grads, (labels == c).astype(int),
+                                             int(np.flatnonzero(labels == c)[0]))
+                   for c in range(k)]
+        out["norm_auc"] = out["norm_raw_auc"] = float("nan")
+        out["dir_auc"] = float(np.mean([r.auc for r in results]))
+        out["dir_raw_auc"] = float(np.mean([r.raw_auc for r in results]))
 
     # Feature reconstruction by the leader: what it receives from party_a (at inference,
     # with the protection as deployed) on auxiliary training rows whose features it knows.
@@ -352,7 +357,8 @@ def main(argv=None):
                 r = run(config, data, seed)
                 results[name].setdefault(config, []).append(r)
                 print(f"{name} seed {seed} {describe(config)}: acc {100 * r['acc']:.1f}% "
-                      f"norm {r['norm_auc']:.2f} dir {r['dir_auc']:.2f} recon {r['recon']:.2f}"
+                      f"norm {r['norm_auc']:.2f} (raw {r['norm_raw_auc']:.2f}) "
+                      f"dir {r['dir_auc']:.2f} (raw {r['dir_raw_auc']:.2f}) recon {r['recon']:.2f}"
                       + (f" dELDP {r['deldp']:.1f}" if "deldp" in r else ""), flush=True)
     elapsed = time.time() - start
     for name in results:
@@ -398,7 +404,9 @@ Digits: party_a has the left half of each 8x8 image, party_b the right half.
 Columns:
 - **norm / direction attack AUC**: the follower's label inference from the
   cut gradients it received in the first epoch (`keras_fedpriv.attacks`),
-  ROC-AUC against the true labels (0.5 = chance). Digits: direction attack
+  ROC-AUC against the true labels read in the attacker's favour,
+  max(AUC, 1 - AUC) (0.5 = chance; a score ordered the wrong way round is
+  read reversed, so it is never reported as protection). Digits: direction attack
   one-vs-rest per class, averaged; the norm attack is binary only.
 - **RR bound**: the AUC of an attacker who recovers the *noisy* label
   exactly, against the true labels, for binary RR: e^eps / (1 + e^eps).
@@ -449,8 +457,9 @@ READING = """
   roughly what those features predict. Label DP bounds what the release
   adds about each label beyond that; if the threat is "the follower infers
   labels that the leader's features predict", prefer plain RR.
-- **The norm attack did not work here, even without a defense** (AUC
-  0.47 ± 0.12 on breast cancer; the expectation of a strong attack did not
+- **The norm attack did not work here, even without a defense** (raw AUC,
+  higher norm = malignant, 0.47 ± 0.12 on breast cancer, i.e. an attacker's
+  max(AUC, 1 - AUC) close to chance; the expectation of a strong attack did not
   hold). It needs strong class imbalance and a model that is still
   uncertain; here the positive class is 37% and the leader's own features
   make the model confident within the first epoch, so gradient norms track

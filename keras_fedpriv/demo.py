@@ -175,9 +175,15 @@ def _dataset(xa, xb, y, seed=None):
 def format_table(rows):
     """An aligned text table: protection, eps, test accuracy, label-attack AUCs, protected."""
     headers = ("protection", "eps", "test acc", "norm AUC", "direction AUC", "what is protected")
-    cells = [(r["protection"], r["eps"], f"{r['accuracy']:.3f}", f"{r['norm_auc']:.2f}",
-              f"{r['direction_auc']:.2f}", r["protected"]) for r in rows]
+    cells = [(r["protection"], r["eps"], f"{r['accuracy']:.3f}", _auc_cell(r, "norm"),
+              _auc_cell(r, "direction"), r["protected"]) for r in rows]
     return text_table(headers, cells, align=("<", "<", ">", ">", ">", "<"))
+
+
+def _auc_cell(row, attack):
+    """The attacker's AUC, with ``*`` when it reads the score reversed (raw AUC below 0.5)."""
+    auc, raw = row[f"{attack}_auc"], row.get(f"{attack}_raw_auc", row[f"{attack}_auc"])
+    return f"{auc:.2f}{' *' if raw < 0.5 else '  '}"
 
 
 def _check_epochs(epochs):
@@ -205,10 +211,12 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
     Returns:
         A list of dicts, one per configuration, with the keys of
         `configurations` plus ``accuracy`` (test accuracy, float),
-        ``norm_auc`` and ``direction_auc`` (ROC-AUC of the follower's label
-        attacks on the gradients it received in the first epoch, against
-        the true labels), ``bytes_up`` (bytes the follower sent in the last
-        epoch), ``seconds`` (training and evaluation time), for rows with
+        ``norm_auc`` and ``direction_auc`` (the strength of the follower's
+        label attacks on the gradients it received in the first epoch: ROC-AUC
+        against the true labels read in the attacker's favour,
+        ``max(AUC, 1 - AUC)``), ``norm_raw_auc`` and ``direction_raw_auc``
+        (the AUC with the higher score read as malignant), ``bytes_up``
+        (bytes the follower sent in the last epoch), ``seconds`` (training and evaluation time), for rows with
         LabelDP ``labels_flipped`` (the fraction of training labels that
         randomized response changed), and for the VAEBottom row ``deldp``
         (the dELDP estimate, a `keras_fedpriv.privacy.DELDPReport`).
@@ -241,7 +249,8 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
         f"leader's top model, and the leader sends back the gradient.")
     say("Attacks: the follower scores each example of the first epoch by the gradient it "
         "received (norm attack; direction attack: cosine to a known malignant example) and we "
-        "report the ROC-AUC against the true labels (0.5 = chance).")
+        "report the attacker's ROC-AUC against the true labels, max(AUC, 1 - AUC): a score "
+        "ordered the wrong way round is read reversed (0.5 = chance, 1 = the labels leak).")
     say(f"Training: {epochs} epochs, batch {BATCH_SIZE}, {len(configs)} configurations, "
         + (f"seed {seed}." if seed is not None else "unseeded (secrets from OS entropy)."))
     say()
@@ -278,9 +287,11 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
         gradients = recorder.cut_gradients("party_a")
         labels = y_train.reshape(-1)[recorder.example_ids()]
         known = int(np.flatnonzero(labels == 1)[0])  # one malignant example the attacker knows
+        norm = norm_label_inference(gradients, labels)
+        direction = direction_label_inference(gradients, labels, known)
         row = dict(config, accuracy=accuracy,
-                   norm_auc=norm_label_inference(gradients, labels).auc,
-                   direction_auc=direction_label_inference(gradients, labels, known).auc,
+                   norm_auc=norm.auc, norm_raw_auc=norm.raw_auc,
+                   direction_auc=direction.auc, direction_raw_auc=direction.raw_auc,
                    bytes_up=float(history.history["bytes_up"][-1]))
         if config["label_eps"] is not None:
             row["labels_flipped"] = float(np.mean(y_fit != y_train))
@@ -289,8 +300,8 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
         row["seconds"] = time.perf_counter() - t0
         rows.append(row)
         say(f"[{i + 1:2d}/{len(configs)}] {config['protection']:<11} eps {config['eps']:<7} "
-            f"test acc {accuracy:.3f}  norm AUC {row['norm_auc']:.2f}  direction AUC "
-            f"{row['direction_auc']:.2f}  ({row['seconds']:.1f} s)")
+            f"test acc {accuracy:.3f}  norm AUC {_auc_cell(row, 'norm')}  direction AUC "
+            f"{_auc_cell(row, 'direction')}  ({row['seconds']:.1f} s)")
     say()
     say(format_table(rows))
     say()
@@ -299,8 +310,9 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
               "EmbeddingDP, the local-DP parameter of the follower's 1-bit embedding: each "
               "coordinate is (eps/2)-DP, and every forward pass (each epoch, and inference) is "
               "a new release. AUC: the follower's label inference from the gradients it "
-              "received in epoch 1 (0.5 = chance); with LabelDP at eps, an attacker who "
-              "recovers each randomized label exactly reaches e^eps/(1+e^eps) at most.")
+              "received in epoch 1, max(AUC, 1 - AUC) (0.5 = chance; * = the attacker reads "
+              "the score reversed, a lower score meaning malignant); with LabelDP at eps, an "
+              "attacker who recovers each randomized label exactly reaches e^eps/(1+e^eps) at most.")
     for text in textwrap.wrap(footer, width=100):
         say(text)
     for row in rows:

@@ -54,7 +54,14 @@ def privatize_labels(labels, eps=None, mode="auto", num_classes=None, prior=None
     Example:
         >>> y_noisy = privatize_labels(y_train, eps=2.0)
     """
+    if isinstance(labels, tf.data.Dataset):
+        raise TypeError(f"privatize_labels: `labels` must be an array of labels (numpy array, "
+                        f"list or tensor); got a {type(labels).__name__}. For a "
+                        f"tf.data.Dataset use keras_fedpriv.privatize_dataset.")
     array = np.asarray(labels)
+    if array.dtype == object:
+        raise TypeError(f"privatize_labels: `labels` must be a numeric array of labels; got a "
+                        f"{type(labels).__name__} that converts to an array of Python objects.")
     layer = _privatizer(layer, eps, mode, num_classes, seed)
     out = layer(array, example_ids=np.arange(array.shape[0] if array.ndim else 0, dtype=np.int64),
                 prior=prior, training=True)
@@ -92,6 +99,11 @@ def privatize_dataset(dataset, eps=None, mode="auto", num_classes=None, seed=Non
         >>> ds = tf.data.Dataset.from_tensor_slices((x, y))
         >>> ds = privatize_dataset(ds, eps=1.0).shuffle(1000).batch(32)
     """
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"privatize_dataset: `dataset` must be a tf.data.Dataset; got a "
+                        f"{type(dataset).__name__}. For arrays of labels use "
+                        f"keras_fedpriv.privatize_labels(y, ...), or build a dataset first with "
+                        f"tf.data.Dataset.from_tensor_slices((x, y)).")
     spec = dataset.element_spec
     key = _label_key(spec, label_key)
     label_spec = spec[key]

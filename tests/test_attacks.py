@@ -131,11 +131,32 @@ def test_norm_score_ordering():
     grads, y = _norm_separated()
     result = norm_label_inference(grads, y)
     assert isinstance(result, AttackResult) and result.attack == "norm"
-    assert result.auc == 1.0 and result.auc_best_sign == 1.0
+    assert result.auc == result.raw_auc == result.auc_best_sign == 1.0
+    assert result.direction == "higher score = positive"
     np.testing.assert_allclose(result.scores, np.linalg.norm(grads, axis=1))
     assert float(result) == result.auc
+
+
+def test_reversed_score_is_reported_as_the_attackers_strength():
+    """A raw AUC below 0.5 is an attacker who reads the score the other way round: `auc` is
+    max(raw, 1 - raw), never a number below chance that would read as protection."""
+    grads, y = _norm_separated()
     reversed_ = norm_label_inference(grads, 1 - y)  # the larger norms are now the negatives
-    assert reversed_.auc == 0.0 and reversed_.auc_best_sign == 1.0
+    assert reversed_.raw_auc == 0.0 and reversed_.auc == reversed_.auc_best_sign == 1.0
+    assert reversed_.direction == "lower score = positive"
+    noisy = grads.copy()
+    noisy[:, 0] += np.random.default_rng(4).normal(scale=2.0, size=len(y))
+    partial = norm_label_inference(noisy, 1 - y)
+    assert partial.raw_auc < 0.5 and partial.auc == pytest.approx(1.0 - partial.raw_auc)
+    assert partial.direction == "lower score = positive"
+    rng = np.random.default_rng(5)
+    for _ in range(5):
+        labels = rng.integers(0, 2, size=40)
+        labels[:2] = (0, 1)
+        for result in (norm_label_inference(rng.normal(size=(40, 3)), labels),
+                       direction_label_inference(rng.normal(size=(40, 3)), labels, 1)):
+            assert 0.5 <= result.auc <= 1.0
+            assert result.auc == pytest.approx(max(result.raw_auc, 1.0 - result.raw_auc))
 
 
 def test_norm_attack_input_forms_agree():

@@ -606,3 +606,28 @@ def test_laplace_evaluation_config_round_trip_and_reattached_data():
     assert b == 1.0
     assert abs(np.abs(noise).mean() - b) < SIGMAS * b / math.sqrt(noise.size)
     assert abs(np.abs(noise).mean() - 0.5 * b) > SIGMAS * b / math.sqrt(noise.size)  # power
+
+
+def test_vertical_exports_name_their_inputs_after_the_parties(tmp_path):
+    """serving_default of the whole model, the leader and a follower: inputs keyed by party
+    name (not args_0 / inputs / features), and callable with those keywords."""
+    model = _deterministic_vertical()
+    x = _two_party_inputs(16)
+    model.predict(x, verbose=0)
+    paths = {name: os.path.join(tmp_path, name) for name in ("all", "leader", "party_a")}
+    model.export(paths["all"], verbose=False)
+    model.export_leader(paths["leader"])
+    model.export_party("party_a", paths["party_a"])
+    inputs = {}
+    for name, path in paths.items():
+        loaded = tf.saved_model.load(path)
+        _, kwargs = loaded.signatures["serving_default"].structured_input_signature
+        inputs[name] = {k: (spec.name, tuple(spec.shape)) for k, spec in kwargs.items()}
+    assert inputs["all"] == {"party_a": ("party_a", (None, 5)), "party_b": ("party_b", (None, 4))}
+    assert inputs["leader"] == {"party_a": ("party_a", (None, 4)),
+                                "party_b": ("party_b", (None, 4))}
+    assert inputs["party_a"] == {"party_a": ("party_a", (None, 5))}
+    served = tf.saved_model.load(paths["all"]).signatures["serving_default"](
+        **{p: tf.constant(v) for p, v in x.items()})
+    np.testing.assert_allclose(next(iter(served.values())).numpy(), model.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-6)

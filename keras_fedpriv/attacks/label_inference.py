@@ -9,8 +9,9 @@ positives have ``|p - y|`` close to 1 while the negatives have it close to 0)
 and the **direction** (``p - y`` changes sign with the label).
 
 Both attacks here are run by the follower on the gradients it received; their
-metric is the ROC-AUC of the attack score against the true labels: 0.5 is
-chance, 1.0 is perfect recovery (see ``docs/attacks.md``).
+metric is the ROC-AUC of the attack score against the true labels, read in the
+attacker's favour (``max(AUC, 1 - AUC)``: a reversed score is as informative):
+0.5 is chance, 1.0 is perfect recovery (see ``docs/attacks.md``).
 """
 
 from __future__ import annotations
@@ -28,18 +29,20 @@ class AttackResult:
     """Outcome of a label-inference attack.
 
     Attributes:
-        auc: ROC-AUC of ``scores`` against the true labels (positive class
-            = label 1), with the convention of the paper that a *higher* score
-            means "positive". 0.5 is chance; 1.0 means every positive scores
-            above every negative; 0.0 means the ordering is perfectly
-            reversed.
-        auc_best_sign: ``max(auc, 1 - auc)``. An attacker who does not know
-            which class gets the larger score can still split the examples
-            into two groups; this is the AUC of the better of the two readings
-            (an upper bound on what an attacker who knows the sign gets). For
-            the norm attack the paper's convention is that the positive,
-            minority class has the larger gradients, which is what ``auc``
-            assumes.
+        auc: the attacker's strength, ``max(raw_auc, 1 - raw_auc)``: 0.5 is
+            chance, 1.0 means the score splits the classes perfectly. An
+            attacker who sees a score ordered the "wrong" way round just reads
+            it the other way, so an ``raw_auc`` of 0.18 is an attack of
+            strength 0.82, not protection. ``direction`` says which reading
+            gives it.
+        raw_auc: ROC-AUC of ``scores`` against the true labels (positive class
+            = label 1) with the paper's convention that a *higher* score means
+            "positive" (for the norm attack: the positive, minority class has
+            the larger gradients). Below 0.5 the ordering is reversed.
+        direction: ``"higher score = positive"`` when ``raw_auc >= 0.5``,
+            else ``"lower score = positive"``: the reading that reaches
+            ``auc``. (Knowing it needs a few labels or a guess; with
+            ``raw_auc`` close to 0.5 either reading is chance.)
         scores: float64 array (N,), the attack score of every row (read only).
         num_evaluated: number of rows used in the AUC (N, or N - 1 for the
             direction attack, which leaves out the known example).
@@ -48,11 +51,17 @@ class AttackResult:
     """
 
     auc: float
-    auc_best_sign: float
+    raw_auc: float
+    direction: str
     scores: np.ndarray
     num_evaluated: int
     num_positives: int
     attack: str
+
+    @property
+    def auc_best_sign(self):
+        """Same as ``auc`` (``max(raw_auc, 1 - raw_auc)``); kept for older code."""
+        return self.auc
 
     def __float__(self):
         return float(self.auc)
@@ -162,8 +171,9 @@ def _check_both_classes(y, what=""):
 def _auc(y, scores):
     from sklearn.metrics import roc_auc_score
 
-    auc = float(roc_auc_score(y, scores))
-    return auc, max(auc, 1.0 - auc)
+    raw = float(roc_auc_score(y, scores))
+    direction = "higher score = positive" if raw >= 0.5 else "lower score = positive"
+    return {"auc": max(raw, 1.0 - raw), "raw_auc": raw, "direction": direction}
 
 
 def _freeze(array):
@@ -192,9 +202,10 @@ def norm_label_inference(cut_gradients, labels):
             or (N, 1), or one-hot (N, 2) (column 1 = positive).
 
     Returns:
-        An `AttackResult` with ``scores`` = the row norms, ``auc`` = ROC-AUC of
-        the norms against the labels (higher norm = positive) and
-        ``auc_best_sign`` = ``max(auc, 1 - auc)``.
+        An `AttackResult` with ``scores`` = the row norms, ``raw_auc`` =
+        ROC-AUC of the norms against the labels (higher norm = positive),
+        ``auc`` = ``max(raw_auc, 1 - raw_auc)`` (the attacker's strength) and
+        ``direction`` (which reading of the norms reaches ``auc``).
 
     Raises:
         ValueError: wrong shapes, mismatched lengths, NaN/inf, labels other
@@ -203,13 +214,14 @@ def norm_label_inference(cut_gradients, labels):
     Example:
         >>> result = norm_label_inference(recorded_grads, y_true)
         >>> result.auc   # 0.5 = chance, 1.0 = the labels leak completely
+        >>> result.raw_auc, result.direction   # the score as ordered, and how to read it
     """
     grads = as_float_matrix(cut_gradients, "cut_gradients", allow_list_of_batches=True)
     y = _binary_labels(labels, grads.shape[0])
     positives = _check_both_classes(y)
     scores = np.linalg.norm(grads, axis=1)
-    auc, best = _auc(y, scores)
-    return AttackResult(auc=auc, auc_best_sign=best, scores=_freeze(scores),
+    aucs = _auc(y, scores)
+    return AttackResult(**aucs, scores=_freeze(scores),
                         num_evaluated=int(y.size), num_positives=positives, attack="norm")
 
 
@@ -237,8 +249,9 @@ def direction_label_inference(cut_gradients, labels, known_positive_index):
 
     Returns:
         An `AttackResult` with ``scores`` = cosine similarities (N,),
-        ``auc`` over the other N - 1 rows (higher cosine = positive) and
-        ``auc_best_sign`` = ``max(auc, 1 - auc)``.
+        ``raw_auc`` over the other N - 1 rows (higher cosine = positive),
+        ``auc`` = ``max(raw_auc, 1 - raw_auc)`` (the attacker's strength) and
+        ``direction``.
 
     Raises:
         TypeError: if ``known_positive_index`` is not an integer.
@@ -277,6 +290,6 @@ def direction_label_inference(cut_gradients, labels, known_positive_index):
     keep = np.ones(n, dtype=bool)
     keep[idx] = False
     positives = _check_both_classes(y[keep], what=" (without the known example)")
-    auc, best = _auc(y[keep], scores[keep])
-    return AttackResult(auc=auc, auc_best_sign=best, scores=_freeze(scores),
+    aucs = _auc(y[keep], scores[keep])
+    return AttackResult(**aucs, scores=_freeze(scores),
                         num_evaluated=int(n - 1), num_positives=positives, attack="direction")

@@ -18,6 +18,12 @@ from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_
 __all__ = ["partition", "partition_indices"]
 
 
+def _is_dataset(value):
+    """True for a `tf.data.Dataset` (checked by name: no TensorFlow import here)."""
+    return any(c.__name__ in ("DatasetV2", "DatasetV1") and c.__module__.startswith("tensorflow")
+               for c in type(value).__mro__)
+
+
 def _rng(seed):
     return np.random.default_rng(validate_seed(seed))
 
@@ -102,8 +108,18 @@ def partition(x, y, num_clients, alpha=None, seed=None, min_size=1):
         >>> x, y = load_digits(return_X_y=True)
         >>> clients = partition(x, y, num_clients=100, alpha=0.5, seed=0)
     """
-    x = np.asarray(x)
-    y = np.asarray(y)
+    for name, value in (("x", x), ("y", y)):
+        if _is_dataset(value):
+            raise TypeError(f"partition: `{name}` must be an array (numpy array, list or tensor) "
+                            f"of examples; got a {type(value).__name__}. Split the arrays before "
+                            "building the datasets, or take the arrays out of the dataset first "
+                            "(e.g. with `dataset.as_numpy_iterator()`).")
+    arrays = {"x": np.asarray(x), "y": np.asarray(y)}
+    for name, given in (("x", x), ("y", y)):
+        if arrays[name].ndim == 0:
+            raise TypeError(f"partition: `{name}` must be an array with one row per example; "
+                            f"got a scalar of type {type(given).__name__}.")
+    x, y = arrays["x"], arrays["y"]
     if len(x) != len(y):
         raise ValueError(f"`x` and `y` must have the same number of rows; got {len(x)} "
                          f"and {len(y)}.")

@@ -29,6 +29,7 @@ from keras_fedpriv.federated.messages import (
     PartyMessages,
     StepMessages,
 )
+from keras_fedpriv.layers import label_formats
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
 from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
 from keras_fedpriv.layers.label_dp import LabelDPLayer
@@ -95,6 +96,23 @@ def _bottom_input_spec(party, bottom):
     raise ValueError(f"VerticalModel: the bottom model of party {party!r} has no known input "
                      "shape. Give it one: a functional model (keras.Input), a Sequential "
                      "starting with keras.Input, or call bottom.build(input_shape) first.")
+
+
+_LABEL_ASSERT = re.compile(r"assertion failed: \[(LabelDPLayer\(mode=.*?); first bad row:\] "
+                           r"\[(\d+)\]")
+
+
+def _label_assert_message(error):
+    """The short text of a `LabelDPLayer` label check that failed in a traced step, or None.
+
+    The graph error carries the whole TensorFlow stack trace; the rule and the
+    first bad row of the batch are all the user needs.
+    """
+    match = _LABEL_ASSERT.search(str(getattr(error, "message", error)).replace("\\'", "'"))
+    if match is None:
+        return None
+    return (f"{match.group(1)}; row {match.group(2)} of a training batch breaks the rule "
+            "(the labels come from the dataset, so they were checked inside the training step).")
 
 
 def _rows(t):
@@ -358,7 +376,7 @@ class VerticalModel(keras.Model):
         self._embedding_specs = sent
         self._top_takes_dict = self._resolve_top_rule(sent)
         try:
-            keras_backend.compute_output_spec(
+            self._top_output_spec = keras_backend.compute_output_spec(
                 lambda m: self.top(self._combine(m), training=False), sent)
         except Exception as error:
             shapes = {p: tuple(s.shape) for p, s in sent.items()}
@@ -368,6 +386,72 @@ class VerticalModel(keras.Model):
             raise ValueError(f"VerticalModel: the top model cannot take the embeddings "
                              f"{shapes} as {rule}: {error}") from error
         self.built = True
+        if self.label_dp is not None:
+            self._check_label_classes(self._declared_label_classes(), "label_dp")
+
+    def _declared_label_classes(self):
+        """The number of classes ``label_dp``'s settings fix before any label is seen, or None."""
+        layer = self.label_dp
+        if layer.mode == "binary":
+            return 2
+        return layer.num_classes  # sparse / onehot / auto: None until the labels are seen
+
+    def _top_output_size(self):
+        """The last dimension of the top's (single) output, or None when not known."""
+        spec = getattr(self, "_top_output_spec", None)
+        if not isinstance(spec, keras.KerasTensor) or len(spec.shape) < 2:
+            return None
+        return spec.shape[-1]
+
+    def _check_label_classes(self, num_classes, source):
+        """Raise if ``label_dp``'s ``num_classes`` cannot match the top model's output size.
+
+        Randomized labels take any of the ``num_classes`` values, so a top
+        with fewer outputs fails deep inside the loss on a label the user
+        never wrote. Two classes fit a top with 1 output (sigmoid) or 2
+        (softmax); K > 2 classes need exactly K outputs.
+
+        Args:
+            num_classes: the number of classes of the labels, or None (skip).
+            source: where ``num_classes`` comes from, for the message.
+        """
+        outputs = self._top_output_size()
+        if num_classes is None or outputs is None:
+            return
+        allowed = (1, 2) if num_classes == 2 else (num_classes,)
+        if outputs not in allowed:
+            if num_classes == 2:
+                fix = ("2 classes need a top with 1 output (sigmoid) or 2 (softmax); for "
+                       f"{outputs} classes use LabelDPLayer(mode='sparse', "
+                       f"num_classes={outputs}) (or mode='onehot' for one-hot labels)")
+            else:
+                fix = (f"the randomized labels take every class id in [0, {num_classes}), so "
+                       f"the top needs {num_classes} outputs: set `num_classes` to the number "
+                       "of classes the top predicts (or change the top)")
+            raise ValueError(f"VerticalModel: {source} has {num_classes} classes but the top "
+                             f"model has {outputs} output(s); {fix}.")
+
+    def _validate_fit_labels(self, y):
+        """Check array labels against ``label_dp`` eagerly, before Keras traces anything.
+
+        The same row-by-row rule as `LabelDPLayer` on eager labels (a
+        ValueError naming the first bad row and, for binary labels that look
+        like class ids, the hint to use ``mode='sparse'``), plus the number of
+        classes against the top's output size. Datasets are checked inside
+        the training step instead.
+
+        Args:
+            y: the ``y`` given to `fit` (checked only for a numpy array or an
+                eager tensor; other containers are left to Keras).
+        """
+        if isinstance(y, tf.Tensor) and hasattr(y, "numpy"):
+            y = y.numpy()
+        if not isinstance(y, np.ndarray) or y.ndim == 0:
+            return
+        layer = self.label_dp
+        mode, k = label_formats.resolve_mode(layer.mode, y.shape, layer.num_classes)
+        label_formats.validate_eager(y, mode, k)
+        self._check_label_classes(k, f"LabelDPLayer(mode={mode!r}) on these labels")
 
     def _resolve_top_rule(self, sent):
         struct = getattr(self.top, "_inputs_struct", None)
@@ -747,6 +831,7 @@ class VerticalModel(keras.Model):
                             f"{label_free_sample_weight!r}.")
         class_weight = None
         if self.label_dp is not None:
+            self._validate_fit_labels(y)
             if kwargs.get("sample_weight") is not None and not label_free_sample_weight:
                 raise ValueError(_SAMPLE_WEIGHT_REFUSAL)
             class_weight = kwargs.pop("class_weight", None)
@@ -783,6 +868,11 @@ class VerticalModel(keras.Model):
         try:
             return super().fit(x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
                                callbacks=callbacks, **kwargs)
+        except tf.errors.InvalidArgumentError as error:
+            short = _label_assert_message(error)
+            if short is None:
+                raise
+            raise ValueError(f"VerticalModel.fit: {short}") from None
         finally:
             if dispatcher is not None and dispatcher in listed:
                 listed.remove(dispatcher)
@@ -988,9 +1078,16 @@ class VerticalModel(keras.Model):
                               input_signature=input_signature, **kwargs)
 
     def _tensor_spec(self, party):
-        return tree.map_structure(
-            lambda t: tf.TensorSpec((None,) + tuple(t.shape[1:]), t.dtype),
-            self._input_specs[party])
+        """``party``'s feature spec (batch dimension None), named after the party.
+
+        A party with several feature tensors gets ``{party}_0``, ``{party}_1``,
+        ... in the flattened order of its inputs.
+        """
+        flat = tree.flatten(self._input_specs[party])
+        names = [party] if len(flat) == 1 else [f"{party}_{i}" for i in range(len(flat))]
+        specs = [tf.TensorSpec((None,) + tuple(t.shape[1:]), t.dtype, name=name)
+                 for t, name in zip(flat, names)]
+        return tree.pack_sequence_as(self._input_specs[party], specs)
 
     # --- serialization -------------------------------------------------------------------
 

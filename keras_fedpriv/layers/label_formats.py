@@ -113,7 +113,8 @@ def rows_ok(labels, mode, num_classes):
     flat = tf.reshape(v, [-1])
     if mode == "binary":
         return (tf.logical_or(tf.equal(flat, 0), tf.equal(flat, 1)),
-                "LabelDPLayer(mode='binary'): labels must be exactly 0 or 1; first bad row:")
+                "LabelDPLayer(mode='binary'): labels must be exactly 0 or 1 (for integer class "
+                "ids use mode='sparse' with num_classes); first bad row:")
     f = tf.cast(flat, tf.float64)
     return (tf.logical_and(tf.equal(f, tf.round(f)), tf.logical_and(f >= 0, f < num_classes)),
             f"LabelDPLayer(mode='sparse'): labels must be integer class ids in "
