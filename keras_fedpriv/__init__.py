@@ -25,9 +25,11 @@ from keras_fedpriv.federated import HorizontalFL, VerticalModel  # noqa: E402
 from keras_fedpriv.optimizers import SignDS, SignDSEncoder  # noqa: E402
 from keras_fedpriv.layers import EmbeddingDPLayer, LabelDPLayer, VAEBottom  # noqa: E402
 from keras_fedpriv.privatize import privatize_dataset, privatize_labels  # noqa: E402
+from keras_fedpriv.logs import logger, set_verbosity  # noqa: E402
 
 __all__ = ["EmbeddingDPLayer", "HorizontalFL", "LabelDPLayer", "MagRR", "SignDS",
            "SignDSEncoder", "VAEBottom", "VerticalModel", "attacks", "callbacks", "datasets",
            "federated",
-           "mechanisms", "optimizers", "privacy", "privatize_dataset", "privatize_labels",
+           "logger", "mechanisms", "optimizers", "privacy", "privatize_dataset",
+           "privatize_labels", "set_verbosity",
            "__version__"]

@@ -17,10 +17,12 @@ import re
 import keras
 import numpy as np
 import tensorflow as tf
+from keras import tree
+# No public equivalents (Keras 3.15): symbolic tracing of the parties' forward pass
+# without building a model, and the loss unscaling that Keras' own train_step
+# applies under tf.distribute before updating the loss tracker.
 from keras.src import backend as keras_backend
-from keras.src import tree
 from keras.src.losses import loss as keras_loss_module
-from keras.src.trainers.data_adapters import data_adapter_utils
 
 from keras_fedpriv.federated.messages import (
     EXAMPLE_IDS_KEY,
@@ -701,7 +703,7 @@ class VerticalModel(keras.Model):
             self.traffic["bytes_down"].update_state(tf.add_n(total_down))
 
     def train_step(self, data):
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         features, ids = self._split_inputs(x)
         scale = self.optimizer.scale_loss if self.optimizer is not None else (lambda v: v)
 
@@ -785,7 +787,7 @@ class VerticalModel(keras.Model):
         return captured
 
     def test_step(self, data):
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         features, ids = self._split_inputs(x)
         sent, total_local = {}, []
         for p in self._parties:

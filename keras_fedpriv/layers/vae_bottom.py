@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
+from keras_fedpriv.logs import logger, verbose_scope
 from keras_fedpriv.mechanisms.validation import (
     validate_eps,
     validate_int_sequence,
@@ -284,8 +285,9 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
             for key, value in zip(history, means):
                 history[key].append(float(value))
             if verbose:
-                print(f"VAEBottom.pretrain epoch {epoch + 1}/{epochs}: loss={means[0]:.4f} "
-                      f"reconstruction={means[1]:.4f} kl={means[2]:.4f}")
+                with verbose_scope(verbose):
+                    logger.info("VAEBottom.pretrain epoch %d/%d: loss=%.4f reconstruction=%.4f "
+                                "kl=%.4f", epoch + 1, epochs, *means)
         return history
 
     def _pretrain_layers(self):
