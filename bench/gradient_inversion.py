@@ -28,7 +28,7 @@ is measured: which pixels the released indices of the first layer point to
 Usage::
 
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/gradient_inversion.py          # full, writes docs
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/gradient_inversion.py --quick  # smoke run, no docs
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/gradient_inversion.py --quick  # smoke, no docs
 
 ``--save FILE`` pickles the raw results; ``--load FILE`` re-renders the docs
 from them without re-running the attacks.

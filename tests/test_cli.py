@@ -109,7 +109,8 @@ def test_audit_refuted_claim_exits_1(monkeypatch, capsys):
 
 @pytest.mark.parametrize("argv,expected", [
     (["audit", "binary_rr"], "--eps"),
-    (["audit", "binary_rr", "--eps", "-1"], "argument --eps: must be a finite number > 0; got '-1'"),
+    (["audit", "binary_rr", "--eps", "-1"],
+     "argument --eps: must be a finite number > 0; got '-1'"),
     (["audit", "binary_rr", "--eps", "inf"], "argument --eps"),
     (["audit", "binary_rr", "--eps", "x"], "argument --eps"),
     (["audit", "binary_rr", "--eps", "1", "--trials", "10"],
