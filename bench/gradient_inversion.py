@@ -28,7 +28,7 @@ is measured: which pixels the released indices of the first layer point to
 Usage::
 
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/gradient_inversion.py          # full, writes docs
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/gradient_inversion.py --quick  # 1 seed, no docs
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/gradient_inversion.py --quick  # smoke, no docs
 
 ``--save FILE`` pickles the raw results; ``--load FILE`` re-renders the docs
 from them without re-running the attacks.
@@ -543,15 +543,16 @@ public mean of the non-zero pixels, the others 0). One example per client:
     return DOC
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="one seed, three one-example clients, no batch 4, no docs")
+                        help="smoke run: one seed, one one-example client, one noise level "
+                             "per scheme, 10 attack iterations, no batch 4, no docs")
     parser.add_argument("--save", metavar="FILE",
                         help="also pickle the raw results (and run time) to FILE")
     parser.add_argument("--load", metavar="FILE",
                         help="skip the attacks: re-render the docs from a --save FILE")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=UserWarning)
     started = time.time()
     if args.load:
@@ -560,7 +561,9 @@ def main():
         seconds = res["seconds"]
     else:
         if args.quick:
-            res = run((0,), 3, 0, (1,), keep_images=False)
+            global ITER, TRAIN_EPOCHS, GAUSS_Z, SIGNDS_EPS
+            ITER, TRAIN_EPOCHS, GAUSS_Z, SIGNDS_EPS = {1: 10}, 1, (0.1,), (10.0,)
+            res = run((0,), 1, 0, (1,), keep_images=False)
         else:
             res = run(SEEDS, EXAMPLES, BATCHES, (1, 4), keep_images=True)
         seconds = res["seconds"] = time.time() - started

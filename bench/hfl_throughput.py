@@ -15,7 +15,8 @@ Two comparisons, each against a baseline measured in the same run:
 
 Usage::
 
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/hfl_throughput.py [--quick]
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/hfl_throughput.py            # updates docs
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/hfl_throughput.py --quick    # smoke run, no docs
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def compiled_round(fl, chosen, global_weights, epochs):
 def bench_training(args):
     clients, _ = digits_split(iid=True, seed=0)
     rows = []
-    for epochs in (1, 5):
+    for epochs in (1,) if args.quick else (1, 5):
         model_a = make_model(seed=0)
         model_b = make_model(seed=0)
         fl = HorizontalFL(model_b, clients, batch_size=32, seed=0)
@@ -96,7 +97,7 @@ def bench_training(args):
 def bench_encode(args):
     rows = []
     rng = np.random.default_rng(0)
-    sizes = (1_000_000,) if args.quick else (1_000_000, 10_000_000)
+    sizes = (100_000,) if args.quick else (1_000_000, 10_000_000)
     for d in sizes:
         x = rng.standard_normal(d).astype(np.float32)
         enc = SignDSEncoder(k=0.01, eps=100.0, seed=0)
@@ -138,15 +139,16 @@ order, and samples h indices from it.
 """
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats, no docs")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run (E = 1 only, 3 clients, 2 repeats, d = 10^5), no docs")
     parser.add_argument("--clients", type=int, default=10, help="clients per timed round")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--encode-repeats", type=int, default=7)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
-        args.repeats, args.encode_repeats = 3, 2
+        args.clients, args.repeats, args.encode_repeats = 3, 2, 2
     started = time.time()
     train_rows = bench_training(args)
     encode_rows = bench_encode(args)

@@ -23,7 +23,7 @@ over repeats), and the time of the two noise samplers on the 360 x 10 outputs.
 Usage::
 
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/laplace_eval.py            # full, writes docs
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/laplace_eval.py --quick    # short, no docs
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/laplace_eval.py --quick    # smoke run, no docs
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/laplace_eval.py --replot   # docs from the json
 """
 
@@ -343,13 +343,14 @@ The noise itself on one evaluation's 360 x 10 outputs: discrete sampler
     (DOCS / "laplace_eval.md").write_text(text)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 1 seed, 3 epochs, 1 timing repeat, no docs")
     parser.add_argument("--replot", action="store_true")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=15)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     json_path = DOCS / "laplace_eval.json"
     if args.replot:
         saved = json.loads(json_path.read_text())
@@ -358,11 +359,11 @@ def main():
         write_docs(saved["results"], saved["meta"])
         return
     seeds = [0] if args.quick else [0, 1]
-    epochs = 4 if args.quick else args.epochs
-    repeats = 2 if args.quick else args.repeats
+    epochs = 3 if args.quick else args.epochs
+    repeats = 1 if args.quick else args.repeats
     started = time.time()
     results = curves(epochs, seeds)
-    results["timing"] = timing(repeats)
+    results["timing"] = timing(repeats, 2) if args.quick else timing(repeats)
     t = results["timing"]
     print(f"epoch without {1e3 * np.median(t['without']):.0f} ms, with "
           f"{1e3 * np.median(t['with']):.0f} ms (cpu {1e3 * np.median(t['cpu_without']):.0f} "

@@ -27,7 +27,8 @@ timings of each component as its own ``tf.function``.
 
 Usage::
 
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/layer_overhead.py --profile
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/layer_overhead.py --profile   # updates docs
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/layer_overhead.py --quick     # smoke run, no docs
 """
 
 from __future__ import annotations
@@ -316,11 +317,16 @@ def main(argv=None):
     parser.add_argument("--profile", action="store_true",
                         help="also time ablated layers and each component")
     parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 2 rounds of 5 steps, jit_compile=False only, no docs")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.steps, args.no_docs = 2, 5, True
     start = time.time()
 
     results = {}
-    for jit in (False, True):
+    jits = (False,) if args.quick else (False, True)
+    for jit in jits:
         variants = build_variants(args.profile)
         for v in variants.values():
             v.compile(jit)
@@ -335,7 +341,7 @@ def main(argv=None):
                   f"{ms:.2f} ms/step vs {results[jit]['_base'][base]:.2f}", flush=True)
     components = {}
     if args.profile:
-        for jit in (False, True):
+        for jit in jits:
             components[jit] = component_timings(jit)
     elapsed = time.time() - start
 
@@ -343,7 +349,7 @@ def main(argv=None):
               "ms/step with", "ms/step without", f"<= {TARGET:.2f}?"]
     rows = []
     for name, base in PAIRS:
-        for jit in (False, True):
+        for jit in jits:
             med, q1, q3, ms = results[jit][name]
             rows.append([name.split(":")[1], str(jit), f"{med:.3f}", f"{q1:.3f}-{q3:.3f}",
                          f"{ms:.2f}", f"{results[jit]['_base'][base]:.2f}",

@@ -26,7 +26,7 @@ deviation over seeds of each arm and of the paired difference.
 Usage::
 
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/rr_with_prior.py          # full run, updates docs
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/rr_with_prior.py --quick  # 2 seeds, no docs
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/rr_with_prior.py --quick  # smoke run, no docs
 """
 
 from __future__ import annotations
@@ -244,13 +244,14 @@ def main(argv=None):
     parser.add_argument("--eps", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--seeds", type=int, default=SEEDS)
     parser.add_argument("--epochs", type=int, default=EPOCHS)
-    parser.add_argument("--quick", action="store_true", help="2 seeds, do not touch docs/")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 2 seeds, eps 2 only, 2 epochs; do not touch docs/")
     parser.add_argument("--no-docs", action="store_true", help="print only")
     parser.add_argument("--plot", default="docs/rr_with_prior.png",
                         help="PNG path relative to the repo root ('' for none)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.seeds, args.no_docs = 2, True
+        args.seeds, args.eps, args.epochs, args.no_docs = 2, [2.0], 2, True
 
     start = time.time()
     trainer = Trainer(args.epochs)

@@ -29,7 +29,7 @@ the test rows: 1.0 = nothing learned); and the dELDP estimate of the VAE.
 Usage::
 
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/vertical_privacy.py           # full, writes docs
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/vertical_privacy.py --quick   # 1 seed, no docs
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/vertical_privacy.py --quick   # smoke run, no docs
 """
 
 from __future__ import annotations
@@ -335,12 +335,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=SEEDS)
     parser.add_argument("--datasets", nargs="+", default=["breast_cancer", "digits"])
-    parser.add_argument("--quick", action="store_true", help="1 seed, do not write docs")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: breast_cancer, 1 seed, LabelDP (RR) and EmbeddingDP "
+                             "at one eps each, 2 epochs; do not write docs")
     parser.add_argument("--replot", action="store_true",
                         help=f"rewrite the docs from {RESULTS.name} without training")
     args = parser.parse_args(argv)
     if args.quick:
-        args.seeds = 1
+        global LABEL_EPS, EMBED_EPS, EPOCHS
+        args.seeds, args.datasets = 1, ["breast_cancer"]
+        LABEL_EPS, EMBED_EPS, EPOCHS = (2.0,), (4.0,), 2
+    quick_kinds = ("label_rr", "embedding")
     if args.replot:
         results, k_of, elapsed = load_saved()
         args.seeds = len(next(iter(next(iter(results.values())).values())))
@@ -354,6 +359,8 @@ def main(argv=None):
             data = load(name, seed)
             k_of[name] = data[-1]
             for config in configurations():
+                if args.quick and config[0] not in quick_kinds:
+                    continue
                 r = run(config, data, seed)
                 results[name].setdefault(config, []).append(r)
                 print(f"{name} seed {seed} {describe(config)}: acc {100 * r['acc']:.1f}% "

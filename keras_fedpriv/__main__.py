@@ -1,9 +1,11 @@
-"""Command line: ``python -m keras_fedpriv demo`` (or the ``keras-fedpriv`` script)."""
+"""Command line: ``keras-fedpriv demo|audit|plan`` (or ``python -m keras_fedpriv ...``)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+import textwrap
 
 # Light: the demo module imports nothing heavy beyond what the package already does.
 from keras_fedpriv.demo import DEFAULT_EPOCHS, QUICK_EPOCHS, run_demo
@@ -31,11 +33,128 @@ def _seed(text):
     return value
 
 
+def _positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number > 0; got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0; got {text!r}")
+    return value
+
+
+def _delta(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1); got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1); got {text!r}")
+    return value
+
+
+def _confidence(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1); got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1); got {text!r}")
+    return value
+
+
+def _int_at_least(minimum):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer >= {minimum}; got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}; got {value}")
+        return value
+    return parse
+
+
+def _wrap(text):
+    return textwrap.fill(text, 78, break_on_hyphens=False)
+
+
+def package_version():
+    """The installed distribution's version, or ``keras_fedpriv.__version__`` when not installed.
+
+    Returns:
+        The version string, e.g. ``"0.1.0"``.
+    """
+    from importlib import metadata
+
+    try:
+        return metadata.version("keras-fedpriv")
+    except metadata.PackageNotFoundError:
+        import keras_fedpriv
+
+        return keras_fedpriv.__version__
+
+
+#: ``keras-fedpriv audit`` mechanisms: name -> (auditor in keras_fedpriv.privacy, what it audits,
+#: the optional CLI arguments it takes).
+AUDITS = {
+    "binary_rr": ("audit_binary_rr", "binary randomized response", ()),
+    "kary_rr": ("audit_kary_rr", "K-ary randomized response", ("num_classes",)),
+    "quantize_rr": ("audit_quantize_rr", "quantize + RR of one coordinate (claim eps/2)", ()),
+    "laplace": ("audit_laplace", "the Laplace mechanism (discrete sampler)", ()),
+    "magrr": ("audit_magrr", "MagRR's client bit", ()),
+    "signds": ("audit_signds", "SignDS's exponential mechanism (select_indices)", ()),
+    "label_dp_layer": ("audit_label_dp_layer", "LabelDPLayer (binary, or sparse with "
+                       "--num-classes)", ("num_classes",)),
+    "embedding_dp_layer": ("audit_embedding_dp_layer", "EmbeddingDPLayer on "
+                           "--num-coordinates coordinates", ("num_coordinates",)),
+}
+
+#: ``keras-fedpriv plan`` mechanisms (``gaussian``: a noise multiplier, the others: an eps).
+PLAN_MECHANISMS = ("label_dp", "embedding_dp", "signds", "magrr", "gaussian")
+
+_AUDIT_EPILOG = """mechanisms:
+{mechanisms}
+
+examples:
+  keras-fedpriv audit binary_rr --eps 1
+  keras-fedpriv audit kary_rr --eps 2 --num-classes 10 --trials 100000 --seed 0
+  keras-fedpriv audit embedding_dp_layer --eps 4 --num-coordinates 4
+
+A correct mechanism gives "lower bound <= claimed eps"; a bound close to the
+claim means the audit is tight. The exit status is 1 when the bound exceeds
+the claim (the claim is refuted), 0 otherwise.
+"""
+
+_PLAN_EPILOG = """examples:
+  keras-fedpriv plan --target-eps 8 --releases 20 --mechanism label_dp --num-classes 10
+  keras-fedpriv plan --target-eps 8 --releases 10 --mechanism embedding_dp --num-coordinates 16
+  keras-fedpriv plan --target-eps 4 --delta 1e-6 --releases 50 --mechanism gaussian
+
+--releases counts the releases of the busiest unit: 1 for labels privatized
+once, the epochs for EmbeddingDPLayer or a per-batch LabelDPLayer, the rounds
+a client takes part in for SignDS, MagRR and the Gaussian upload.
+"""
+
+
 def build_parser():
-    """The argparse parser (subcommand ``demo``)."""
+    """The argparse parser (subcommands ``demo``, ``audit`` and ``plan``).
+
+    Returns:
+        An `argparse.ArgumentParser`.
+    """
     parser = argparse.ArgumentParser(
         prog="keras-fedpriv",
-        description="keras-fedpriv: Keras layers for private federated learning.")
+        description="keras-fedpriv: Keras layers for private federated learning.",
+        epilog="examples:\n"
+               "  keras-fedpriv demo --quick\n"
+               "  keras-fedpriv audit binary_rr --eps 1\n"
+               "  keras-fedpriv plan --target-eps 8 --releases 20 --mechanism label_dp\n\n"
+               "Run 'keras-fedpriv COMMAND --help' for a command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo", help="vertical FL with label/embedding DP, then horizontal FL with SignDS",
@@ -57,11 +176,135 @@ def build_parser():
                       help="which part to run (default: all)")
     demo.add_argument("--quick", action="store_true",
                       help="fewer configurations, epochs and rounds")
+
+    audit = sub.add_parser(
+        "audit", help="empirical lower bound on a mechanism's eps",
+        description=_wrap("Run a mechanism of the package many times on two neighbouring inputs "
+                    "and print a lower bound on its eps that holds with the given confidence "
+                    "(Clopper-Pearson), next to the eps the mechanism claims."),
+        epilog=_AUDIT_EPILOG.format(mechanisms="\n".join(
+            f"  {name:20s}{what}" for name, (_, what, _) in AUDITS.items())),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    audit.add_argument("mechanism", metavar="MECHANISM", choices=tuple(AUDITS),
+                       help="what to audit (listed below)")
+    audit.add_argument("--eps", type=_positive_float, required=True,
+                       help="the mechanism's eps (> 0)")
+    audit.add_argument("--trials", type=_int_at_least(100), default=None,
+                       help="runs per input, >= 100 (default: the auditor's, 200000; "
+                            "signds runs one Python call per trial, ~0.1 ms each)")
+    audit.add_argument("--seed", type=_seed, default=None,
+                       help="seed for a reproducible audit (default: OS entropy)")
+    audit.add_argument("--confidence", type=_confidence, default=0.95,
+                       help="probability with which the lower bound holds (default 0.95)")
+    audit.add_argument("--num-classes", type=_int_at_least(2), default=None,
+                       help="K for kary_rr (default 10) and label_dp_layer (sparse labels; "
+                            "default: binary labels)")
+    audit.add_argument("--num-coordinates", type=_positive_int, default=None,
+                       help="embedding size for embedding_dp_layer (default 1)")
+
+    plan = sub.add_parser(
+        "plan", help="per-release eps (or Gaussian noise) that meets a total budget",
+        description=_wrap("Given the (eps, delta) the whole run may spend and the number of "
+                    "releases, print the eps to give each release (or, for the Gaussian "
+                    "upload, the noise multiplier), calibrated with dp-accounting's PLD "
+                    "accountant so the run's privacy report comes out at or below the target."),
+        epilog=_PLAN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    plan.add_argument("--target-eps", type=_positive_float, required=True,
+                      help="eps the whole run may spend (> 0)")
+    plan.add_argument("--delta", type=_delta, default=1e-5,
+                      help="delta of the target, in [0, 1) (default 1e-5)")
+    plan.add_argument("--releases", type=_positive_int, required=True,
+                      help="releases of the busiest unit (example or client)")
+    plan.add_argument("--mechanism", choices=PLAN_MECHANISMS, required=True,
+                      help="label_dp (K-ary RR), embedding_dp (EmbeddingDPLayer), signds, "
+                           "magrr (its eps_rr) or gaussian (GaussianUpload's noise multiplier)")
+    plan.add_argument("--num-classes", type=_int_at_least(2), default=None,
+                      help="K for label_dp (default 2)")
+    plan.add_argument("--num-coordinates", type=_positive_int, default=None,
+                      help="embedding size d for embedding_dp (required there)")
     return parser
 
 
+def _run_audit(parser, args, out):
+    from keras_fedpriv import privacy
+
+    name, _, takes = AUDITS[args.mechanism]
+    for option in ("num_classes", "num_coordinates"):
+        if getattr(args, option) is not None and option not in takes:
+            flag = "--" + option.replace("_", "-")
+            parser.error(f"argument {flag}: not used by mechanism {args.mechanism!r} (used by "
+                         + ", ".join(m for m, v in AUDITS.items() if option in v[2]) + ")")
+    kwargs = {"seed": args.seed, "confidence": args.confidence}
+    if args.trials is not None:
+        kwargs["num_trials"] = args.trials
+    if args.mechanism == "kary_rr" and args.num_classes is not None:
+        kwargs["num_classes"] = args.num_classes
+    if args.mechanism == "label_dp_layer" and args.num_classes is not None:
+        kwargs.update(mode="sparse", num_classes=args.num_classes)
+    if args.mechanism == "embedding_dp_layer" and args.num_coordinates is not None:
+        kwargs["num_coordinates"] = args.num_coordinates
+    result = getattr(privacy, name)(args.eps, **kwargs)
+    verdict = ("REFUTED: the lower bound exceeds the claim" if result.violates_claim
+               else "consistent: lower bound <= claimed eps")
+    print(result.name, file=out)
+    print(f"  claimed eps:          {result.claimed_eps:.4g}", file=out)
+    print(f"  empirical lower bound: {result.eps_lower_bound:.4f}", file=out)
+    print(f"  confidence:           {result.confidence:g}", file=out)
+    print(f"  point estimate:       {result.eps_point_estimate:.4f}", file=out)
+    print(f"  runs per input:       {result.num_trials}", file=out)
+    print(f"  verdict:              {verdict}", file=out)
+    return 1 if result.violates_claim else 0
+
+
+def _run_plan(parser, args, out):
+    from keras_fedpriv.privacy import plan_epsilon, plan_noise_multiplier
+
+    if args.num_classes is not None and args.mechanism != "label_dp":
+        parser.error("argument --num-classes: only used with --mechanism label_dp")
+    if args.num_coordinates is not None and args.mechanism != "embedding_dp":
+        parser.error("argument --num-coordinates: only used with --mechanism embedding_dp")
+    if args.mechanism == "embedding_dp" and args.num_coordinates is None:
+        parser.error("argument --num-coordinates: required with --mechanism embedding_dp")
+    budget = (f"target eps={args.target_eps:g}, delta={args.delta:g} over "
+              f"{args.releases} release(s)")
+    try:
+        if args.mechanism == "gaussian":
+            z = plan_noise_multiplier(args.target_eps, args.delta, releases=args.releases)
+            print(f"gaussian: {budget}", file=out)
+            print(f"  noise multiplier: {z:.4f}", file=out)
+            return 0
+        kwargs = {}
+        if args.num_classes is not None:
+            kwargs["num_classes"] = args.num_classes
+        if args.num_coordinates is not None:
+            kwargs["num_coordinates"] = args.num_coordinates
+        eps = plan_epsilon(args.target_eps, args.delta, releases=args.releases,
+                           mechanism=args.mechanism, **kwargs)
+    except ValueError as err:
+        parser.error(str(err))
+    print(f"{args.mechanism}: {budget}", file=out)
+    print(f"  per-release eps: {eps:.4f}", file=out)
+    return 0
+
+
+def sub_parser(parser, name):
+    """The subparser ``name`` of ``parser`` (for errors that carry its usage line)."""
+    for action in parser._subparsers._group_actions:
+        if name in action.choices:
+            return action.choices[name]
+    raise ValueError(f"`name` must be a subcommand of the parser; got {name!r}.")
+
+
 def main(argv=None):
-    """Entry point; returns the exit status."""
+    """Entry point of ``keras-fedpriv``.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status (0 on success; 1 when ``audit`` refutes the claim;
+        argparse exits with 2 on bad arguments).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -76,6 +319,10 @@ def main(argv=None):
             run_horizontal_demo(rounds=args.rounds, seed=args.seed, quick=args.quick,
                                 out=sys.stdout)
         return 0
+    if args.command == "audit":
+        return _run_audit(sub_parser(parser, "audit"), args, sys.stdout)
+    if args.command == "plan":
+        return _run_plan(sub_parser(parser, "plan"), args, sys.stdout)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
 

@@ -1,0 +1,208 @@
+"""The command line: ``keras-fedpriv --version``, ``audit`` and ``plan`` (in-process)."""
+
+import pathlib
+import tomllib
+from importlib import metadata
+
+import pytest
+
+import keras_fedpriv
+from keras_fedpriv import __main__ as cli
+from keras_fedpriv import privacy
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _error(argv, capsys):
+    """Run ``main(argv)`` expecting an argparse error; return its stderr."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+# --------------------------------------------------------------------------- --version / --help
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.strip() == f"keras-fedpriv {cli.package_version()}"
+    assert cli.package_version() == keras_fedpriv.__version__
+
+
+def test_version_falls_back_to_the_package_attribute(monkeypatch):
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", missing)
+    assert cli.package_version() == keras_fedpriv.__version__
+
+
+@pytest.mark.parametrize("argv,expected", [
+    ([], ["demo", "audit", "plan", "--version", "examples:"]),
+    (["audit"], ["MECHANISM", "--eps", "--trials", "--seed", "examples:", "binary_rr",
+                 "embedding_dp_layer", "Clopper-Pearson"]),
+    (["plan"], ["--target-eps", "--delta", "--releases", "--mechanism", "--num-classes",
+                "--num-coordinates", "examples:", "gaussian"]),
+])
+def test_help_reads_well(argv, expected, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv + ["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for text in expected:
+        assert text in out, text
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_no_command_prints_help(capsys):
+    assert cli.main([]) == 2
+    assert "COMMAND" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- audit
+
+@pytest.mark.parametrize("mechanism", sorted(cli.AUDITS))
+def test_audit_every_mechanism(mechanism, capsys):
+    assert cli.main(["audit", mechanism, "--eps", "2", "--trials", "400", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "claimed eps:" in out and "empirical lower bound:" in out
+    assert "confidence:           0.95" in out and "runs per input:       400" in out
+    assert "consistent" in out
+
+
+def test_audit_matches_the_library(capsys):
+    argv = ["audit", "kary_rr", "--eps", "1.5", "--num-classes", "5", "--trials", "1000",
+            "--seed", "3", "--confidence", "0.9"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    result = privacy.audit_kary_rr(1.5, num_classes=5, num_trials=1000, seed=3, confidence=0.9)
+    assert result.name in out and "5-ary" in out
+    assert f"empirical lower bound: {result.eps_lower_bound:.4f}" in out
+    assert "confidence:           0.9\n" in out
+
+
+def test_audit_layer_options(capsys):
+    assert cli.main(["audit", "label_dp_layer", "--eps", "1", "--num-classes", "4",
+                     "--trials", "200", "--seed", "1"]) == 0
+    assert "sparse" in capsys.readouterr().out
+    assert cli.main(["audit", "embedding_dp_layer", "--eps", "1", "--num-coordinates", "3",
+                     "--trials", "200", "--seed", "1"]) == 0
+    assert "claimed eps:          1.5" in capsys.readouterr().out  # 3 coordinates x eps / 2
+
+
+def test_audit_refuted_claim_exits_1(monkeypatch, capsys):
+    real = privacy.audit_binary_rr
+
+    def overclaiming(eps, **kwargs):
+        result = real(eps, **kwargs)
+        return privacy.AuditResult(**{**result.__dict__, "claimed_eps": 0.01})
+
+    monkeypatch.setattr(privacy, "audit_binary_rr", overclaiming)
+    assert cli.main(["audit", "binary_rr", "--eps", "3", "--trials", "2000", "--seed", "0"]) == 1
+    assert "REFUTED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["audit", "binary_rr"], "--eps"),
+    (["audit", "binary_rr", "--eps", "-1"],
+     "argument --eps: must be a finite number > 0; got '-1'"),
+    (["audit", "binary_rr", "--eps", "inf"], "argument --eps"),
+    (["audit", "binary_rr", "--eps", "x"], "argument --eps"),
+    (["audit", "binary_rr", "--eps", "1", "--trials", "10"],
+     "argument --trials: must be an integer >= 100; got 10"),
+    (["audit", "binary_rr", "--eps", "1", "--seed", "-2"], "argument --seed"),
+    (["audit", "binary_rr", "--eps", "1", "--confidence", "1"], "argument --confidence"),
+    (["audit", "gauss", "--eps", "1"], "argument MECHANISM: invalid choice: 'gauss'"),
+    (["audit", "binary_rr", "--eps", "1", "--num-coordinates", "2"],
+     "argument --num-coordinates: not used by mechanism 'binary_rr'"),
+    (["audit", "laplace", "--eps", "1", "--num-classes", "3"],
+     "argument --num-classes: not used by mechanism 'laplace'"),
+    (["audit", "kary_rr", "--eps", "1", "--num-classes", "1"],
+     "argument --num-classes: must be an integer >= 2; got 1"),
+])
+def test_audit_bad_arguments(argv, expected, capsys):
+    err = _error(argv, capsys)
+    assert expected in err
+    assert "usage: keras-fedpriv audit" in err
+
+
+# --------------------------------------------------------------------------- plan
+
+def test_plan_label_dp(capsys):
+    argv = ["plan", "--target-eps", "8", "--releases", "20", "--mechanism", "label_dp",
+            "--num-classes", "10"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    eps = privacy.plan_epsilon(8.0, 1e-5, releases=20, mechanism="label_dp", num_classes=10)
+    assert f"per-release eps: {eps:.4f}" in out
+    assert "target eps=8, delta=1e-05 over 20 release(s)" in out
+
+
+def test_plan_embedding_dp_and_delta(capsys):
+    argv = ["plan", "--target-eps", "4", "--delta", "1e-6", "--releases", "5", "--mechanism",
+            "embedding_dp", "--num-coordinates", "8"]
+    assert cli.main(argv) == 0
+    eps = privacy.plan_epsilon(4.0, 1e-6, releases=5, mechanism="embedding_dp",
+                               num_coordinates=8)
+    assert f"per-release eps: {eps:.4f}" in capsys.readouterr().out
+
+
+def test_plan_gaussian(monkeypatch, capsys):
+    calls = []
+
+    def spy(target_epsilon, target_delta, *, releases):  # the real one calibrates for seconds
+        calls.append((target_epsilon, target_delta, releases))
+        return 1.23456
+
+    monkeypatch.setattr(privacy, "plan_noise_multiplier", spy)
+    assert cli.main(["plan", "--target-eps", "4", "--delta", "1e-7", "--releases", "10",
+                     "--mechanism", "gaussian"]) == 0
+    assert calls == [(4.0, 1e-7, 10)]
+    assert "noise multiplier: 1.2346" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["plan", "--releases", "3", "--mechanism", "signds"], "--target-eps"),
+    (["plan", "--target-eps", "1", "--mechanism", "signds"], "--releases"),
+    (["plan", "--target-eps", "1", "--releases", "3"], "--mechanism"),
+    (["plan", "--target-eps", "0", "--releases", "3", "--mechanism", "signds"],
+     "argument --target-eps: must be a finite number > 0; got '0'"),
+    (["plan", "--target-eps", "1", "--releases", "0", "--mechanism", "signds"],
+     "argument --releases: must be an integer >= 1; got 0"),
+    (["plan", "--target-eps", "1", "--delta", "1", "--releases", "3", "--mechanism", "signds"],
+     "argument --delta: must be a number in [0, 1); got '1'"),
+    (["plan", "--target-eps", "1", "--releases", "3", "--mechanism", "laplace"],
+     "argument --mechanism: invalid choice: 'laplace'"),
+    (["plan", "--target-eps", "1", "--releases", "3", "--mechanism", "embedding_dp"],
+     "argument --num-coordinates: required with --mechanism embedding_dp"),
+    (["plan", "--target-eps", "1", "--releases", "3", "--mechanism", "signds",
+      "--num-classes", "3"], "argument --num-classes: only used with --mechanism label_dp"),
+    (["plan", "--target-eps", "1", "--releases", "3", "--mechanism", "gaussian",
+      "--num-coordinates", "3"],
+     "argument --num-coordinates: only used with --mechanism embedding_dp"),
+    (["plan", "--target-eps", "1e-9", "--releases", "1000", "--mechanism", "magrr"],
+     "cannot be met"),
+])
+def test_plan_bad_arguments(argv, expected, capsys):
+    err = _error(argv, capsys)
+    assert expected in err
+    assert "usage: keras-fedpriv plan" in err
+
+
+# --------------------------------------------------------------------------- packaging
+
+def test_py_typed_marker_ships():
+    marker = pathlib.Path(keras_fedpriv.__file__).parent / "py.typed"
+    assert marker.is_file() and marker.read_text() == ""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["keras_fedpriv"]
+
+
+def test_entry_point_is_main():
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert config["project"]["scripts"]["keras-fedpriv"] == "keras_fedpriv.__main__:main"
