@@ -174,6 +174,9 @@ def build_parser():
                            f"{DEFAULT_ROUNDS})")
     demo.add_argument("--part", choices=("all", "vertical", "horizontal"), default="all",
                       help="which part to run (default: all)")
+    demo.add_argument("--figure", default="demo_vertical.png", metavar="PATH",
+                      help="where the vertical part writes its accuracy / attack-AUC figure "
+                           "(PNG; default: %(default)s; '' for none)")
     demo.add_argument("--quick", action="store_true",
                       help="fewer configurations, epochs and rounds")
 
@@ -312,7 +315,8 @@ def main(argv=None):
         return 2
     if args.command == "demo":
         if args.part in ("all", "vertical"):
-            run_demo(epochs=args.epochs, seed=args.seed, quick=args.quick, out=sys.stdout)
+            run_demo(epochs=args.epochs, seed=args.seed, quick=args.quick, out=sys.stdout,
+                     figure=args.figure or None)
         if args.part == "all":
             print(file=sys.stdout)
         if args.part in ("all", "horizontal"):

@@ -194,7 +194,64 @@ def _check_epochs(epochs):
     return int(epochs)
 
 
-def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
+def plot_demo(rows, path):
+    """Write the demo's privacy-utility and attack figure (PNG) to ``path``.
+
+    Left: test accuracy against eps for LabelDP and EmbeddingDP (no protection
+    and the VAE bottom as horizontal lines). Right: the follower's label
+    attacks against the label eps, with the bound ``e^eps / (1 + e^eps)`` that
+    randomized response puts on any attacker.
+
+    Args:
+        rows: the rows `run_demo` returns.
+        path: the PNG file to write.
+
+    Returns:
+        ``path``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, key, marker in (("LabelDP", "label_eps", "o"), ("EmbeddingDP", "embedding_eps",
+                                                                "s")):
+        pts = sorted((r[key], r["accuracy"]) for r in rows
+                     if r["protection"] == name and r[key] is not None)
+        if pts:
+            left.plot(*zip(*pts), marker=marker, label=name)
+    for name, style in (("none", "k--"), ("VAEBottom", "g:")):
+        for r in rows:
+            if r["protection"] == name:
+                left.axhline(r["accuracy"], linestyle=style[1:], color=style[0],
+                             label=f"{'no protection' if name == 'none' else name}")
+    left.set(xscale="log", xlabel="eps", ylabel="test accuracy",
+             title="Privacy-utility (breast cancer, vertical FL)")
+    left.legend(fontsize=8)
+    label_rows = sorted((r for r in rows if r["protection"] == "LabelDP"),
+                        key=lambda r: r["label_eps"])
+    if label_rows:
+        eps = np.array([r["label_eps"] for r in label_rows])
+        right.plot(eps, [r["norm_auc"] for r in label_rows], "o-", label="norm attack")
+        right.plot(eps, [r["direction_auc"] for r in label_rows], "s-", label="direction attack")
+        grid = np.geomspace(eps.min(), eps.max(), 50)
+        right.plot(grid, np.exp(grid) / (1 + np.exp(grid)), "k:",
+                   label="bound e^eps/(1+e^eps)")
+    for r in rows:
+        if r["protection"] == "none":
+            right.axhline(r["direction_auc"], color="r", linestyle="--",
+                          label="direction attack, no protection")
+    right.set(xscale="log", xlabel="label eps", ylabel="attacker's AUC (0.5 = chance)",
+              ylim=(0.45, 1.02), title="Label inference by the follower (epoch 1)")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout, figure=None):
     """Train every configuration and print the results table.
 
     Args:
@@ -207,6 +264,8 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
             shuffling and every privacy mechanism, so a run can be repeated.
         quick: fewer configurations and epochs (for tests).
         out: text stream for the progress lines and the table (None: silent).
+        figure: None, or a path for the privacy-utility and attack figure
+            (PNG, `plot_demo`); the table then says where it is.
 
     Returns:
         A list of dicts, one per configuration, with the keys of
@@ -216,7 +275,8 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
         against the true labels read in the attacker's favour,
         ``max(AUC, 1 - AUC)``), ``norm_raw_auc`` and ``direction_raw_auc``
         (the AUC with the higher score read as malignant), ``bytes_up``
-        (bytes the follower sent in the last epoch), ``seconds`` (training and evaluation time), for rows with
+        (bytes the follower sent in the last epoch), ``seconds`` (training
+        and evaluation time), for rows with
         LabelDP ``labels_flipped`` (the fraction of training labels that
         randomized response changed), and for the VAEBottom row ``deldp``
         (the dELDP estimate, a `keras_fedpriv.privacy.DELDPReport`).
@@ -305,6 +365,9 @@ def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout):
     say()
     say(format_table(rows))
     say()
+    if figure is not None:
+        say(f"Figure (accuracy and attack AUC against eps): {plot_demo(rows, figure)}")
+        say()
     footer = ("eps: for LabelDP, the label-DP parameter (each training label is randomized once, "
               "so the guarantee holds for any number of epochs; test labels are untouched). For "
               "EmbeddingDP, the local-DP parameter of the follower's 1-bit embedding: each "

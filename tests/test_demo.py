@@ -177,3 +177,16 @@ def test_horizontal_demo_rows():
     assert len(by[("SignDS+MagRR", "100 + 5")]["history"]["lr_global"]) == 8
     text = out.getvalue()
     assert "96x smaller" in text and "bytes/client/round" in text
+
+
+def test_demo_figure_is_written(tmp_path):
+    """The demo's privacy-utility / attack figure, from rows shaped like run_demo's."""
+    rows = [dict(protection="none", label_eps=None, embedding_eps=None, accuracy=0.96,
+                 norm_auc=0.9, direction_auc=1.0)]
+    rows += [dict(protection="LabelDP", label_eps=e, embedding_eps=None, accuracy=0.8 + 0.03 * i,
+                  norm_auc=0.55 + 0.1 * i, direction_auc=0.6 + 0.1 * i)
+             for i, e in enumerate((0.5, 1.0, 2.0))]
+    rows += [dict(protection="EmbeddingDP", label_eps=None, embedding_eps=e, accuracy=0.9,
+                  norm_auc=0.9, direction_auc=1.0) for e in (1.0, 4.0)]
+    path = demo.plot_demo(rows, tmp_path / "demo.png")
+    assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
