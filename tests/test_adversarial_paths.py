@@ -207,8 +207,13 @@ def test_vertical_model_jit_compile_refuses_bad_labels_and_ids():
     model.fit(ids, y, epochs=1, batch_size=32, verbose=0)
     bad = y.copy()
     bad[5] = 2.0
-    with pytest.raises(ValueError, match="invalid labels"):
+    # an array: checked eagerly before Keras starts (row and hint named)
+    with pytest.raises(ValueError, match="row 5 has value 2"):
         model.fit(ids, bad, epochs=1, batch_size=32, verbose=0)
+    # a dataset: the compiled step meets the bad label and the host raises after it
+    dataset = tf.data.Dataset.from_tensor_slices((ids, bad)).batch(32)
+    with pytest.raises(ValueError, match="invalid labels"):
+        model.fit(dataset, epochs=1, verbose=0)
     ids_rep = dict(ids, example_ids=np.zeros(64, np.int64))
     with pytest.raises(ValueError, match="invalid example_ids"):
         model.fit(ids_rep, y, epochs=1, batch_size=32, verbose=0)
