@@ -12,69 +12,29 @@ from keras_fedpriv.demo import DEFAULT_EPOCHS, QUICK_EPOCHS, run_demo
 from keras_fedpriv.demo_horizontal import DEFAULT_ROUNDS, run_horizontal_demo
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {value}")
-    return value
-
-
-def _seed(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be an integer in [0, 2**31); got {text!r}") from None
-    if not 0 <= value < 2**31:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**31); got {value}")
-    return value
-
-
-def _positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number > 0; got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0; got {text!r}")
-    return value
-
-
-def _delta(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1); got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1); got {text!r}")
-    return value
-
-
-def _confidence(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1); got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1); got {text!r}")
-    return value
+def _argument(convert, accept, allowed):
+    """An argparse ``type``: ``convert`` the text, keep it if ``accept``, else say ``allowed``."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {allowed}; got {text!r}") from None
+        if not accept(value):
+            shown = value if convert is int else repr(text)
+            raise argparse.ArgumentTypeError(f"must be {allowed}; got {shown}")
+        return value
+    return parse
 
 
 def _int_at_least(minimum):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"must be an integer >= {minimum}; got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}; got {value}")
-        return value
-    return parse
+    return _argument(int, lambda v: v >= minimum, f"an integer >= {minimum}")
+
+
+_positive_int = _int_at_least(1)
+_seed = _argument(int, lambda v: 0 <= v < 2**31, "an integer in [0, 2**31)")
+_positive_float = _argument(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+_delta = _argument(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+_confidence = _argument(float, lambda v: 0 < v < 1, "a number in (0, 1)")
 
 
 def _wrap(text):
