@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Hashable
+
 import numpy as np
+from numpy.typing import ArrayLike
 import tensorflow as tf
 
 from keras_fedpriv.layers.label_dp import LabelDPLayer
@@ -26,8 +29,9 @@ def _privatizer(layer, eps, mode, num_classes, seed):
     return layer
 
 
-def privatize_labels(labels, eps=None, mode="auto", num_classes=None, prior=None, seed=None,
-                     layer=None):
+def privatize_labels(labels: ArrayLike, eps: float | None = None, mode: str = "auto",
+                     num_classes: int | None = None, prior: ArrayLike | None = None,
+                     seed: int | None = None, layer: LabelDPLayer | None = None) -> np.ndarray:
     """Return a randomized copy of ``labels``, each example randomized once.
 
     The labels are validated row by row first (a clear ValueError names the
@@ -68,8 +72,10 @@ def privatize_labels(labels, eps=None, mode="auto", num_classes=None, prior=None
     return np.asarray(out).astype(array.dtype, copy=False)
 
 
-def privatize_dataset(dataset, eps=None, mode="auto", num_classes=None, seed=None, label_key=None,
-                      layer=None):
+def privatize_dataset(dataset: tf.data.Dataset, eps: float | None = None, mode: str = "auto",
+                      num_classes: int | None = None, seed: int | None = None,
+                      label_key: Hashable | None = None,
+                      layer: LabelDPLayer | None = None) -> tf.data.Dataset:
     """Randomize the labels of a `tf.data.Dataset` once per example.
 
     The dataset is enumerated and each label is randomized by a pure function

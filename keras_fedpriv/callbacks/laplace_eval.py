@@ -21,9 +21,12 @@ from __future__ import annotations
 import time
 import warnings
 from collections import OrderedDict
+from typing import Any, Mapping, Sequence
 
 import keras
+import dp_accounting
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.ledger import (
     CLIENT,
@@ -283,10 +286,12 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         >>> cb.dp_event(evaluations=cb.num_evaluations)  # what each example spent
     """
 
-    def __init__(self, eval_data=None, *, eps, sensitivity=2.0, metrics=METRICS,
-                 cluster_client_num=None, every_n_epochs=1, num_eval_clients=10,
-                 from_logits=False, log_clean=False, sampler="discrete",
-                 silhouette_sample_size=None, seed=None):
+    def __init__(self, eval_data: ArrayLike | Sequence[ArrayLike] | None = None, *, eps: float,
+                 sensitivity: float = 2.0, metrics: str | Sequence[str] = METRICS,
+                 cluster_client_num: int | None = None, every_n_epochs: int = 1,
+                 num_eval_clients: int = 10, from_logits: bool = False, log_clean: bool = False,
+                 sampler: str = "discrete", silhouette_sample_size: int | None = None,
+                 seed: int | None = None) -> None:
         super().__init__()
         self.eps = validate_eps(eps, "eps", lower_open=True, upper=MAX_EPS)
         self.sensitivity = validate_real(sensitivity, "sensitivity", low=0, low_open=True)
@@ -331,12 +336,12 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     # --- privacy -----------------------------------------------------------
 
     @property
-    def noise_scale(self):
+    def noise_scale(self) -> float:
         """The Laplace scale ``b = sensitivity / eps`` added to every entry."""
         return laplace_scale(self.eps, self.sensitivity)
 
     @property
-    def epsilon(self):
+    def epsilon(self) -> float:
         """The local-DP epsilon of one example's output in one evaluation.
 
         ``2 * eps / sensitivity``: the noise scale is ``sensitivity / eps``
@@ -348,7 +353,8 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         """
         return 2.0 * self.eps / self.sensitivity
 
-    def dp_event(self, evaluations=1, num_classes=None):
+    def dp_event(self, evaluations: int = 1,
+                 num_classes: int | None = None) -> dp_accounting.DpEvent:
         """The per-example `dp_accounting` event of ``evaluations`` releases.
 
         One evaluation releases each evaluated example's K-vector once
@@ -390,24 +396,24 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                            "example's "
                            "output once; counted per client evaluated")
 
-    def privacy_ledger(self):
+    def privacy_ledger(self) -> ReleaseLedger:
         """Every evaluation so far, per client (`ReleaseLedger`, unit: client)."""
         return self._ledger
 
-    def set_model(self, model):
+    def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
         register_protection(model, self)
 
     # --- Keras callback ----------------------------------------------------
 
-    def on_federated_train_begin(self, fl):
+    def on_federated_train_begin(self, fl: Any) -> None:
         """`HorizontalFL` hook, called before ``on_train_begin``: the run is federated."""
         self._federated_run = True
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._federated_run = False
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self._clients is None and not getattr(self, "_federated_run", False):
             raise ValueError(
                 "LaplaceEvaluation(eval_data=None) evaluates the participating clients of "
@@ -418,7 +424,8 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     def _due(self, epoch):
         return (int(epoch) + 1) % self.every_n_epochs == 0
 
-    def on_federated_round(self, fl, round, client_ids, logs=None):  # noqa: A002
+    def on_federated_round(self, fl: Any, round: int, client_ids: Sequence[int],  # noqa: A002
+                           logs: dict[str, Any] | None = None) -> None:
         """`HorizontalFL` hook: evaluate this round (if due) and write the logs."""
         if not self._due(round):
             return
@@ -433,7 +440,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         if isinstance(logs, dict):
             logs.update(scores)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Evaluate (unless `on_federated_round` already did) and write the logs."""
         if self._evaluated_epoch == int(epoch):
             values = self.last_scores
@@ -448,7 +455,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         if isinstance(logs, dict):
             logs.update(values)
 
-    def log_keys(self):
+    def log_keys(self) -> list[str]:
         """The keys this callback writes into the logs."""
         keys = [f"laplace_{m}" for m in self.metrics]
         if self.log_clean:
@@ -457,7 +464,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
 
     # --- the protocol ------------------------------------------------------
 
-    def client_report(self, probs):
+    def client_report(self, probs: ArrayLike) -> np.ndarray:
         """One client's release: its probability rows plus Laplace noise (float64).
 
         Args:
@@ -467,7 +474,8 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         return laplace(probs, self.eps, sensitivity=self.sensitivity,
                        rng=self._release_generator(), sampler=self.sampler)
 
-    def evaluate(self, client_inputs, client_ids=None, model=None):
+    def evaluate(self, client_inputs: Sequence[ArrayLike], client_ids: Sequence[int] | None = None,
+                 model: keras.Model | None = None) -> dict[str, float]:
         """Run one evaluation: client inference + noise, server scores; return the logs.
 
         Args:
@@ -534,7 +542,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         self.last_scores = values
         return dict(values)
 
-    def reset_buffer(self):
+    def reset_buffer(self) -> None:
         """Forget the server's buffered reports (not the privacy counters)."""
         self._buffer.clear()
 
@@ -611,7 +619,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
 
     # --- (de)serialization ---------------------------------------------------
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         """Every constructor argument but ``eval_data`` (data); ``seed`` only if given."""
         config = {
             "eps": self.eps,
@@ -628,13 +636,13 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         return config_with_seed(config, self.seed)
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: Mapping[str, Any]) -> LaplaceEvaluation:
         """Rebuild from `get_config`; a seeded copy reports only after `load_state_dict`."""
         callback = cls(**config)
         callback._mark_restored_from_config()
         return callback
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The counters to checkpoint: evaluations, per-client releases, noise releases.
 
         ``num_releases`` (client reports so far) is the position in a seeded
@@ -644,7 +652,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                 "client_releases": {int(c): int(n) for c, n in self.client_releases.items()},
                 "num_releases": int(self.num_releases), "ledger": self._ledger.to_dict()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a `state_dict` (so a seeded copy continues its noise stream).
 
         Raises:

@@ -17,8 +17,12 @@ per client and round:
 from __future__ import annotations
 
 
+from typing import Any, Mapping
+
+import dp_accounting
 import keras
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.events import pure_epsilon, repeat_event
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, register_protection
@@ -43,7 +47,7 @@ CONTRACTION = "contraction"
 _PHASES = (GROWTH, CONTRACTION)
 
 
-def debiased_ones(num_ones, num_reports, eps):
+def debiased_ones(num_ones: float, num_reports: int, eps: float) -> float:
     """Unbiased estimate of how many clients hold ``b = 1``.
 
     With ``N`` binary-RR reports at ``eps`` of which ``N_C`` are ones and
@@ -184,9 +188,11 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         5e-05
     """
 
-    def __init__(self, eps_rr=5.0, r_init=1e-5, growth_factor=5.0, switch_after=10,
-                 growth_threshold=2.0, contraction_threshold=1.0, contraction_factor=2.0,
-                 lr_factor=2.0, min_report_fraction=0.05, fallback_lr=1.0, seed=None):
+    def __init__(self, eps_rr: float = 5.0, r_init: float = 1e-5, growth_factor: float = 5.0,
+                 switch_after: int = 10, growth_threshold: float = 2.0,
+                 contraction_threshold: float = 1.0, contraction_factor: float = 2.0,
+                 lr_factor: float = 2.0, min_report_fraction: float = 0.05,
+                 fallback_lr: float = 1.0, seed: int | None = None) -> None:
         super().__init__()
         self.eps_rr = validate_eps(eps_rr, "eps_rr", lower_open=True)
         self.r_init = validate_real(r_init, "r_init", low=0, low_open=True)
@@ -215,19 +221,19 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
     # --- privacy -----------------------------------------------------------
 
     @property
-    def epsilon(self):
+    def epsilon(self) -> float:
         """Pure eps of one client's report in one round (``eps_rr`` as realized)."""
         return pure_epsilon(self.dp_event())
 
-    def privacy_ledger(self):
+    def privacy_ledger(self) -> ReleaseLedger:
         """Every report so far, per client (`ReleaseLedger`, unit: client)."""
         return self._ledger
 
-    def set_model(self, model):
+    def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
         register_protection(model, self)
 
-    def dp_event(self, rounds=1):
+    def dp_event(self, rounds: int = 1) -> dp_accounting.DpEvent:
         """The per-client `dp_accounting` event of ``rounds`` participations.
 
         One eps_rr binary randomized response per round the client takes part
@@ -240,11 +246,12 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
     # --- client side -------------------------------------------------------
 
     @property
-    def threshold(self):
+    def threshold(self) -> float:
         """The current multiplier of ``r_est`` in the clients' rule."""
         return self.growth_threshold if self.phase == GROWTH else self.contraction_threshold
 
-    def client_reports(self, magnitudes, client_ids=None):
+    def client_reports(self, magnitudes: ArrayLike,
+                       client_ids: ArrayLike | None = None) -> np.ndarray:
         """Randomized bits of the clients of one round.
 
         Args:
@@ -281,7 +288,7 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
 
     # --- server side -------------------------------------------------------
 
-    def server_update(self, reports, num_clients=None):
+    def server_update(self, reports: ArrayLike, num_clients: int | None = None) -> float:
         """Update ``r_est`` from one round's reports and return ``lr_global``.
 
         Args:
@@ -321,7 +328,8 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         self.last_lr_global = self.lr_factor * self.r_est * num_clients
         return self.last_lr_global
 
-    def round(self, magnitudes, num_clients=None, client_ids=None):
+    def round(self, magnitudes: ArrayLike, num_clients: int | None = None,
+              client_ids: ArrayLike | None = None) -> float:
         """One federated round: `client_reports` then `server_update`.
 
         Args:
@@ -337,12 +345,12 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
 
     # --- Keras callback ----------------------------------------------------
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Write ``r_est``, ``lr_global``, ``magrr_phase``, ``magrr_debiased_ones`` into logs."""
         if isinstance(logs, dict):
             logs.update(self.log_values())
 
-    def log_values(self):
+    def log_values(self) -> dict[str, Any]:
         """The numeric values written into the Keras logs (NaN where undefined)."""
         nan = float("nan")
         return {
@@ -355,7 +363,7 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
 
     # --- (de)serialization and checkpoints ----------------------------------
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         """Every constructor argument; ``seed`` only if one was given."""
         config = {
             "eps_rr": self.eps_rr,
@@ -372,13 +380,13 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         return config_with_seed(config, self.seed)
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: Mapping[str, Any]) -> MagRR:
         """Rebuild from `get_config`; a seeded copy reports only after `load_state_dict`."""
         magrr = cls(**config)
         magrr._mark_restored_from_config()
         return magrr
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The server state to checkpoint: r_est, phase, rounds_in_range, num_releases.
 
         No randomness is included; ``num_releases`` is the position in a
@@ -389,7 +397,7 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
                 "rounds_in_range": int(self.rounds_in_range),
                 "num_releases": int(self.num_releases), "ledger": self._ledger.to_dict()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a `state_dict`.
 
         ``num_releases`` is optional (the counter is kept), except on a seeded

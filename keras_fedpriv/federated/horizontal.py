@@ -22,10 +22,12 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
+from typing import Any, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.federated.uploads import SignDSUpload, as_upload
 from keras_fedpriv.mechanisms.ledger import (
@@ -102,8 +104,9 @@ class HorizontalFL:
         >>> history = fl.fit(rounds=20, clients_per_round=10, validation_data=(xt, yt))
     """
 
-    def __init__(self, model, clients, upload="fedavg", batch_size=32, seed=None,
-                 log_client_loss=False, batch_norm=None):
+    def __init__(self, model: keras.Model, clients: Sequence[tuple[ArrayLike, ArrayLike]],
+                 upload: Any = "fedavg", batch_size: int = 32, seed: int | None = None,
+                 log_client_loss: bool = False, batch_norm: str | None = None) -> None:
         if not isinstance(model, keras.Model):
             raise TypeError(f"`model` must be a keras.Model; got {type(model).__name__}.")
         if not getattr(model, "compiled", False) or model.optimizer is None:
@@ -231,7 +234,8 @@ class HorizontalFL:
 
         return local_train
 
-    def train_client(self, client, global_weights, local_epochs=1):
+    def train_client(self, client: int, global_weights: Sequence[ArrayLike],
+                     local_epochs: int = 1) -> tuple[np.ndarray, float]:
         """Train one client from ``global_weights``; return (flat update, mean loss).
 
         The model's trainable weights are left at the client's trained values;
@@ -272,8 +276,10 @@ class HorizontalFL:
         return flatten_update(deltas)[0], float(loss), bn_end
 
     # ------------------------------------------------------------------- fit
-    def fit(self, rounds, clients_per_round=10, local_epochs=1, validation_data=None,
-            callbacks=None, verbose=1, initial_round=0):
+    def fit(self, rounds: int, clients_per_round: int = 10, local_epochs: int = 1,
+            validation_data: tuple[ArrayLike, ArrayLike] | None = None,
+            callbacks: Sequence[keras.callbacks.Callback] | None = None, verbose: int = 1,
+            initial_round: int = 0) -> keras.callbacks.History:
         """Run federated rounds; return the Keras `History` (one entry per round).
 
         Args:
@@ -417,11 +423,11 @@ class HorizontalFL:
                                         "as not private"), [client])
         return self.upload.client_message(delta, num_examples)
 
-    def privacy_protections(self):
+    def privacy_protections(self) -> list[Any]:
         """The upload scheme and the releasing callbacks of every `fit` so far."""
         return [self.upload] + list(self._callbacks_seen)
 
-    def privacy_ledger(self):
+    def privacy_ledger(self) -> ReleaseLedger:
         """Releases this object records itself, per client, all counted as not private.
 
         Uploads of a scheme that keeps no ledger of its own, ``sim_client_loss``
@@ -447,7 +453,7 @@ class HorizontalFL:
                              f"upload=SignDSEncoder(...) or 'signds', not {self.upload.name!r}.")
         return found[0]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"HorizontalFL({self.num_clients} clients, upload={self.upload.describe()}, "
                 f"batch_size={self.batch_size})")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 
@@ -28,8 +29,9 @@ def _rng(seed):
     return np.random.default_rng(validate_seed(seed))
 
 
-def partition_indices(labels_or_n, num_clients, alpha=None, seed=None, min_size=1,
-                      max_tries=100):
+def partition_indices(labels_or_n: int | ArrayLike, num_clients: int, alpha: float | None = None,
+                      seed: int | None = None, min_size: int = 1,
+                      max_tries: int = 100) -> list[np.ndarray]:
     """Indices of the examples of each client.
 
     Args:
@@ -97,7 +99,8 @@ def partition_indices(labels_or_n, num_clients, alpha=None, seed=None, min_size=
                      f"raise alpha or lower min_size.")
 
 
-def partition(x, y, num_clients, alpha=None, seed=None, min_size=1):
+def partition(x: ArrayLike, y: ArrayLike, num_clients: int, alpha: float | None = None,
+              seed: int | None = None, min_size: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     """Split arrays ``x`` and ``y`` among clients (see `partition_indices`).
 
     Returns:

@@ -20,9 +20,11 @@ routes updates through them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping, Sequence
 
+import dp_accounting
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event, gaussian_mechanism
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, non_private_event
@@ -73,29 +75,31 @@ class FedAvgUpload:
 
     name = "fedavg"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._ledger = ReleaseLedger()
 
-    def client_message(self, delta, num_examples, client_id=None):
+    def client_message(self, delta: ArrayLike, num_examples: int,
+                       client_id: int | None = None) -> ClientUpload:
         delta = np.asarray(delta, dtype=np.float32)
         self._ledger.record(ReleaseKind("FedAvg upload", "client data", CLIENT,
                                         non_private_event(),
                                         "its update in the clear: not private"), _units(client_id))
         return ClientUpload(delta, delta.size * 4, int(num_examples))
 
-    def privacy_ledger(self):
+    def privacy_ledger(self) -> ReleaseLedger:
         """Every upload so far, per client (all without DP)."""
         return self._ledger
 
-    def aggregate(self, uploads, global_lr=None):
+    def aggregate(self, uploads: Sequence[ClientUpload],
+                  global_lr: float | None = None) -> np.ndarray:
         lr = 1.0 if global_lr is None else global_lr
         return np.float32(lr) * _mean([u.message for u in uploads],
                                       [u.num_examples for u in uploads])
 
-    def dp_event(self):
+    def dp_event(self) -> None:
         return None
 
-    def describe(self):
+    def describe(self) -> str:
         return "FedAvg (no protection)"
 
 
@@ -114,7 +118,7 @@ class SignDSUpload:
 
     name = "signds"
 
-    def __init__(self, encoder=None, global_lr=1.0):
+    def __init__(self, encoder: SignDSEncoder | None = None, global_lr: float = 1.0) -> None:
         if encoder is None:
             encoder = SignDSEncoder()
         if not isinstance(encoder, SignDSEncoder):
@@ -122,23 +126,25 @@ class SignDSUpload:
         self.encoder = encoder
         self.global_lr = validate_eps(global_lr, "global_lr", lower_open=True)
 
-    def client_message(self, delta, num_examples, client_id=None):
+    def client_message(self, delta: ArrayLike, num_examples: int,
+                       client_id: int | None = None) -> ClientUpload:
         message, magnitude = self.encoder.encode_with_magnitude(delta, client_id=client_id)
         return ClientUpload(message, message.nbytes, int(num_examples), float(magnitude))
 
-    def privacy_protections(self):
+    def privacy_protections(self) -> list[SignDSEncoder]:
         """The encoder, which records every message it encodes."""
         return [self.encoder]
 
-    def aggregate(self, uploads, global_lr=None):
+    def aggregate(self, uploads: Sequence[ClientUpload],
+                  global_lr: float | None = None) -> np.ndarray:
         lr = self.global_lr if global_lr is None else global_lr
         return signds_aggregate([u.message for u in uploads], global_lr=lr,
                                 weights=[1.0] * len(uploads))
 
-    def dp_event(self):
+    def dp_event(self) -> dp_accounting.DpEvent:
         return self.encoder.dp_event()
 
-    def describe(self):
+    def describe(self) -> str:
         e = self.encoder
         return f"SignDS (k={e.k:g}, eps={e.epsilon:g})"
 
@@ -160,7 +166,8 @@ class GaussianUpload(SeededReleases):
 
     name = "gaussian"
 
-    def __init__(self, clip_norm=1.0, noise_multiplier=1.0, seed=None):
+    def __init__(self, clip_norm: float = 1.0, noise_multiplier: float = 1.0,
+                 seed: int | None = None) -> None:
         self.clip_norm = validate_eps(clip_norm, "clip_norm", lower_open=True)
         self.noise_multiplier = validate_eps(noise_multiplier, "noise_multiplier",
                                              lower_open=True)
@@ -168,12 +175,12 @@ class GaussianUpload(SeededReleases):
         self._init_releases()
         self._ledger = ReleaseLedger()
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """``{"num_releases": n, "ledger": ...}``: noisy messages so far and their release
         ledger (no randomness)."""
         return {"num_releases": int(self.num_releases), "ledger": self._ledger.to_dict()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a `state_dict`, so that a seeded copy continues its noise stream."""
         if not isinstance(state, dict):
             raise TypeError(f"`state` must be a dict from GaussianUpload.state_dict(); got "
@@ -182,7 +189,8 @@ class GaussianUpload(SeededReleases):
         if "ledger" in state:
             self._ledger = ReleaseLedger.from_dict(state["ledger"])
 
-    def client_message(self, delta, num_examples, client_id=None):
+    def client_message(self, delta: ArrayLike, num_examples: int,
+                       client_id: int | None = None) -> ClientUpload:
         noisy = gaussian_mechanism(delta, self.clip_norm, self.noise_multiplier,
                                    self._release_generator())
         self._ledger.record(ReleaseKind("Gaussian upload", "client data", CLIENT,
@@ -191,22 +199,23 @@ class GaussianUpload(SeededReleases):
                             _units(client_id))
         return ClientUpload(noisy, noisy.size * 4, int(num_examples))
 
-    def privacy_ledger(self):
+    def privacy_ledger(self) -> ReleaseLedger:
         """Every noisy update so far, per client."""
         return self._ledger
 
-    def aggregate(self, uploads, global_lr=None):
+    def aggregate(self, uploads: Sequence[ClientUpload],
+                  global_lr: float | None = None) -> np.ndarray:
         lr = 1.0 if global_lr is None else global_lr
         return np.float32(lr) * _mean([u.message for u in uploads], [1.0] * len(uploads))
 
-    def dp_event(self):
+    def dp_event(self) -> dp_accounting.GaussianDpEvent:
         return gaussian_dp_event(self.noise_multiplier)
 
-    def describe(self):
+    def describe(self) -> str:
         return f"Gaussian (clip {self.clip_norm:g}, z={self.noise_multiplier:g})"
 
 
-def as_upload(upload):
+def as_upload(upload: Any) -> Any:
     """Normalize the ``upload=`` argument of `HorizontalFL`.
 
     Accepts ``"fedavg"``, ``"signds"`` (default encoder), a `SignDSEncoder`,

@@ -13,6 +13,7 @@ import hashlib
 import inspect
 import math
 import re
+from typing import Any, Callable, Mapping
 
 import keras
 import numpy as np
@@ -49,7 +50,7 @@ _SAMPLE_WEIGHT_REFUSAL = (
 _PARTY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
-def derive_party_seed(seed, party, bits=64):
+def derive_party_seed(seed: int, party: str, bits: int = 64) -> int:
     """The seed of ``party``'s copy of a seeded protection layer.
 
     ``int.from_bytes(sha256(f"keras_fedpriv/party-seed/{seed}/{party}")[:8])``,
@@ -206,8 +207,12 @@ class VerticalModel(keras.Model):
 
     _is_vertical_model = True
 
-    def __init__(self, bottoms, top, leader=None, embedding_dp=None, label_dp=None,
-                 labels_privatized=False, **kwargs):
+    def __init__(self, bottoms: Mapping[str, keras.layers.Layer], top: keras.layers.Layer,
+                 leader: str | None = None,
+                 embedding_dp: (keras.layers.Layer
+                                | Mapping[str, keras.layers.Layer | None] | None) = None,
+                 label_dp: LabelDPLayer | None = None, labels_privatized: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         parties = self._validate_bottoms(bottoms)
         if not isinstance(top, keras.layers.Layer):
@@ -539,17 +544,17 @@ class VerticalModel(keras.Model):
 
     # `.keras`: the counts of unprotected releases travel with the model, so a
     # reloaded model still reports that labels or embeddings left in the clear.
-    def save_own_variables(self, store):
+    def save_own_variables(self, store: Any) -> None:
         super().save_own_variables(store)
         store["unprotected_releases"] = np.asarray(self.unprotected_releases.numpy())
 
-    def load_own_variables(self, store):
+    def load_own_variables(self, store: Any) -> None:
         if "unprotected_releases" in store:
             self.unprotected_releases.assign(np.asarray(store["unprotected_releases"], np.int64))
             store = {k: store[k] for k in store.keys() if k != "unprotected_releases"}
         super().load_own_variables(store)
 
-    def privacy_ledger(self):
+    def privacy_ledger(self) -> ReleaseLedger:
         """What this model sent without a DP mechanism (`ReleaseLedger`, unit: example).
 
         The protections' own releases are in their ledgers (found by
@@ -582,12 +587,13 @@ class VerticalModel(keras.Model):
             return None
         return tf.add_n([self._aggregate_additional_loss(loss) for loss in losses])
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
         features, ids = self._split_inputs(inputs)
         sent = {p: self._party_forward(p, features[p], training, ids)[1] for p in self._parties}
         return self.top(self._combine(sent), training=training)
 
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+    def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None,
+                     sample_weight: Any = None, training: bool = True) -> tf.Tensor:
         """The leader's loss: the compiled loss plus the top model's own losses.
 
         The parties' own losses (``add_loss`` and weight regularizers inside a
@@ -669,7 +675,7 @@ class VerticalModel(keras.Model):
         layers = [self.label_dp] + [self.protections[p] for p in self._followers]
         return [layer for layer in layers if isinstance(layer, InputErrorFlagMixin)]
 
-    def check_input_errors(self):
+    def check_input_errors(self) -> None:
         """Raise if a protection layer met invalid inputs in a compiled (XLA) step.
 
         Called after every train, test and predict step by the model's step
@@ -702,7 +708,7 @@ class VerticalModel(keras.Model):
         if total_down:
             self.traffic["bytes_down"].update_state(tf.add_n(total_down))
 
-    def train_step(self, data):
+    def train_step(self, data: Any) -> dict[str, Any]:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         features, ids = self._split_inputs(x)
         scale = self.optimizer.scale_loss if self.optimizer is not None else (lambda v: v)
@@ -786,7 +792,7 @@ class VerticalModel(keras.Model):
             captured = tree.map_structure(lambda t: context.all_gather(t, axis=0), captured)
         return captured
 
-    def test_step(self, data):
+    def test_step(self, data: Any) -> dict[str, Any]:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         features, ids = self._split_inputs(x)
         sent, total_local = {}, []
@@ -808,8 +814,10 @@ class VerticalModel(keras.Model):
 
     # --- message capture ---------------------------------------------------------------
 
-    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
-            label_free_sample_weight=False, **kwargs):
+    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
+            verbose: str | int = "auto",
+            callbacks: list[keras.callbacks.Callback] | None = None,
+            label_free_sample_weight: bool = False, **kwargs: Any) -> keras.callbacks.History:
         """`keras.Model.fit`; `MessageCallback`\\ s among ``callbacks`` receive the messages.
 
         With ``label_dp``: ``class_weight`` is applied inside ``train_step`` to
@@ -881,7 +889,7 @@ class VerticalModel(keras.Model):
             self._message_callbacks = []
             self._dispatcher = None
 
-    def make_train_function(self, force=False):
+    def make_train_function(self, force: bool = False) -> Callable[..., Any]:
         if self.train_function is not None and not force:
             return self.train_function
         super().make_train_function(force=True)
@@ -898,7 +906,7 @@ class VerticalModel(keras.Model):
         self.train_function = train_function
         return train_function
 
-    def make_test_function(self, force=False):
+    def make_test_function(self, force: bool = False) -> Callable[..., Any]:
         if self.test_function is not None and not force:
             return self.test_function
         super().make_test_function(force=True)
@@ -912,7 +920,7 @@ class VerticalModel(keras.Model):
         self.test_function = test_function
         return test_function
 
-    def make_predict_function(self, force=False):
+    def make_predict_function(self, force: bool = False) -> Callable[..., Any]:
         if self.predict_function is not None and not force:
             return self.predict_function
         super().make_predict_function(force=True)
@@ -951,22 +959,22 @@ class VerticalModel(keras.Model):
     # --- per-party access and export -----------------------------------------------------
 
     @property
-    def parties(self):
+    def parties(self) -> tuple[str, ...]:
         """All party names, sorted."""
         return self._parties
 
     @property
-    def followers(self):
+    def followers(self) -> tuple[str, ...]:
         """The parties that send embeddings (all but the leader), sorted."""
         return self._followers
 
     @property
-    def leader(self):
+    def leader(self) -> str | None:
         """The leader's party name, or None (the leader has no bottom of its own)."""
         return self._leader
 
     @property
-    def wire_format(self):
+    def wire_format(self) -> dict[str, dict[str, Any]]:
         """Per follower: how its messages are encoded and their size per example.
 
         A dict follower -> dict with ``"up"`` (``"1-bit packed"`` or the
@@ -990,7 +998,7 @@ class VerticalModel(keras.Model):
             raise ValueError(f"VerticalModel: unknown party {party!r}; the parties are "
                              f"{list(self._parties)}.")
 
-    def party_embeddings(self, party, x, training=False):
+    def party_embeddings(self, party: str, x: Any, training: bool = False) -> np.ndarray:
         """What ``party`` computes for ``x``: a follower's message (after its protection),
         or the leader's own (never sent) embedding.
 
@@ -1007,7 +1015,7 @@ class VerticalModel(keras.Model):
             x = x[party]
         return np.asarray(self._party_forward(party, x, training=training)[1])
 
-    def export_party(self, party, filepath, verbose=False):
+    def export_party(self, party: str, filepath: str, verbose: bool = False) -> None:
         """Export one party's part as a TensorFlow SavedModel (endpoint ``serve``).
 
         * A follower's SavedModel maps its features to exactly what it sends:
@@ -1034,7 +1042,7 @@ class VerticalModel(keras.Model):
         archive.add_endpoint("serve", serve, input_signature=[self._tensor_spec(party)])
         archive.write_out(filepath, verbose=verbose)
 
-    def export_leader(self, filepath, verbose=False):
+    def export_leader(self, filepath: str, verbose: bool = False) -> None:
         """Export the leader's part as a SavedModel: its bottom (if any) + the top.
 
         Endpoint ``serve(inputs)``: ``inputs`` is a dict keyed by party name,
@@ -1065,8 +1073,8 @@ class VerticalModel(keras.Model):
         archive.add_endpoint("serve", serve, input_signature=[signature])
         archive.write_out(filepath, verbose=verbose)
 
-    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
-               **kwargs):
+    def export(self, filepath: str, format: str = "tf_saved_model", verbose: bool | None = None,
+               input_signature: Any = None, **kwargs: Any) -> Any:
         """`keras.Model.export` with the parties' input signature filled in.
 
         The whole model in one SavedModel (all parties' parts together: for
@@ -1093,7 +1101,7 @@ class VerticalModel(keras.Model):
 
     # --- serialization -------------------------------------------------------------------
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         ser = keras.saving.serialize_keras_object
         return {
             "name": self.name,
@@ -1108,7 +1116,8 @@ class VerticalModel(keras.Model):
         }
 
     @classmethod
-    def from_config(cls, config, custom_objects=None):
+    def from_config(cls, config: Mapping[str, Any],
+                    custom_objects: Mapping[str, Any] | None = None) -> VerticalModel:
         config = dict(config)
         de = keras.saving.deserialize_keras_object
 

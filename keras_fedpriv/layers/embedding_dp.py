@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import dp_accounting
 import keras
 import numpy as np
 import tensorflow as tf
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.layers import release_counter as rc
 from keras_fedpriv.layers import input_checks
@@ -89,7 +93,8 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
     _rng_salt = 0x454D4244  # "EMBD"
     _input_error_reasons = ("non-finite embedding values (NaN or inf)",)
 
-    def __init__(self, eps=None, seed=None, at_inference=True, ste="identity", **kwargs):
+    def __init__(self, eps: float | None = None, seed: int | None = None, at_inference: bool = True,
+                 ste: str = "identity", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.eps = validate_eps(eps, allow_none=True)
         if not isinstance(at_inference, bool):
@@ -106,7 +111,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
         self._num_coordinates = None
 
     @property
-    def epsilon(self):
+    def epsilon(self) -> float | None:
         """Pure eps of one release of one example's embedding (all d coordinates).
 
         ``d * eps' / 2`` where eps' is the realized per-coordinate budget;
@@ -118,7 +123,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
             return None
         return pure_epsilon(self.dp_event())
 
-    def build(self, input_shape=None):
+    def build(self, input_shape: Any = None) -> None:
         self._record_shape(input_shape)
         self.built = True
 
@@ -127,10 +132,11 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
         if dims and all(d is not None for d in dims):
             self._num_coordinates = int(np.prod(dims))
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape: Any) -> Any:
         return input_shape
 
-    def compute_output_spec(self, inputs, *args, **kwargs):
+    def compute_output_spec(self, inputs: keras.KerasTensor, *args: Any,
+                            **kwargs: Any) -> keras.KerasTensor:
         """Symbolic output: the input's shape and dtype (the layer keeps both).
 
         Args:
@@ -143,7 +149,8 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
         return keras.KerasTensor(inputs.shape, dtype=inputs.dtype)
 
     @input_checks.private_errors
-    def call(self, inputs, training=None, example_ids=None):
+    def call(self, inputs: ArrayLike, training: bool | None = None,
+             example_ids: ArrayLike | None = None) -> tf.Tensor:
         x = tf.convert_to_tensor(inputs)
         self._record_shape(x.shape)
         if not x.dtype.is_floating:
@@ -189,7 +196,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
                 straight_through = tf.identity(straight_through)
         return noisy + straight_through
 
-    def dp_event(self, num_coordinates=None):
+    def dp_event(self, num_coordinates: int | None = None) -> dp_accounting.DpEvent:
         """dp_accounting event of one release of one example's embedding."""
         d = num_coordinates if num_coordinates is not None else self._num_coordinates
         if d is None:
@@ -197,7 +204,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
                              "num_coordinates (the embedding size).")
         return quantize_rr_dp_event(self.eps, d)
 
-    def privacy_ledger(self):
+    def privacy_ledger(self) -> ReleaseLedger:
         """What this layer has released so far, as a `ReleaseLedger` (unit: example)."""
         totals = self._release_totals()
         ledger = ReleaseLedger()
@@ -222,7 +229,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
             ledger.record_counts(kind, ids, counts, approximate=bool(totals[rc.FOLDED]))
         return ledger
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update({"eps": self.eps, "seed": self.seed, "at_inference": self.at_inference,
                        "ste": self.ste})

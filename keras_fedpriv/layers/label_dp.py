@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import dp_accounting
 import keras
 import tensorflow as tf
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.layers import input_checks, label_formats
 from keras_fedpriv.layers import release_counter as rc
@@ -109,7 +113,8 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
     _rng_salt = 0x4C414245  # "LABE"
     _input_error_reasons = ("invalid labels", "invalid example_ids (wrong count or repeated)")
 
-    def __init__(self, eps, mode="auto", num_classes=None, seed=None, per_batch=False, **kwargs):
+    def __init__(self, eps: float, mode: str = "auto", num_classes: int | None = None,
+                 seed: int | None = None, per_batch: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.eps = validate_eps(eps)
         if mode not in label_formats.MODES:
@@ -130,20 +135,21 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
         self._resolved = None
 
     @property
-    def epsilon(self):
+    def epsilon(self) -> float:
         """Pure eps of one release of one example's label (as realized by the integer thresholds)."""
         return pure_epsilon(self.dp_event())
 
-    def build(self, input_shape=None):
+    def build(self, input_shape: Any = None) -> None:
         if input_shape is not None:
             self._resolved = label_formats.resolve_mode(self.mode, tuple(input_shape),
                                                         self.num_classes)
         self.built = True
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape: Any) -> Any:
         return input_shape
 
-    def compute_output_spec(self, labels, *args, **kwargs):
+    def compute_output_spec(self, labels: keras.KerasTensor, *args: Any,
+                            **kwargs: Any) -> keras.KerasTensor:
         """Symbolic output: the labels' shape and dtype (the layer keeps both).
 
         Args:
@@ -156,7 +162,8 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
         return keras.KerasTensor(labels.shape, dtype=labels.dtype)
 
     @input_checks.private_errors
-    def call(self, labels, example_ids=None, prior=None, training=None):
+    def call(self, labels: ArrayLike, example_ids: ArrayLike | None = None,
+             prior: ArrayLike | None = None, training: bool | None = None) -> tf.Tensor:
         if not training:
             return labels
         labels = tf.convert_to_tensor(labels)
@@ -223,7 +230,7 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
     def _num_classes(self):
         return self._resolved[1] if self._resolved else (self.num_classes or 2)
 
-    def dp_event(self, num_epochs=1):
+    def dp_event(self, num_epochs: int = 1) -> dp_accounting.DpEvent:
         """The dp_accounting event of one example's label over ``num_epochs`` epochs, as planned.
 
         One release (RR over the K classes, or binary RR at eps, which
@@ -239,7 +246,7 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
                  else randomized_response_dp_event(self.eps, k))
         return repeat_event(event, num_epochs) if self.per_batch else event
 
-    def privacy_ledger(self):
+    def privacy_ledger(self) -> ReleaseLedger:
         """What this layer has released so far, as a `ReleaseLedger` (unit: example).
 
         * calls keyed by example id: one release per example, however many
@@ -276,7 +283,7 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
             ledger.record_counts(fresh, ids, counts, approximate=bool(totals[rc.FOLDED]))
         return ledger
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update({"eps": self.eps, "mode": self.mode, "num_classes": self.num_classes,
                        "seed": self.seed, "per_batch": self.per_batch})

@@ -10,9 +10,12 @@ protection. `keras_fedpriv.privacy.deldp` estimates its dELDP epsilon.
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import keras
 import numpy as np
 import tensorflow as tf
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.logs import logger, verbose_scope
@@ -25,7 +28,7 @@ from keras_fedpriv.mechanisms.validation import (
 __all__ = ["VAEBottom", "kl_to_standard_normal"]
 
 
-def kl_to_standard_normal(mu, logvar):
+def kl_to_standard_normal(mu: tf.Tensor, logvar: tf.Tensor) -> tf.Tensor:
     """KL(N(mu, diag(exp(logvar))) || N(0, I)) per example (summed over the last axis).
 
     ``-0.5 * sum(1 + logvar - mu^2 - exp(logvar))``, computed in float32 (or
@@ -96,8 +99,8 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
 
     _rng_salt = 0x56414542  # "VAEB"
 
-    def __init__(self, latent_dim, hidden_units=(64,), beta=1.0, with_decoder=False, seed=None,
-                 **kwargs):
+    def __init__(self, latent_dim: int, hidden_units: Sequence[int] = (64,), beta: float = 1.0,
+                 with_decoder: bool = False, seed: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.latent_dim = validate_positive_int(latent_dim, "latent_dim")
         self.hidden_units = validate_int_sequence(hidden_units, "hidden_units",
@@ -125,7 +128,7 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
 
     # --- building ---------------------------------------------------------------------
 
-    def build(self, input_shape):
+    def build(self, input_shape: Any) -> None:
         input_shape = tuple(input_shape)
         if len(input_shape) < 2 or input_shape[-1] is None:
             raise ValueError(f"VAEBottom: inputs must have shape (batch, ..., features) with a "
@@ -147,7 +150,7 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
             self.decoder_output.build(shape)
         self.built = True
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape: Any) -> tuple[int | None, ...]:
         return tuple(input_shape)[:-1] + (self.latent_dim,)
 
     def _ensure_built(self, x):
@@ -162,7 +165,7 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
             h = layer(h)
         return self.z_mean(h), self.z_log_var(h)
 
-    def encode(self, x):
+    def encode(self, x: ArrayLike) -> tuple[tf.Tensor, tf.Tensor]:
         """The posterior's parameters, without sampling.
 
         Args:
@@ -176,7 +179,7 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
         self._ensure_built(x)
         return self._encode(x)
 
-    def sigma(self, x):
+    def sigma(self, x: ArrayLike) -> tf.Tensor:
         """The posterior's standard deviation ``exp(0.5 * logvar(x))``."""
         _, logvar = self.encode(x)
         return tf.exp(0.5 * logvar)
@@ -189,7 +192,7 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
         """beta * mean over the batch of the per-example KL (a scalar)."""
         return self.beta * tf.reduce_mean(kl_to_standard_normal(mu, logvar))
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: tf.Tensor, training: bool | None = None) -> tf.Tensor:
         # `training` is accepted for Keras' sake and deliberately ignored: the
         # sample is drawn at inference too.
         mu, logvar = self._encode(inputs)
@@ -199,7 +202,7 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
 
     # --- the decoder and pretraining --------------------------------------------------
 
-    def decode(self, z):
+    def decode(self, z: ArrayLike) -> tf.Tensor:
         """Reconstruct features from latent codes (needs ``with_decoder=True``)."""
         self._require_decoder("decode")
         h = tf.convert_to_tensor(z, dtype=self.compute_dtype)
@@ -224,7 +227,9 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
         kl = self._kl(mu, logvar)
         return mse + kl, mse, kl
 
-    def pretrain(self, x, epochs=10, batch_size=32, optimizer="adam", verbose=1, shuffle=True):
+    def pretrain(self, x: ArrayLike, epochs: int = 10, batch_size: int = 32,
+                 optimizer: str | keras.optimizers.Optimizer = "adam", verbose: int = 1,
+                 shuffle: bool = True) -> dict[str, list[float]]:
         """Train encoder + decoder on the party's own features (a VAE).
 
         Minimizes ``mean reconstruction MSE + beta * KL`` with the
@@ -296,7 +301,7 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
 
     # --- serialization ----------------------------------------------------------------
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update({"latent_dim": self.latent_dim, "hidden_units": list(self.hidden_units),
                        "beta": self.beta, "with_decoder": self.with_decoder, "seed": self.seed})

@@ -20,7 +20,7 @@ from keras_fedpriv.mechanisms.validation import validate_positive_int
 __all__ = ["pure_dp_event", "pure_epsilon", "repeat_event"]
 
 
-def repeat_event(event, count):
+def repeat_event(event: dp_accounting.DpEvent, count: int) -> dp_accounting.DpEvent:
     """``count`` independent releases of ``event`` as a DpEvent.
 
     Args:
@@ -36,7 +36,7 @@ def repeat_event(event, count):
     return dp_accounting.ComposedDpEvent([event] * count)
 
 
-def pure_epsilon(event):
+def pure_epsilon(event: dp_accounting.DpEvent) -> float | None:
     """Pure eps (delta = 0) of a DpEvent; None if it has none (e.g. Gaussian).
 
     Randomized response, Laplace and discrete Laplace events give their eps,
@@ -66,7 +66,7 @@ def pure_epsilon(event):
     return None
 
 
-def pure_dp_event(eps):
+def pure_dp_event(eps: float) -> dp_accounting.DpEvent:
     """Binary randomized response at exactly ``eps``: a DpEvent that dominates every eps-DP mechanism.
 
     Every eps-DP mechanism's privacy profile (all its hockey-stick and Renyi

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dp_accounting
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.mechanisms.validation import validate_real
@@ -26,7 +27,7 @@ from keras_fedpriv.mechanisms.validation import validate_real
 __all__ = ["clip_by_l2_norm", "gaussian_dp_event", "gaussian_epsilon", "gaussian_mechanism"]
 
 
-def clip_by_l2_norm(update, clip_norm):
+def clip_by_l2_norm(update: ArrayLike, clip_norm: float) -> tuple[np.ndarray, float]:
     """``update * min(1, clip_norm / ||update||_2)`` as float32; also returns the norm.
 
     Raises:
@@ -42,7 +43,8 @@ def clip_by_l2_norm(update, clip_norm):
     return (update * np.float32(scale)).astype(np.float32), norm
 
 
-def gaussian_mechanism(update, clip_norm, noise_multiplier, rng=None):
+def gaussian_mechanism(update: ArrayLike, clip_norm: float, noise_multiplier: float,
+                       rng: np.random.Generator | None = None) -> np.ndarray:
     """Clip ``update`` to ``clip_norm`` and add N(0, (noise_multiplier*clip_norm)^2) noise.
 
     Args:
@@ -61,7 +63,7 @@ def gaussian_mechanism(update, clip_norm, noise_multiplier, rng=None):
     return (clipped + noise).astype(np.float32)
 
 
-def gaussian_dp_event(noise_multiplier, local=True):
+def gaussian_dp_event(noise_multiplier: float, local: bool = True) -> dp_accounting.GaussianDpEvent:
     """The dp_accounting event of one release.
 
     Args:
@@ -74,7 +76,8 @@ def gaussian_dp_event(noise_multiplier, local=True):
     return dp_accounting.GaussianDpEvent(z / 2.0 if local else z)
 
 
-def gaussian_epsilon(noise_multiplier, delta, local=True, count=1):
+def gaussian_epsilon(noise_multiplier: float, delta: float, local: bool = True,
+                     count: int = 1) -> float:
     """eps at ``delta`` of ``count`` releases, from dp-accounting's PLD accountant."""
     event = gaussian_dp_event(noise_multiplier, local)
     acc = dp_accounting.pld.PLDAccountant()

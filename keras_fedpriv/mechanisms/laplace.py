@@ -45,6 +45,7 @@ from fractions import Fraction
 
 import dp_accounting
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.mechanisms.validation import (
@@ -68,7 +69,7 @@ _MAX_GEOMETRIC = 2**52
 MIN_NOISE_PARAMETER = 128 * math.log(2.0) / _MAX_GEOMETRIC
 
 
-def laplace_scale(eps, sensitivity=2.0):
+def laplace_scale(eps: float, sensitivity: float = 2.0) -> float:
     """The Laplace scale ``b = sensitivity / eps`` (validated)."""
     eps = validate_eps(eps, "eps", lower_open=True)
     sensitivity = validate_eps(sensitivity, "sensitivity", lower_open=True)
@@ -80,7 +81,8 @@ def _grid_exponent(b, sensitivity, k):
     return math.floor(math.log2(min(b, sensitivity / k))) - GRID_BITS
 
 
-def laplace_grid(eps, sensitivity=2.0, num_values=1):
+def laplace_grid(eps: float, sensitivity: float = 2.0,
+                 num_values: int = 1) -> tuple[float, int, float]:
     """The grid of the discrete sampler for rows of ``num_values`` entries.
 
     Returns:
@@ -150,12 +152,14 @@ def _geometric_failures(a, shape, rng):
     return g.astype(np.int64)
 
 
-def discrete_laplace_integers(a, shape, rng):
+def discrete_laplace_integers(a: float, shape: int | tuple[int, ...],
+                              rng: np.random.Generator) -> np.ndarray:
     """Integer noise with ``P(Z = z) ∝ exp(-a |z|)`` (difference of two geometrics)."""
     return _geometric_failures(a, shape, rng) - _geometric_failures(a, shape, rng)
 
 
-def laplace(values, eps, sensitivity=2.0, rng=None, sampler="discrete"):
+def laplace(values: ArrayLike, eps: float, sensitivity: float = 2.0,
+            rng: np.random.Generator | None = None, sampler: str = "discrete") -> np.ndarray:
     """Add Laplace noise of scale ``sensitivity / eps`` to every entry of ``values``.
 
     Args:
@@ -202,8 +206,9 @@ def laplace(values, eps, sensitivity=2.0, rng=None, sampler="discrete"):
     return (m + discrete_laplace_integers(a, x.shape, rng)).astype(np.float64) * gamma
 
 
-def laplace_dp_event(eps, sensitivity=2.0, num_values=None, sampler="discrete",
-                     distance=None):
+def laplace_dp_event(eps: float, sensitivity: float = 2.0, num_values: int | None = None,
+                     sampler: str = "discrete",
+                     distance: float | None = None) -> dp_accounting.DpEvent:
     """The dp_accounting event of one row.
 
     Args:

@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Any, Iterable, Mapping
 
 import dp_accounting
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["CLIENT", "CLIENT_DATA", "EXAMPLE", "FEATURES", "LABELS", "SECRETS", "UNITS", "ReleaseKind", "ReleaseLedger", "non_private_event",
            "register_protection"]
@@ -48,12 +50,12 @@ CLIENT_DATA = "client data"
 SECRETS = (LABELS, FEATURES, CLIENT_DATA)
 
 
-def non_private_event():
+def non_private_event() -> dp_accounting.NonPrivateDpEvent:
     """The event of a release with no DP guarantee (makes every composition inf)."""
     return dp_accounting.NonPrivateDpEvent()
 
 
-def register_protection(model, protection):
+def register_protection(model: Any, protection: Any) -> None:
     """Remember that ``protection`` released something about ``model``'s training data.
 
     Callbacks (`MagRR`, `LaplaceEvaluation`, `SignDSRounds`) and drivers
@@ -84,17 +86,17 @@ class ReleaseKind:
     mechanism: str
     protects: str
     unit: str
-    event: object
+    event: dp_accounting.DpEvent
     note: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.unit not in UNITS:
             raise ValueError(f"`unit` must be one of {UNITS}; got {self.unit!r}.")
         if self.protects not in SECRETS:
             raise ValueError(f"`protects` must be one of {SECRETS}; got {self.protects!r}.")
 
     @property
-    def key(self):
+    def key(self) -> tuple[str, str, str, str, str]:
         """A hashable identity (DpEvents holding lists are not hashable)."""
         return (self.mechanism, self.protects, self.unit, repr(self.event), self.note)
 
@@ -113,7 +115,7 @@ class ReleaseLedger:
         >>> ledger.worst_counts()
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._kinds = []            # ReleaseKind, in order of first record
         self._index = {}            # kind -> column
         self._per_unit = {u: collections.defaultdict(collections.Counter) for u in UNITS}
@@ -129,7 +131,7 @@ class ReleaseLedger:
             self._kinds.append(kind)
         return self._index[kind.key]
 
-    def record(self, kind, units=None, count=1):
+    def record(self, kind: ReleaseKind, units: ArrayLike | None = None, count: int = 1) -> None:
         """Record ``count`` releases of ``kind`` about each of ``units`` (None: every unit)."""
         col = self._column(kind)
         count = int(count)
@@ -144,7 +146,8 @@ class ReleaseLedger:
         for u in np.asarray(units).reshape(-1).tolist():
             table[int(u)] += count
 
-    def record_counts(self, kind, ids, counts, approximate=False):
+    def record_counts(self, kind: ReleaseKind, ids: ArrayLike, counts: ArrayLike,
+                      approximate: bool = False) -> None:
         """Record ``counts[i]`` releases of ``kind`` about unit ``ids[i]`` (vectorized)."""
         col = self._column(kind)
         table = self._per_unit[kind.unit][col]
@@ -155,7 +158,7 @@ class ReleaseLedger:
         if approximate:
             self._approximate.add(col)
 
-    def merge(self, other):
+    def merge(self, other: ReleaseLedger) -> ReleaseLedger:
         """Add every record of ``other`` to this ledger (in place); return self."""
         for kind in other._kinds:
             src = other._index[kind.key]
@@ -168,7 +171,7 @@ class ReleaseLedger:
                 self._approximate.add(col)
         return self
 
-    def only(self, protects):
+    def only(self, protects: str) -> ReleaseLedger:
         """A copy holding only the releases about ``protects`` (one of `SECRETS`)."""
         if protects not in SECRETS:
             raise ValueError(f"`protects` must be one of {SECRETS}; got {protects!r}.")
@@ -185,7 +188,7 @@ class ReleaseLedger:
         return out
 
     # -- checkpoints -----------------------------------------------------------------
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-safe copy of every record (for a protection's ``state_dict``)."""
         kinds = []
         for kind in self._kinds:
@@ -199,7 +202,7 @@ class ReleaseLedger:
         return {"kinds": kinds}
 
     @classmethod
-    def from_dict(cls, state):
+    def from_dict(cls, state: Mapping[str, Any]) -> ReleaseLedger:
         """The ledger saved by `to_dict`."""
         if not isinstance(state, dict) or not isinstance(state.get("kinds"), list):
             raise ValueError("a ledger state must be a dict from ReleaseLedger.to_dict(); got "
@@ -215,7 +218,7 @@ class ReleaseLedger:
         return out
 
     @classmethod
-    def merged(cls, ledgers):
+    def merged(cls, ledgers: Iterable[ReleaseLedger]) -> ReleaseLedger:
         """One ledger holding the records of all ``ledgers``."""
         out = cls()
         for ledger in ledgers:
@@ -224,28 +227,28 @@ class ReleaseLedger:
 
     # -- reading ---------------------------------------------------------------------
     @property
-    def kinds(self):
+    def kinds(self) -> list[ReleaseKind]:
         """The recorded `ReleaseKind`\\ s, in order of first record."""
         return list(self._kinds)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return sum(self.total(k) > 0 for k in self._kinds)
 
-    def is_approximate(self, kind):
+    def is_approximate(self, kind: ReleaseKind) -> bool:
         """Whether the per-unit counts of ``kind`` are upper bounds (ids folded)."""
         return self._index[kind.key] in self._approximate
 
-    def units_seen(self, kind):
+    def units_seen(self, kind: ReleaseKind) -> int:
         """How many distinct units have named releases of ``kind``."""
         return len(self._per_unit[kind.unit][self._index[kind.key]])
 
-    def total(self, kind):
+    def total(self, kind: ReleaseKind) -> int:
         """Anonymous releases + the largest named count of ``kind`` (its busiest unit)."""
         col = self._index[kind.key]
         named = self._per_unit[kind.unit][col]
         return self._everyone[col] + (max(named.values()) if named else 0)
 
-    def unit_profiles(self, unit):
+    def unit_profiles(self, unit: str) -> tuple[list[ReleaseKind], list[tuple[int, ...]]]:
         """Distinct count vectors (one entry per kind of ``unit``) of that unit kind's units.
 
         Returns ``(kinds, profiles)``: the kinds about ``unit`` and a list of

@@ -10,11 +10,13 @@ d-dimensional embedding is (d * eps / 2)-DP by basic composition.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import dp_accounting
 from keras import ops
 
 import tensorflow as tf
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.events import repeat_event
 from keras_fedpriv.mechanisms.randomized_response import (
@@ -29,20 +31,21 @@ __all__ = ["quantize_keep_probability", "quantize_turn_on_probability", "quantiz
            "quantize_rr_dp_event", "quantize_realized_epsilon"]
 
 
-def quantize_keep_probability(eps):
+def quantize_keep_probability(eps: float) -> float:
     """``p = e^(eps/2) / (e^(eps/2) + 1)``: a quantized 1 stays 1."""
     eps = validate_eps(eps)
     return 1.0 / (1.0 + math.exp(-eps / 2.0))
 
 
-def quantize_turn_on_probability(eps):
+def quantize_turn_on_probability(eps: float) -> float:
     """``q = 1 / (e^(eps/2) + 1)``: a quantized 0 turns into 1."""
     eps = validate_eps(eps)
     t = math.exp(-eps / 2.0)
     return t / (1.0 + t)
 
 
-def quantize_rr(x, eps=None, *, seed=None, noise=None):
+def quantize_rr(x: ArrayLike, eps: float | None = None, *, seed: int | None = None,
+                noise: ArrayLike | Sequence[ArrayLike] | None = None) -> tf.Tensor:
     """Quantize to one bit and apply randomized response.
 
     Args:
@@ -74,7 +77,7 @@ def quantize_rr(x, eps=None, *, seed=None, noise=None):
     return ops.cast(bits, x.dtype)
 
 
-def quantize_rr_dp_event(eps, num_coordinates):
+def quantize_rr_dp_event(eps: float | None, num_coordinates: int) -> dp_accounting.DpEvent:
     """DpEvent of `quantize_rr` on a ``num_coordinates``-dimensional vector.
 
     Each coordinate is binary RR at eps/2; the vector is their composition.
@@ -91,7 +94,7 @@ def quantize_rr_dp_event(eps, num_coordinates):
     return repeat_event(randomized_response_dp_event(eps / 2.0, 2), d)
 
 
-def quantize_realized_epsilon(eps):
+def quantize_realized_epsilon(eps: float) -> float:
     """The epsilon each coordinate of `quantize_rr` at ``eps`` actually achieves.
 
     Nominally ``eps / 2``; computed from the integer flip threshold in use,

@@ -44,10 +44,12 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
+from typing import Sequence
 
 import dp_accounting
 from keras import ops
 import tensorflow as tf
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.random import uniform_index, uniform_words
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
@@ -69,21 +71,21 @@ __all__ = [
 _WORDS = 2**32  # outcomes of one uniform uint32 word
 
 
-def flip_probability(eps):
+def flip_probability(eps: float) -> float:
     """Flip probability of binary randomized response, ``1 / (1 + e^eps)``."""
     eps = validate_eps(eps)
     t = math.exp(-eps)
     return t / (1.0 + t)
 
 
-def keep_probability(eps, num_classes):
+def keep_probability(eps: float, num_classes: int) -> float:
     """Probability that k-ary RR keeps the true class, ``e^eps / (K - 1 + e^eps)``."""
     eps = validate_eps(eps)
     k = validate_positive_int(num_classes, "num_classes", minimum=2)
     return 1.0 / (1.0 + (k - 1) * math.exp(-eps))
 
 
-def other_probability(eps, num_classes):
+def other_probability(eps: float, num_classes: int) -> float:
     """Probability of each particular other class, ``1 / (K - 1 + e^eps)``."""
     eps = validate_eps(eps)
     k = validate_positive_int(num_classes, "num_classes", minimum=2)
@@ -169,7 +171,7 @@ def _rr_with_prior_realized(eps, num_classes):
     return worst
 
 
-def realized_epsilon(eps, num_classes=2, *, with_prior=False):
+def realized_epsilon(eps: float, num_classes: int = 2, *, with_prior: bool = False) -> float:
     """The epsilon that randomized response at ``eps`` actually achieves.
 
     Computed from the integer thresholds the mechanisms use (the exact output
@@ -212,7 +214,8 @@ def _rr_event(realized, keep, other, k):
     return dp_accounting.RandomizedResponseDpEvent(noise_parameter=a, num_buckets=k)
 
 
-def randomized_response_dp_event(eps, num_buckets=2):
+def randomized_response_dp_event(eps: float,
+                                 num_buckets: int = 2) -> dp_accounting.RandomizedResponseDpEvent:
     """The `dp_accounting` event of eps-randomized response over ``num_buckets``.
 
     dp_accounting parametrizes RR by the probability ``a`` of answering with a
@@ -234,7 +237,8 @@ def randomized_response_dp_event(eps, num_buckets=2):
     return _rr_event(realized, keep, other, k)
 
 
-def rr_with_prior_dp_event(eps, num_classes):
+def rr_with_prior_dp_event(eps: float,
+                           num_classes: int) -> dp_accounting.RandomizedResponseDpEvent:
     """A `dp_accounting` event that dominates `rr_with_prior` over ``num_classes``.
 
     RR-with-prior runs k*-ary RR with a k* that depends on the prior, so no
@@ -249,7 +253,7 @@ def rr_with_prior_dp_event(eps, num_classes):
         noise_parameter=2.0 / (1.0 + math.exp(realized)), num_buckets=2)
 
 
-def flip_threshold(eps):
+def flip_threshold(eps: float) -> int:
     """Word threshold of the binary flip (``word < T`` flips): ``2**32 - keep threshold``.
 
     Binary RR and `quantize_rr` flip with probability ``T / 2**32``: the flip
@@ -270,7 +274,8 @@ def _noise(noise, shape, seed, count=1):
     return [words[i] for i in range(count)]
 
 
-def binary_randomized_response(bits, eps, *, seed=None, noise=None):
+def binary_randomized_response(bits: ArrayLike, eps: float, *, seed: int | None = None,
+                               noise: ArrayLike | Sequence[ArrayLike] | None = None) -> tf.Tensor:
     """Flip each bit with probability ``1 / (1 + e^eps)``.
 
     Args:
@@ -334,7 +339,9 @@ def _rr_on_ranks(rank_y, k, max_k, keep_words, other_words, eps):
     return ops.where(inside, ops.where(keep, rank_y, other), uniform_all)
 
 
-def kary_randomized_response(class_ids, num_classes, eps, *, seed=None, noise=None):
+def kary_randomized_response(class_ids: ArrayLike, num_classes: int, eps: float, *,
+                             seed: int | None = None,
+                             noise: ArrayLike | Sequence[ArrayLike] | None = None) -> tf.Tensor:
     """k-ary randomized response on integer class ids.
 
     Keeps the class with ``e^eps / (K - 1 + e^eps)`` and moves to each other
@@ -368,7 +375,7 @@ def _static_num_classes(prior):
     return int(num_classes)
 
 
-def rr_with_prior_k(prior, eps):
+def rr_with_prior_k(prior: ArrayLike, eps: float) -> tf.Tensor:
     """The per-example size k* of the RR-with-prior candidate set.
 
     ``k* = argmax_k sum_{top k} prior / (1 + (k - 1) e^-eps)``, ties to the
@@ -393,7 +400,8 @@ def rr_with_prior_k(prior, eps):
     return ops.cast(ops.argmax(score, axis=-1), "int32") + 1
 
 
-def rr_with_prior(class_ids, prior, eps, *, seed=None, noise=None):
+def rr_with_prior(class_ids: ArrayLike, prior: ArrayLike, eps: float, *, seed: int | None = None,
+                  noise: ArrayLike | Sequence[ArrayLike] | None = None) -> tf.Tensor:
     """Randomized response with a prior (RRWithPrior, Ghazi et al. 2021).
 
     For each example, take the k* classes with the largest prior (see

@@ -26,8 +26,11 @@ import functools
 import math
 import numbers
 import warnings
+from typing import Any, Iterable, Mapping, Sequence
 
+import dp_accounting
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms import signds as _signds
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, non_private_event
@@ -61,7 +64,7 @@ def _to_numpy(x):
     return np.asarray(x)
 
 
-def flatten_update(tensors):
+def flatten_update(tensors: Any) -> tuple[np.ndarray, list[tuple[int, ...]]]:
     """Flatten and concatenate arrays/tensors into one float32 vector.
 
     Args:
@@ -87,7 +90,7 @@ def flatten_update(tensors):
     return flat, shapes
 
 
-def unflatten_update(flat, shapes):
+def unflatten_update(flat: ArrayLike, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
     """Split a flat vector back into arrays of ``shapes`` (inverse of `flatten_update`)."""
     flat = _to_numpy(flat).reshape(-1)
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
@@ -120,7 +123,7 @@ class SignDSMessage:
     dim: int
     num_examples: int | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if isinstance(self.sign, (bool, np.bool_)) or self.sign not in (1, -1):
             raise ValueError(f"`sign` must be +1 or -1; got {self.sign!r}.")
         dim = validate_positive_int(self.dim, "dim")
@@ -143,18 +146,18 @@ class SignDSMessage:
         object.__setattr__(self, "num_examples", num_examples)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         """Upload size: 4 bytes per int32 index plus one sign byte."""
         return 4 * len(self.indices) + 1
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, SignDSMessage):
             return NotImplemented
         return (self.sign == other.sign and self.dim == other.dim
                 and self.num_examples == other.num_examples
                 and np.array_equal(self.indices, other.indices))
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self.sign, self.indices.tobytes(), self.dim, self.num_examples))
 
 
@@ -199,8 +202,8 @@ class SignDSEncoder(SeededReleases):
     to compose over rounds.
     """
 
-    def __init__(self, k=0.01, eps=100.0, thr_ratio=0.6, dim_out=0,
-                 max_dim_out=DEFAULT_MAX_DIM_OUT, seed=None):
+    def __init__(self, k: float = 0.01, eps: float = 100.0, thr_ratio: float = 0.6,
+                 dim_out: int = 0, max_dim_out: int | None = DEFAULT_MAX_DIM_OUT, seed: int | None = None) -> None:
         self.k = validate_real(k, "k", low=0, high=0.25, low_open=True)
         self.eps = validate_eps(eps, "eps", lower_open=True, upper=100)
         self.thr_ratio = validate_real(thr_ratio, "thr_ratio", low=0.5, high=1)
@@ -219,7 +222,7 @@ class SignDSEncoder(SeededReleases):
 
     # -- parameters for a given d ------------------------------------------
 
-    def num_topk(self, d):
+    def num_topk(self, d: int) -> int:
         """``floor(k * d)``; a ValueError if it is 0, a warning if ``k * d <= 50``.
 
         The warning is given once per encoder and ``d``.
@@ -241,7 +244,7 @@ class SignDSEncoder(SeededReleases):
                           stacklevel=stacklevel)
         return num
 
-    def output_dim(self, d):
+    def output_dim(self, d: int) -> int:
         """``h``: ``dim_out`` if non-zero, else `optimal_output_dim` capped at ``max_dim_out``."""
         return self._output_dim(d, self._num_topk(d, stacklevel=3))
 
@@ -252,7 +255,7 @@ class SignDSEncoder(SeededReleases):
             return self.dim_out
         return _output_dim(int(d), num, self.eps, self.thr_ratio, self.max_dim_out)
 
-    def threshold(self, d):
+    def threshold(self, d: int) -> int:
         """The optimal threshold for ``h = output_dim(d)``."""
         num = self._num_topk(d, stacklevel=3)
         return _threshold(int(d), num, self._output_dim(d, num), self.eps)
@@ -284,7 +287,8 @@ class SignDSEncoder(SeededReleases):
                 "weight"), units=units)
         return message, topk_mean
 
-    def encode(self, update, num_examples=None, client_id=None):
+    def encode(self, update: Any, num_examples: int | None = None,
+               client_id: int | None = None) -> SignDSMessage:
         """Encode an update into a `SignDSMessage` (a release, recorded in `privacy_ledger`).
 
         Args:
@@ -300,7 +304,8 @@ class SignDSEncoder(SeededReleases):
         """
         return self._encode(update, num_examples, client_id)[0]
 
-    def encode_with_magnitude(self, update, num_examples=None, client_id=None):
+    def encode_with_magnitude(self, update: Any, num_examples: int | None = None,
+                              client_id: int | None = None) -> tuple[SignDSMessage, float]:
         """Like `encode`, also returning the private ``|mean of the top-k values|``.
 
         The magnitude is what MagRR's client compares with the server's
@@ -314,11 +319,11 @@ class SignDSEncoder(SeededReleases):
     # -- privacy -----------------------------------------------------------
 
     @property
-    def epsilon(self):
+    def epsilon(self) -> float:
         """The per-message eps of the index selection."""
         return self.eps
 
-    def dp_event(self):
+    def dp_event(self) -> dp_accounting.DpEvent:
         """The `dp_accounting` event of one message (`signds_dp_event`)."""
         return _signds.signds_dp_event(self.eps)
 
@@ -327,29 +332,29 @@ class SignDSEncoder(SeededReleases):
                            "the index set of its update (the sign is a fair coin): one "
                            "release per message a client uploads")
 
-    def privacy_ledger(self):
+    def privacy_ledger(self) -> ReleaseLedger:
         """Every message encoded so far, per client (`ReleaseLedger`, unit: client)."""
         return self._ledger
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         """Constructor arguments; the seed only if one was passed explicitly."""
         config = {"k": self.k, "eps": self.eps, "thr_ratio": self.thr_ratio,
                   "dim_out": self.dim_out, "max_dim_out": self.max_dim_out}
         return config_with_seed(config, self.seed)
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: Mapping[str, Any]) -> SignDSEncoder:
         """Rebuild from `get_config`; a seeded copy encodes only after `load_state_dict`."""
         encoder = cls(**config)
         encoder._mark_restored_from_config()
         return encoder
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """``{"num_releases": n, "ledger": ...}``: messages so far and their release ledger
         (no randomness)."""
         return {"num_releases": int(self.num_releases), "ledger": self._ledger.to_dict()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a `state_dict`, so that a seeded copy continues its stream.
 
         Raises:
@@ -364,12 +369,12 @@ class SignDSEncoder(SeededReleases):
         if "ledger" in state:
             self._ledger = ReleaseLedger.from_dict(state["ledger"])
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"SignDSEncoder(k={self.k!r}, eps={self.eps!r}, thr_ratio={self.thr_ratio!r}, "
                 f"dim_out={self.dim_out!r}, max_dim_out={self.max_dim_out!r})")
 
 
-def decode(message):
+def decode(message: SignDSMessage) -> np.ndarray:
     """Dense float32 vector of length ``message.dim``: ``sign`` at the indices, 0 elsewhere."""
     if not isinstance(message, SignDSMessage):
         raise TypeError(f"`message` must be a SignDSMessage; got {type(message).__name__}.")
@@ -378,7 +383,8 @@ def decode(message):
     return out
 
 
-def aggregate(messages, global_lr=1.0, weights=None):
+def aggregate(messages: Iterable[SignDSMessage], global_lr: float = 1.0,
+              weights: ArrayLike | None = None) -> np.ndarray:
     """Server side: ``global_lr *`` the (weighted) average of the decoded messages.
 
     Args:

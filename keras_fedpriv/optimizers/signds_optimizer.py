@@ -19,12 +19,16 @@ Example:
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import keras
 import numpy as np
 
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
 from keras_fedpriv.optimizers.signds import SignDSEncoder, decode, flatten_update, unflatten_update
+
+if TYPE_CHECKING:
+    from keras_fedpriv.optimizers.signds import SignDSMessage
 
 __all__ = ["SignDS", "SignDSRounds"]
 
@@ -92,7 +96,9 @@ class SignDS(keras.optimizers.Optimizer):
             client report; never part of the message).
     """
 
-    def __init__(self, optimizer, encoder=None, name=None, **kwargs):
+    def __init__(self, optimizer: str | keras.optimizers.Optimizer,
+                 encoder: SignDSEncoder | None = None, name: str | None = None,
+                 **kwargs: Any) -> None:
         for arg, value in kwargs.items():
             if arg in _BASE_OPTIMIZER_DEFAULTS and value == _BASE_OPTIMIZER_DEFAULTS[arg]:
                 continue  # a default value (e.g. from an old config) changes nothing
@@ -115,61 +121,62 @@ class SignDS(keras.optimizers.Optimizer):
         self._round = _RoundState()
 
     # --- delegation to the inner optimizer (pattern of keras' LossScaleOptimizer)
-    def build(self, var_list):
+    def build(self, var_list: list[Any]) -> None:
         self.inner_optimizer.build(var_list)
         super().build(var_list)
 
     @property
-    def variables(self):
+    def variables(self) -> list[Any]:
         return self._variables + self.inner_optimizer.variables
 
-    def apply(self, grads, trainable_variables=None):
+    def apply(self, grads: list[Any], trainable_variables: list[Any] | None = None) -> None:
         if not self.built:
             self.build(trainable_variables)
             self.built = True
         self.inner_optimizer.apply(grads, trainable_variables)
 
-    def scale_loss(self, loss):
+    def scale_loss(self, loss: Any) -> Any:
         """Scale the loss as the inner optimizer would (its ``loss_scale_factor``)."""
         return self.inner_optimizer.scale_loss(loss)
 
-    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+    def stateless_apply(self, optimizer_variables: list[Any], grads: list[Any],
+                        trainable_variables: list[Any]) -> tuple[list[Any], list[Any]]:
         own = len(self._variables)
         new_tv, new_inner = self.inner_optimizer.stateless_apply(
             optimizer_variables[own:], grads, trainable_variables)
         return new_tv, list(optimizer_variables[:own]) + list(new_inner)
 
     @property
-    def learning_rate(self):
+    def learning_rate(self) -> Any:
         return self.inner_optimizer.learning_rate
 
     @learning_rate.setter
-    def learning_rate(self, value):
+    def learning_rate(self, value: Any) -> None:
         self.inner_optimizer.learning_rate = value
 
     @property
-    def iterations(self):
+    def iterations(self) -> Any:
         return self.inner_optimizer.iterations
 
-    def finalize_variable_values(self, var_list):
+    def finalize_variable_values(self, var_list: list[Any]) -> None:
         self.inner_optimizer.finalize_variable_values(var_list)
 
-    def privacy_protections(self):
+    def privacy_protections(self) -> list[SignDSEncoder]:
         """The encoder, which records every round's message (`privacy_report` reads it)."""
         return [self.encoder]
 
     # --- rounds
-    def begin_round(self, variables):
+    def begin_round(self, variables: Iterable[Any]) -> None:
         """Snapshot ``variables`` (e.g. ``model.trainable_variables``) as the round's start."""
         self._round.variables = list(variables)
         self._round.start = [np.array(v.numpy()) for v in self._round.variables]
 
     @property
-    def in_round(self):
+    def in_round(self) -> bool:
         """Whether `begin_round` was called and `end_round` not yet."""
         return self._round.variables is not None
 
-    def end_round(self, server_lr=None):
+    def end_round(self, server_lr: float | None = None) -> SignDSMessage:
         """Encode the net update since `begin_round`; reset the weights; return the message.
 
         Args:
@@ -202,7 +209,7 @@ class SignDS(keras.optimizers.Optimizer):
         self._round.clear()
         return message
 
-    def discard_round(self):
+    def discard_round(self) -> None:
         """End the round without a message: the weights go back to the round's start.
 
         Nothing of the un-uploaded (and un-noised) local update stays in the
@@ -215,7 +222,7 @@ class SignDS(keras.optimizers.Optimizer):
             v.assign(value)
         self._round.clear()
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
@@ -223,7 +230,8 @@ class SignDS(keras.optimizers.Optimizer):
         }
 
     @classmethod
-    def from_config(cls, config, custom_objects=None):
+    def from_config(cls, config: Mapping[str, Any],
+                    custom_objects: Mapping[str, Any] | None = None) -> SignDS:
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"),
                                                       custom_objects=custom_objects)
@@ -255,7 +263,9 @@ class SignDSRounds(keras.callbacks.Callback):
             start, as a deployed client does).
     """
 
-    def __init__(self, epochs_per_round=1, on_message=None, server_lr=None):
+    def __init__(self, epochs_per_round: int = 1,
+                 on_message: Callable[[SignDSMessage], Any] | None = None,
+                 server_lr: float | None = None) -> None:
         super().__init__()
         self.epochs_per_round = validate_positive_int(epochs_per_round, "epochs_per_round")
         if on_message is not None and not callable(on_message):
@@ -274,11 +284,11 @@ class SignDSRounds(keras.callbacks.Callback):
                             f"(or a LossScaleOptimizer wrapping one); got {got}.")
         return opt
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._optimizer().begin_round(self.model.trainable_variables)
         self._epochs_in_round = 0
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epochs_in_round = getattr(self, "_epochs_in_round", 0) + 1
         if (epoch + 1) % self.epochs_per_round:
             return
@@ -292,7 +302,7 @@ class SignDSRounds(keras.callbacks.Callback):
             self.on_message(message)
         opt.begin_round(self.model.trainable_variables)
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         opt = _unwrap_signds(self.model.optimizer)
         if opt is not None and opt.in_round:
             # Partial round: nothing uploaded, and its plain update must not stay

@@ -63,7 +63,7 @@ class MixedPLDAccountant(dp_accounting.PrivacyAccountant):
         >>> acc.get_epsilon(1e-5)
     """
 
-    def __init__(self, value_discretization_interval=_VDI):
+    def __init__(self, value_discretization_interval: float = _VDI) -> None:
         super().__init__(NeighborRel.REPLACE_ONE)
         self._vdi = float(value_discretization_interval)
         self._pld = None
@@ -96,14 +96,14 @@ class MixedPLDAccountant(dp_accounting.PrivacyAccountant):
         self._pld = pld if self._pld is None else self._pld.compose(pld)
         return None
 
-    def get_epsilon(self, target_delta):
+    def get_epsilon(self, target_delta: float) -> float:
         if self._non_private:
             return float("inf")
         if self._pld is None:
             return 0.0
         return float(self._pld.get_epsilon_for_delta(target_delta))
 
-    def get_delta(self, target_epsilon):
+    def get_delta(self, target_epsilon: float) -> float:
         if self._non_private:
             return 1.0
         if self._pld is None:

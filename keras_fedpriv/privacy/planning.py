@@ -53,7 +53,8 @@ def _check(target_epsilon, target_delta, releases):
     return target_epsilon, target_delta, releases
 
 
-def planned_epsilon(event, releases, target_delta=1e-5):
+def planned_epsilon(event: dp_accounting.DpEvent, releases: int,
+                    target_delta: float = 1e-5) -> float:
     """eps at ``target_delta`` of ``releases`` releases of ``event`` (what a report will say)."""
     releases = validate_positive_int(releases, "releases")
     acc = MixedPLDAccountant()
@@ -61,8 +62,9 @@ def planned_epsilon(event, releases, target_delta=1e-5):
     return acc.get_epsilon(target_delta)
 
 
-def plan_epsilon(target_epsilon, target_delta=1e-5, *, releases, mechanism="label_dp",
-                 num_classes=2, num_coordinates=None, tolerance=1e-3):
+def plan_epsilon(target_epsilon: float, target_delta: float = 1e-5, *, releases: int,
+                 mechanism: str = "label_dp", num_classes: int = 2,
+                 num_coordinates: int | None = None, tolerance: float = 1e-3) -> float:
     """The per-release eps whose ``releases`` compositions reach ``target_epsilon``.
 
     Args:
@@ -124,7 +126,8 @@ def _bisect(spent, target, low, high, tolerance):
     return low
 
 
-def plan_noise_multiplier(target_epsilon, target_delta=1e-5, *, releases, tolerance=1e-3):
+def plan_noise_multiplier(target_epsilon: float, target_delta: float = 1e-5, *, releases: int,
+                          tolerance: float = 1e-3) -> float:
     """The noise multiplier of `GaussianUpload` that meets ``(target_epsilon, target_delta)``.
 
     Args:

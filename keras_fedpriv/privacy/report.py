@@ -38,6 +38,7 @@ import collections
 import dataclasses
 import itertools
 import math
+from typing import Any, Iterable
 
 import dp_accounting
 import keras
@@ -108,7 +109,8 @@ def _rdp_event(event):
             f"at its eps {eps:.4g} (dominates every eps-DP mechanism)")
 
 
-def compose_epsilon(events_with_counts, delta, accountant="pld"):
+def compose_epsilon(events_with_counts: Iterable[tuple[dp_accounting.DpEvent, int]],
+                    delta: float, accountant: str = "pld") -> float:
     """eps at ``delta`` of the composition of ``[(event, count), ...]``.
 
     Returns ``inf`` if any event is not private (`NonPrivateDpEvent`, or
@@ -158,7 +160,7 @@ def _children(obj):
     return out
 
 
-def find_protections(obj):
+def find_protections(obj: Any) -> list[Any]:
     """Every protection (an object with ``privacy_ledger()``) reachable from ``obj``, once each."""
     found, seen, stack = [], set(), list(obj) if isinstance(obj, (list, tuple)) else [obj]
     while stack:
@@ -172,7 +174,7 @@ def find_protections(obj):
     return found
 
 
-def privacy_ledger(obj):
+def privacy_ledger(obj: Any) -> ReleaseLedger:
     """The merged `ReleaseLedger` of every protection reachable from ``obj``."""
     return ReleaseLedger.merged(p.privacy_ledger() for p in find_protections(obj))
 
@@ -194,7 +196,7 @@ class Release:
     mechanism: str
     protects: str
     unit: str
-    event: object
+    event: dp_accounting.DpEvent
     count: int
     note: str = ""
 
@@ -214,7 +216,7 @@ class PrivacyReport:
     accountant: str = "pld"
 
     @property
-    def releases(self):
+    def releases(self) -> list[Release]:
         """The rows (`Release`), one per kind of release recorded."""
         return [Release(k.mechanism, k.protects, k.unit, k.event, self.ledger.total(k),
                         k.note + (" (per-example counts are upper bounds: ids outside the "
@@ -222,16 +224,16 @@ class PrivacyReport:
                                   else ""))
                 for k in self.ledger.kinds if self.ledger.total(k) > 0]
 
-    def per_release_epsilon(self, row):
+    def per_release_epsilon(self, row: Release) -> float:
         """eps of one release of ``row`` (at ``delta`` for Gaussian events)."""
         return compose_epsilon([(row.event, 1)], self.delta, self.accountant)
 
-    def row_epsilon(self, row):
+    def row_epsilon(self, row: Release) -> float:
         """eps of all ``row.count`` releases of ``row``, composed."""
         return compose_epsilon([(row.event, row.count)], self.delta, self.accountant)
 
     @property
-    def epsilon(self):
+    def epsilon(self) -> float:
         """eps of the worst unit: every release about it, composed (``inf`` if not private)."""
         per_unit = [self.ledger.unit_profiles(u) for u in (EXAMPLE, CLIENT)]
         choices = [[list(zip(kinds, p)) for p in profiles] or [[]]
@@ -245,15 +247,15 @@ class PrivacyReport:
         return worst
 
     @property
-    def private(self):
+    def private(self) -> bool:
         """False if any recorded release had no DP guarantee."""
         return not math.isinf(self.epsilon)
 
-    def units(self):
+    def units(self) -> list[str]:
         """The units the report is about (``"example"``, ``"client"``)."""
         return sorted({k.unit for k in self.ledger.kinds})
 
-    def notes(self):
+    def notes(self) -> list[str]:
         """How each figure was obtained (accountant conversions, bounds)."""
         out = []
         if self.accountant == "rdp":
@@ -267,13 +269,13 @@ class PrivacyReport:
                         out.append(note)
         return out
 
-    def rows(self):
+    def rows(self) -> list[dict[str, Any]]:
         """The table as a list of dicts."""
         return [dict(mechanism=r.mechanism, protects=r.protects, unit=r.unit,
                      eps_per_release=self.per_release_epsilon(r), releases=r.count,
                      eps_composed=self.row_epsilon(r), note=r.note) for r in self.releases]
 
-    def __str__(self):
+    def __str__(self) -> str:
         header = ("mechanism", "protects", "unit", "eps / release", "releases (busiest unit)",
                   f"composed eps (delta={self.delta:g})")
         cells = [(r["mechanism"], r["protects"], r["unit"], _fmt(r["eps_per_release"]),
@@ -291,7 +293,8 @@ def _fmt(eps):
     return "inf (not private)" if math.isinf(eps) else f"{eps:.3g}"
 
 
-def privacy_report(obj, delta=1e-5, accountant="pld", callbacks=(), protects=None):
+def privacy_report(obj: Any, delta: float = 1e-5, accountant: str = "pld",
+                   callbacks: Iterable[Any] = (), protects: str | None = None) -> PrivacyReport:
     """Compose every release recorded by the protections reachable from ``obj``.
 
     Args:
@@ -353,7 +356,8 @@ class EpsilonLogger(keras.callbacks.Callback):
         protects: None (all releases) or one secret (as in `privacy_report`).
     """
 
-    def __init__(self, delta=1e-5, accountant="pld", callbacks=(), protects=None):
+    def __init__(self, delta: float = 1e-5, accountant: str = "pld", callbacks: Iterable[Any] = (),
+                 protects: str | None = None) -> None:
         super().__init__()
         self.delta = validate_eps(delta, "delta", upper=1.0)
         self.accountant = _check_accountant(accountant)
@@ -362,10 +366,10 @@ class EpsilonLogger(keras.callbacks.Callback):
         self._fl = None
         self.last_report = None
 
-    def on_federated_train_begin(self, fl):
+    def on_federated_train_begin(self, fl: Any) -> None:
         self._fl = fl
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         target = self._fl if self._fl is not None else self.model
         self.last_report = privacy_report(target, delta=self.delta, accountant=self.accountant,
                                           callbacks=self.callbacks, protects=self.protects)
