@@ -34,6 +34,8 @@ from keras_fedpriv.mechanisms.ledger import (
     CLIENT,
     ReleaseKind,
     ReleaseLedger,
+    holds_protections,
+    is_protection,
     non_private_event,
     register_protection,
 )
@@ -127,8 +129,7 @@ class HorizontalFL:
         self._callbacks_seen = []
         # Uploads of a scheme that keeps no ledger of its own: recorded here, not private.
         self._ledger = ReleaseLedger()
-        self._upload_keeps_ledger = callable(getattr(self.upload, "privacy_ledger", None)) or \
-            callable(getattr(self.upload, "privacy_protections", None))
+        self._upload_keeps_ledger = is_protection(self.upload) or holds_protections(self.upload)
         try:
             self._upload_takes_id = "client_id" in inspect.signature(
                 self.upload.client_message).parameters
@@ -318,7 +319,7 @@ class HorizontalFL:
         callbacks = list(callbacks or [])
         magrr = self._find_magrr(callbacks)
         for callback in callbacks:
-            if callable(getattr(callback, "privacy_ledger", None)) and not any(
+            if is_protection(callback) and not any(
                     callback is c for c in self._callbacks_seen):
                 self._callbacks_seen.append(callback)
         model = self.model

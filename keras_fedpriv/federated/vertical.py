@@ -37,7 +37,13 @@ from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
 from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
 from keras_fedpriv.layers.label_dp import LabelDPLayer
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin, _LocalVariable
-from keras_fedpriv.mechanisms.ledger import EXAMPLE, ReleaseKind, ReleaseLedger, non_private_event
+from keras_fedpriv.mechanisms.ledger import (
+    EXAMPLE,
+    ReleaseKind,
+    ReleaseLedger,
+    is_protection,
+    non_private_event,
+)
 
 __all__ = ["VerticalModel", "derive_party_seed"]
 
@@ -63,10 +69,6 @@ def derive_party_seed(seed: int, party: str, bits: int = 64) -> int:
 
 def _is_bit_protection(layer):
     return isinstance(layer, EmbeddingDPLayer)
-
-
-def _has_ledger(layer):
-    return callable(getattr(layer, "privacy_ledger", None))
 
 
 def _takes_example_ids(layer):
@@ -531,7 +533,7 @@ class VerticalModel(keras.Model):
         z = bottom(features, training=training)
         losses = list(bottom.losses)
         protection = self.protections.get(party)
-        if party != self._leader and not _has_ledger(protection):
+        if party != self._leader and not is_protection(protection):
             self._count_unprotected(self._followers.index(party), _rows(z))
         if protection is None:
             return z, z, losses
@@ -576,7 +578,8 @@ class VerticalModel(keras.Model):
                                           f"({what})"),
                               units=None, count=int(counts[i]))
         if counts[-1]:
-            ledger.record(ReleaseKind("VerticalModel leader", "labels", EXAMPLE, non_private_event(),
+            ledger.record(ReleaseKind("VerticalModel leader", "labels", EXAMPLE,
+                                      non_private_event(),
                                       "no label_dp: the gradients sent to the followers are "
                                       "computed from the true labels"),
                           units=None, count=int(counts[-1]))

@@ -211,7 +211,8 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
         name = f"EmbeddingDPLayer {self.name!r}"
         if totals[rc.NON_PRIVATE]:
             ledger.record(ReleaseKind(name, "features", EXAMPLE, non_private_event(),
-                                      "the follower's embedding, quantization only (eps=None, or inference with "
+                                      "the follower's embedding, quantization only (eps=None, "
+                                      "or inference with "
                                       "at_inference=False): the sign pattern, no DP"),
                           units=None, count=int(totals[rc.NON_PRIVATE]))
         # Every release is priced at the largest row size released so far (a
@@ -220,13 +221,9 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
         if self.eps is None or d == 0:
             return ledger
         kind = ReleaseKind(name, "features", EXAMPLE, self.dp_event(num_coordinates=d),
-                           "the follower's embedding: every call is a release of each row (counted per example id; calls "
-                           "without ids count for every example)")
-        if totals[rc.FRESH_ANON]:
-            ledger.record(kind, units=None, count=int(totals[rc.FRESH_ANON]))
-        ids, counts = self._release_id_counts_nonzero()
-        if ids.size:
-            ledger.record_counts(kind, ids, counts, approximate=bool(totals[rc.FOLDED]))
+                           "the follower's embedding: every call is a release of each row "
+                           "(counted per example id; calls without ids count for every example)")
+        self._record_fresh_releases(ledger, kind, totals)
         return ledger
 
     def get_config(self) -> dict[str, Any]:

@@ -136,7 +136,7 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
 
     @property
     def epsilon(self) -> float:
-        """Pure eps of one release of one example's label (as realized by the integer thresholds)."""
+        """Pure eps of one release of one example's label, as realized by the integer thresholds."""
         return pure_epsilon(self.dp_event())
 
     def build(self, input_shape: Any = None) -> None:
@@ -276,11 +276,7 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
                             "its examples again" + ("; a prior was used, so binary RR at eps "
                                                     "(dominates every eps-DP mechanism)"
                                                     if totals[rc.PRIOR] else ""))
-        if totals[rc.FRESH_ANON]:
-            ledger.record(fresh, units=None, count=int(totals[rc.FRESH_ANON]))
-        ids, counts = self._release_id_counts_nonzero()
-        if ids.size:
-            ledger.record_counts(fresh, ids, counts, approximate=bool(totals[rc.FOLDED]))
+        self._record_fresh_releases(ledger, fresh, totals)
         return ledger
 
     def get_config(self) -> dict[str, Any]:

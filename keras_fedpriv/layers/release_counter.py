@@ -138,6 +138,15 @@ class ReleaseCounterMixin:
         ids = np.flatnonzero(counts)
         return ids, counts[ids].astype(np.int64)
 
+    def _record_fresh_releases(self, ledger, kind, totals):
+        """Add the fresh-noise calls to ``ledger`` as ``kind``: per example id, and the
+        calls without ids for every example."""
+        if totals[FRESH_ANON]:
+            ledger.record(kind, units=None, count=int(totals[FRESH_ANON]))
+        ids, counts = self._release_id_counts_nonzero()
+        if ids.size:
+            ledger.record_counts(kind, ids, counts, approximate=bool(totals[FOLDED]))
+
     def reset_release_counts(self):
         """Forget every recorded release (e.g. a fresh model for a new data set)."""
         self.release_totals.assign(np.zeros(len(SLOTS), np.int64))

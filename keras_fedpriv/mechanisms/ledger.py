@@ -34,8 +34,9 @@ import dp_accounting
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["CLIENT", "CLIENT_DATA", "EXAMPLE", "FEATURES", "LABELS", "SECRETS", "UNITS", "ReleaseKind", "ReleaseLedger", "non_private_event",
-           "register_protection"]
+__all__ = ["CLIENT", "CLIENT_DATA", "EXAMPLE", "FEATURES", "LABELS", "SECRETS", "UNITS",
+           "ReleaseKind", "ReleaseLedger", "holds_protections", "is_protection",
+           "non_private_event", "register_protection"]
 
 EXAMPLE = "example"
 CLIENT = "client"
@@ -53,6 +54,16 @@ SECRETS = (LABELS, FEATURES, CLIENT_DATA)
 def non_private_event() -> dp_accounting.NonPrivateDpEvent:
     """The event of a release with no DP guarantee (makes every composition inf)."""
     return dp_accounting.NonPrivateDpEvent()
+
+
+def is_protection(obj: Any) -> bool:
+    """Whether ``obj`` keeps its own record of releases (has ``privacy_ledger()``)."""
+    return callable(getattr(obj, "privacy_ledger", None))
+
+
+def holds_protections(obj: Any) -> bool:
+    """Whether ``obj`` lists protections it holds (has ``privacy_protections()``)."""
+    return callable(getattr(obj, "privacy_protections", None))
 
 
 def register_protection(model: Any, protection: Any) -> None:

@@ -49,6 +49,8 @@ from keras_fedpriv.mechanisms.ledger import (
     EXAMPLE,
     SECRETS,
     ReleaseLedger,
+    holds_protections,
+    is_protection,
     register_protection,
 )
 from keras_fedpriv.mechanisms.validation import validate_eps
@@ -146,9 +148,8 @@ def _children(obj):
     if isinstance(obj, keras.callbacks.History):
         return [obj.model] if obj.model is not None else []
     out = []
-    holder = getattr(obj, "privacy_protections", None)
-    if callable(holder):
-        out += list(holder())
+    if holds_protections(obj):
+        out += list(obj.privacy_protections())
     if isinstance(obj, keras.layers.Layer):
         out += list(obj._flatten_layers(include_self=False, recursive=True))
         if isinstance(obj, keras.Model) and getattr(obj, "optimizer", None) is not None:
@@ -168,7 +169,7 @@ def find_protections(obj: Any) -> list[Any]:
         if item is None or id(item) in seen:
             continue
         seen.add(id(item))
-        if callable(getattr(item, "privacy_ledger", None)):
+        if is_protection(item):
             found.append(item)
         stack.extend(_children(item))
     return found
@@ -329,8 +330,7 @@ def privacy_report(obj: Any, delta: float = 1e-5, accountant: str = "pld",
     for o in objs:
         if not (isinstance(o, (keras.layers.Layer, keras.callbacks.Callback,
                                keras.optimizers.Optimizer))
-                or callable(getattr(o, "privacy_ledger", None))
-                or callable(getattr(o, "privacy_protections", None))):
+                or is_protection(o) or holds_protections(o)):
             raise TypeError(f"privacy_report: cannot collect releases from "
                             f"{type(o).__name__}; pass a Keras model, a History, an optimizer, "
                             f"a HorizontalFL, a protection, or a list of these.")
