@@ -546,7 +546,7 @@ def test_magrr_checkpoint_resumes_the_same_trajectory():
     state = json.loads(json.dumps(magrr.state_dict()))
     ledger = state.pop("ledger")  # the release ledger travels with the state (JSON-safe)
     assert state == {"r_est": pytest.approx(25e-4), "phase": "growth", "rounds_in_range": 1,
-                     "num_releases": 1}
+                     "num_releases": 1, "releases_by_unit": {}}
     assert [k["everyone"] for k in ledger["kinds"]] == [1]
     state["ledger"] = ledger
     restored = keras.saving.deserialize_keras_object(config)

@@ -650,7 +650,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         """
         return {"num_evaluations": int(self.num_evaluations),
                 "client_releases": {int(c): int(n) for c, n in self.client_releases.items()},
-                "num_releases": int(self.num_releases), "ledger": self._ledger.to_dict()}
+                **self._releases_state(), "ledger": self._ledger.to_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a `state_dict` (so a seeded copy continues its noise stream).

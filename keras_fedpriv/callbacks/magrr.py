@@ -250,21 +250,38 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         """The current multiplier of ``r_est`` in the clients' rule."""
         return self.growth_threshold if self.phase == GROWTH else self.contraction_threshold
 
+    @property
+    def cut(self) -> float:
+        """``threshold * r_est``: the value the server announces to the round's clients."""
+        return float(self.threshold * self.r_est)
+
     def client_reports(self, magnitudes: ArrayLike,
-                       client_ids: ArrayLike | None = None) -> np.ndarray:
+                       client_ids: ArrayLike | None = None,
+                       cut: float | None = None) -> np.ndarray:
         """Randomized bits of the clients of one round.
 
         Args:
             magnitudes: 1-D array of the clients' private true step sizes
                 ``r`` (finite, >= 0), one per client.
             client_ids: the clients' ids (integers >= 0), for per-client
-                release counts; None: each report counts for every client.
+                release counts; a seeded object then draws each client's bit
+                from that client's own stream (the same bit whether one
+                object serves every client or each client runs its own
+                copy). None: each report counts for every client.
+            cut: the server's announced ``threshold * r_est`` (`cut`), for a
+                copy of this object that runs on a client; None: this
+                object's own.
 
         Returns:
-            int32 numpy array of 0/1: ``b = [r < threshold * r_est]`` passed
-            through binary randomized response at ``eps_rr``.
+            int32 numpy array of 0/1: ``b = [r < cut]`` passed through binary
+            randomized response at ``eps_rr``.
         """
         r = _validate_magnitudes(magnitudes)
+        if cut is None:
+            cut = self.cut
+        elif (isinstance(cut, bool) or not isinstance(cut, (int, float, np.floating, np.integer))
+              or not np.isfinite(cut) or cut <= 0):
+            raise ValueError(f"`cut` must be a finite number > 0; got {cut!r}.")
         if client_ids is not None:
             client_ids = np.asarray(client_ids).reshape(-1)
             if client_ids.shape != r.shape or client_ids.dtype.kind not in "iu":
@@ -273,9 +290,16 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
                                  f"{client_ids.dtype}.")
         if r.size == 0:
             return np.zeros((0,), np.int32)
-        bits = (r < self.threshold * self.r_est).astype(np.int32)
-        seed = int(self._release_generator().integers(0, 2**63))
-        reports = binary_randomized_response(bits, self.eps_rr, seed=seed)
+        bits = (r < float(cut)).astype(np.int32)
+        if client_ids is None:
+            seed = int(self._release_generator().integers(0, 2**63))
+            reports = binary_randomized_response(bits, self.eps_rr, seed=seed)
+        else:
+            reports = np.concatenate([
+                keras.ops.convert_to_numpy(binary_randomized_response(
+                    bits[i:i + 1], self.eps_rr,
+                    seed=int(self._release_generator(int(c)).integers(0, 2**63))))
+                for i, c in enumerate(client_ids)])
         kind = ReleaseKind("MagRR", "client data", CLIENT,
                            self.dp_event(1),
                            "its step size: one randomized-response bit per round a client "
@@ -395,7 +419,7 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         """
         return {"r_est": float(self.r_est), "phase": self.phase,
                 "rounds_in_range": int(self.rounds_in_range),
-                "num_releases": int(self.num_releases), "ledger": self._ledger.to_dict()}
+                **self._releases_state(), "ledger": self._ledger.to_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a `state_dict`.

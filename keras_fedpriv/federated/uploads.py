@@ -178,7 +178,7 @@ class GaussianUpload(SeededReleases):
     def state_dict(self) -> dict[str, Any]:
         """``{"num_releases": n, "ledger": ...}``: noisy messages so far and their release
         ledger (no randomness)."""
-        return {"num_releases": int(self.num_releases), "ledger": self._ledger.to_dict()}
+        return {**self._releases_state(), "ledger": self._ledger.to_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a `state_dict`, so that a seeded copy continues its noise stream."""
@@ -192,7 +192,7 @@ class GaussianUpload(SeededReleases):
     def client_message(self, delta: ArrayLike, num_examples: int,
                        client_id: int | None = None) -> ClientUpload:
         noisy = gaussian_mechanism(delta, self.clip_norm, self.noise_multiplier,
-                                   self._release_generator())
+                                   self._release_generator(client_id))
         self._ledger.record(ReleaseKind("Gaussian upload", "client data", CLIENT,
                                         self.dp_event(), "its clipped update plus Gaussian "
                                         "noise: one release per upload"),

@@ -63,7 +63,10 @@ def draw_secret():
 _STREAM_TAG = 0x5EED5173  # separates (seed, stream) entropy from a plain int seed
 
 
-def secret_generator(seed=None, stream=None):
+_UNIT_TAG = 0x0C11E175  # separates (seed, unit, n) entropy from (seed, stream)
+
+
+def secret_generator(seed=None, stream=None, unit=None):
     """A numpy Generator keyed by ``seed``, or by a fresh 64-bit OS-entropy secret.
 
     For the mechanisms that run on the host in numpy (SignDS, Laplace,
@@ -78,6 +81,11 @@ def secret_generator(seed=None, stream=None):
             pairs collide). A seeded mechanism that keeps ``n`` in its state
             continues its stream after a restore instead of replaying it
             (`SeededReleases`).
+        unit: None, or an integer id >= 0 (a client): with ``stream`` n, the
+            generator of that unit's n-th release, a pure function of
+            ``(seed, unit, n)``. A client's releases then draw the same noise
+            whether one object serves every client in one process or each
+            client runs its own copy on its own machine.
 
     Returns:
         A `numpy.random.Generator`.
@@ -88,6 +96,10 @@ def secret_generator(seed=None, stream=None):
     if stream is None:
         return np.random.default_rng(seed)
     stream = validate_seed(stream, "stream")
+    if unit is not None:
+        unit = validate_seed(unit, "unit")
+        return np.random.default_rng([seed & _MASK32, seed >> 32, unit & _MASK32, unit >> 32,
+                                      stream & _MASK32, stream >> 32, _UNIT_TAG])
     return np.random.default_rng([seed & _MASK32, seed >> 32, stream & _MASK32, stream >> 32,
                                   _STREAM_TAG])
 
@@ -108,23 +120,48 @@ class SeededReleases:
 
     def _init_releases(self):
         self.num_releases = 0
+        self.releases_by_unit = {}  # unit id -> its releases so far (unit-keyed streams)
         self._awaiting_state = False
 
     def _mark_restored_from_config(self):
         """Called by ``from_config``: a seeded copy must get its state before releasing."""
         self._awaiting_state = self.seed is not None
 
-    def _release_generator(self):
-        """The generator of the next release (and count it)."""
+    def _release_generator(self, unit=None):
+        """The generator of the next release (and count it).
+
+        Args:
+            unit: None (the object's own stream), or the id of the client the
+                release is about: a seeded object then draws from that
+                client's own stream, ``secret_generator(seed, n_c, unit=c)``
+                with ``n_c`` the client's releases so far, so the noise of a
+                client's release does not depend on which other clients this
+                object served before (the in-process and the per-client
+                runtimes agree).
+        """
         if getattr(self, "_awaiting_state", False):
             raise RuntimeError(
                 f"This seeded {type(self).__name__} was rebuilt from its config without its "
                 f"state: its noise stream would restart at release 0 and replay the original's "
                 f"noise. Call load_state_dict(original.state_dict()) first (it carries the "
                 f"release counter), or construct it with a new seed (or seed=None).")
-        rng = secret_generator(self.seed, stream=None if self.seed is None else self.num_releases)
+        if self.seed is None:
+            rng = secret_generator(None)
+        elif unit is None:
+            rng = secret_generator(self.seed, stream=self.num_releases)
+        else:
+            unit = validate_seed(unit, "client_id")
+            n = self.releases_by_unit.get(unit, 0)
+            rng = secret_generator(self.seed, stream=n, unit=unit)
+            self.releases_by_unit[unit] = n + 1
         self.num_releases += 1
         return rng
+
+    def _releases_state(self):
+        """The JSON-safe stream positions for ``state_dict``."""
+        return {"num_releases": int(self.num_releases),
+                "releases_by_unit": {str(u): int(n) for u, n in
+                                     sorted(getattr(self, "releases_by_unit", {}).items())}}
 
     def _load_num_releases(self, state):
         """Restore ``num_releases`` from a state dict.
@@ -141,6 +178,20 @@ class SeededReleases:
             return
         self.num_releases = validate_positive_int(state["num_releases"],
                                                   "state['num_releases']", minimum=0)
+        by_unit = state.get("releases_by_unit", {})
+        if not isinstance(by_unit, dict):
+            raise ValueError(f"`state['releases_by_unit']` must be a dict of client id -> count; "
+                             f"got {type(by_unit).__name__}.")
+        loaded = {}
+        for unit, n in by_unit.items():
+            try:
+                unit_id = int(unit)
+            except (TypeError, ValueError):
+                raise ValueError(f"`state['releases_by_unit']` keys must be client ids (integers "
+                                 f">= 0); got {unit!r}.") from None
+            loaded[validate_seed(unit_id, "client id")] = validate_positive_int(
+                n, f"state['releases_by_unit'][{unit!r}]", minimum=0)
+        self.releases_by_unit = loaded
         self._awaiting_state = False
 
 

@@ -274,7 +274,7 @@ class SignDSEncoder(SeededReleases):
         k = self._num_topk(d, stacklevel=4)  # warns at the caller of encode()
         h = self._output_dim(d, k)
         thr = _threshold(d, k, h, self.eps)
-        rng = self._release_generator()
+        rng = self._release_generator(client_id)
         sign = 1 if rng.integers(0, 2) else -1
         indices, topk_mean = _signds._select_indices(flat, k, h, self.eps, thr, sign, rng)
         message = SignDSMessage(sign=sign, indices=indices, dim=d, num_examples=num_examples)
@@ -352,7 +352,7 @@ class SignDSEncoder(SeededReleases):
     def state_dict(self) -> dict[str, Any]:
         """``{"num_releases": n, "ledger": ...}``: messages so far and their release ledger
         (no randomness)."""
-        return {"num_releases": int(self.num_releases), "ledger": self._ledger.to_dict()}
+        return {**self._releases_state(), "ledger": self._ledger.to_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a `state_dict`, so that a seeded copy continues its stream.
