@@ -29,6 +29,13 @@ import numpy as np
 import tensorflow as tf
 from numpy.typing import ArrayLike
 
+from keras_fedpriv.federated.horizontal_parties import (
+    HorizontalClient,
+    HorizontalServer,
+    LocalTrainer,
+    batch_norm_statistics,
+    shuffle_order,
+)
 from keras_fedpriv.federated.uploads import SignDSUpload, as_upload
 from keras_fedpriv.mechanisms.ledger import (
     CLIENT,
@@ -40,7 +47,6 @@ from keras_fedpriv.mechanisms.ledger import (
     register_protection,
 )
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
-from keras_fedpriv.optimizers.signds import flatten_update, unflatten_update
 
 __all__ = ["HorizontalFL"]
 
@@ -121,7 +127,6 @@ class HorizontalFL:
         self.model = model
         self.upload = as_upload(upload)
         self.batch_size = validate_positive_int(batch_size, "batch_size")
-        self._rng = np.random.default_rng(validate_seed(seed))
         self.clients = [self._check_client(i, c) for i, c in enumerate(clients)]
         self.num_clients = len(self.clients)
         self.participation = np.zeros(self.num_clients, np.int64)
@@ -139,7 +144,7 @@ class HorizontalFL:
         x0 = self.clients[0][0]
         if not model.built:
             model(x0[:1])
-        self._bn_vars = self._batch_norm_statistics(model)
+        self._bn_vars = batch_norm_statistics(model)
         if batch_norm is None:
             if self._bn_vars:
                 warnings.warn(
@@ -153,17 +158,9 @@ class HorizontalFL:
             raise ValueError(f"`batch_norm` must be 'average', 'local' or None; got "
                              f"{batch_norm!r}.")
         self.batch_norm = batch_norm
-        self._client_bn = {}  # batch_norm='local': each client's own statistics
-        self._local_train = None
-
-    @staticmethod
-    def _batch_norm_statistics(model):
-        """The moving mean and variance of every BatchNormalization layer, in layer order."""
-        out = []
-        for layer in model._flatten_layers(include_self=False, recursive=True):
-            if isinstance(layer, keras.layers.BatchNormalization):
-                out += [layer.moving_mean, layer.moving_variance]
-        return out
+        self._seed = validate_seed(seed)
+        self._server = None
+        self._client_parties = None
 
     @staticmethod
     def _check_client(i, client):
@@ -180,101 +177,54 @@ class HorizontalFL:
         return x, y
 
     # ----------------------------------------------------------------- clients
-    def _build_local_train(self):
-        model = self.model
-        opt = model.optimizer
-        tv = list(model.trainable_variables)
-        if not opt.built:
-            opt.build(tv)
-        opt_vars = list(opt.variables)
-        opt_init = [np.array(v.numpy()) for v in opt_vars]
-        bs = self.batch_size
-        x0, y0 = self.clients[0]
-        bn = list(self._bn_vars)
-        signature = [
-            [tf.TensorSpec(v.shape, v.dtype) for v in tv],
-            tf.TensorSpec((None,) + x0.shape[1:], tf.as_dtype(x0.dtype)),
-            tf.TensorSpec((None,) + y0.shape[1:], tf.as_dtype(y0.dtype)),
-            tf.TensorSpec((None,), tf.int32),
-            [tf.TensorSpec(v.shape, v.dtype) for v in bn],
-        ]
-
-        @tf.function(input_signature=signature)
-        def local_train(global_weights, x, y, order, bn_start):
-            for v, w in zip(tv, global_weights):
-                v.assign(w)
-            for v, w in zip(bn, bn_start):
-                v.assign(w)
-            for v, init in zip(opt_vars, opt_init):
-                v.assign(tf.constant(init, dtype=v.dtype))
-            n = tf.shape(x)[0]
-            batches_per_epoch = (n + bs - 1) // bs
-            steps = (tf.shape(order)[0] // n) * batches_per_epoch
-            total = tf.constant(0.0, tf.float32)
-            for step in tf.range(steps):
-                epoch = step // batches_per_epoch
-                b = step % batches_per_epoch
-                start = epoch * n + b * bs
-                stop = epoch * n + tf.minimum((b + 1) * bs, n)
-                idx = order[start:stop]
-                xb = tf.gather(x, idx)
-                yb = tf.gather(y, idx)
-                with tf.GradientTape() as tape:
-                    y_pred = model(xb, training=True)
-                    loss = model.compute_loss(x=xb, y=yb, y_pred=y_pred, training=True)
-                    # as Keras' train_step: a LossScaleOptimizer (mixed_float16) or a
-                    # loss_scale_factor scales the loss here and unscales in apply()
-                    scaled = opt.scale_loss(loss)
-                grads = tape.gradient(scaled, tv)
-                opt.apply(grads, tv)
-                total += tf.cast(loss, tf.float32)
-            deltas = [tf.cast(v, tf.float32) - tf.cast(w, tf.float32)
-                      for v, w in zip(tv, global_weights)]
-            bn_end = [tf.identity(v) for v in bn]
-            return deltas, total / tf.cast(tf.maximum(steps, 1), tf.float32), bn_end
-
-        return local_train
+    def _parties(self):
+        """The server half and one client half per client (built on first use)."""
+        if self._server is None:
+            x0, y0 = self.clients[0]
+            trainer = LocalTrainer(self.model, self.batch_size, (x0.shape[1:], x0.dtype),
+                                   (y0.shape[1:], y0.dtype))
+            self._client_parties = [
+                HorizontalClient(trainer, data, self.upload, i, seed=self._seed,
+                                 batch_norm=self.batch_norm)
+                for i, data in enumerate(self.clients)]
+            self._server = HorizontalServer(self.model, self.upload, seed=self._seed,
+                                            batch_norm=self.batch_norm)
+        return self._server, self._client_parties
 
     def train_client(self, client: int, global_weights: Sequence[ArrayLike],
-                     local_epochs: int = 1) -> tuple[np.ndarray, float]:
+                     local_epochs: int = 1, round: int = 0  # noqa: A002
+                     ) -> tuple[np.ndarray, float]:
         """Train one client from ``global_weights``; return (flat update, mean loss).
 
-        The model's trainable weights are left at the client's trained values;
-        `fit` resets them to the global model afterwards. BatchNormalization
-        statistics start from the model's current ones (``batch_norm="average"``)
-        or from the client's own (``"local"``, which keeps the client's new
-        statistics for its next round).
+        Nothing is uploaded or recorded. The model's trainable weights are
+        left at the client's trained values; `fit` resets them to the global
+        model afterwards. BatchNormalization statistics start from the
+        model's current ones (``batch_norm="average"``) or from the client's
+        own (``"local"``, which keeps the client's new statistics for its
+        next round).
 
         Args:
             client: the client's index in ``clients``.
             global_weights: the global model's trainable weights (arrays, in
                 ``model.trainable_variables`` order).
             local_epochs: epochs of local training.
+            round: the round index that keys the client's shuffling.
 
         Returns:
             ``(update, loss)``: the flat float32 update and the client's mean
             local training loss.
         """
-        current = [v.numpy() for v in self._bn_vars]
-        delta, loss, _ = self._train_client(client, global_weights, local_epochs, current)
+        _, parties = self._parties()
+        party = parties[client]
+        order = shuffle_order(self._seed, client, round, party.num_examples, local_epochs)
+        bn_start = [v.numpy() for v in self._bn_vars]
+        if self.batch_norm == "local" and party._own_bn is not None:
+            bn_start = party._own_bn
+        delta, loss, bn_end = party.trainer.train(global_weights, party.x, party.y, order,
+                                                  bn_start)
+        if self.batch_norm == "local":
+            party._own_bn = bn_end
         return delta, loss
-
-    def _train_client(self, client, global_weights, local_epochs, global_bn):
-        """Train one client; return (flat update, mean loss, its final BN statistics)."""
-        if self._local_train is None:
-            self._local_train = self._build_local_train()
-        x, y = self.clients[client]
-        n = len(x)
-        order = np.concatenate([self._rng.permutation(n) for _ in range(local_epochs)])
-        bn_start = global_bn
-        if self.batch_norm == "local":
-            bn_start = self._client_bn.get(client, global_bn)
-        deltas, loss, bn_end = self._local_train(global_weights, x, y, order.astype(np.int32),
-                                                 list(bn_start))
-        bn_end = [np.array(b) for b in bn_end]
-        if self.batch_norm == "local":
-            self._client_bn[client] = bn_end
-        return flatten_update(deltas)[0], float(loss), bn_end
 
     # ------------------------------------------------------------------- fit
     def fit(self, rounds: int, clients_per_round: int = 10, local_epochs: int = 1,
@@ -330,8 +280,12 @@ class HorizontalFL:
                                       stateful_metrics=("val_loss", "val_accuracy")
                                       ) if verbose else None
         model.stop_training = False
+        server, parties = self._parties()
+        server.magrr = magrr
+        for party in parties:
+            party.magrr = magrr  # in one process the clients share the MagRR object
         tv = list(model.trainable_variables)
-        dim = int(sum(int(np.prod(v.shape)) for v in tv))
+        dim = server.dim
         for callback in callbacks:
             hook = getattr(callback, "on_federated_train_begin", None)
             if hook is not None:
@@ -343,31 +297,31 @@ class HorizontalFL:
             cb.on_epoch_begin(rnd)
             global_weights = [v.numpy() for v in tv]
             global_bn = [v.numpy() for v in self._bn_vars]
-            chosen = np.sort(self._rng.choice(self.num_clients, clients_per_round,
-                                              replace=False))
-            uploads, losses, client_bn = [], [], []
+            chosen = np.asarray(server.sample(range(self.num_clients), clients_per_round))
+            cut = server.magrr_cut() if magrr is not None else None
+            results = []
             for c in chosen:
-                delta, loss, bn_end = self._train_client(int(c), global_weights, local_epochs,
-                                                         global_bn)
-                uploads.append(self._client_message(delta, int(c)))
-                losses.append(loss)
-                client_bn.append(bn_end)
-            self._set_global_batch_norm(chosen, global_bn, client_bn)
+                party = parties[int(c)]
+                results.append(party.fit(global_weights, rnd, local_epochs, global_bn,
+                                         magrr_cut=cut, record=self._recorder(int(c))))
+            uploads = [r.upload for r in results]
+            losses = [r.loss for r in results]
+            if self._bn_vars and self.batch_norm == "average":
+                self._ledger.record(ReleaseKind(
+                    "HorizontalFL BatchNormalization statistics", "client data", CLIENT,
+                    non_private_event(), "batch_norm='average': each client's moving mean and "
+                    "variance reach the server in the clear"), [int(c) for c in chosen])
             self.participation[chosen] += 1
-            lr = None
-            if magrr is not None:
-                lr = magrr.round([u.magnitude for u in uploads], num_clients=len(uploads),
-                                 client_ids=chosen)
-            step = self.upload.aggregate(uploads, global_lr=lr)
-            flat, shapes = flatten_update(global_weights)
-            for v, w in zip(tv, unflatten_update(flat + step, shapes)):
-                v.assign(w)
+            round_logs = server.step(
+                uploads, magrr_reports=[r.magrr_report for r in results] if magrr else None,
+                num_examples=[parties[int(c)].num_examples for c in chosen],
+                batch_norm=[r.batch_norm for r in results], global_weights=global_weights,
+                global_bn=global_bn)
             logs = {
                 "upload_bytes_per_client": float(np.mean([u.nbytes for u in uploads])),
                 "upload_bytes": float(sum(u.nbytes for u in uploads)),
                 "download_bytes_per_client": float(4 * dim),
-                "global_lr": float(lr if lr is not None else getattr(self.upload, "global_lr",
-                                                                      1.0)),
+                "global_lr": round_logs["global_lr"],
             }
             if self.log_client_loss:  # simulation-only: never released by the protocol
                 logs["sim_client_loss"] = float(np.mean(losses))
@@ -393,36 +347,22 @@ class HorizontalFL:
         cb.on_train_end(logs)
         return model.history
 
-    def _set_global_batch_norm(self, chosen, global_bn, client_bn):
-        """Global BN statistics after a round: the clients' size-weighted mean, or unchanged."""
-        if not self._bn_vars:
-            return
-        if self.batch_norm == "local":
-            new = global_bn
-        else:
-            sizes = np.array([len(self.clients[c][0]) for c in chosen], np.float64)
-            weights = sizes / sizes.sum()
-            new = [sum(w * stats[i].astype(np.float64) for w, stats in zip(weights, client_bn))
-                   for i in range(len(self._bn_vars))]
-            self._ledger.record(ReleaseKind(
-                "HorizontalFL BatchNormalization statistics", "client data", CLIENT,
-                non_private_event(), "batch_norm='average': each client's moving mean and "
-                "variance reach the server in the clear"), [int(c) for c in chosen])
-        for v, value in zip(self._bn_vars, new):
-            v.assign(np.asarray(value).astype(v.dtype))
+    def _recorder(self, client):
+        """None when the scheme records its own releases, else an encoder that records here."""
+        if self._upload_keeps_ledger and self._upload_takes_id:
+            return None
 
-    def _client_message(self, delta, client):
-        num_examples = len(self.clients[client][0])
-        if self._upload_keeps_ledger:
-            if self._upload_takes_id:
-                return self.upload.client_message(delta, num_examples, client_id=client)
-            # an override without client_id: its scheme records the release for every client
+        def record(delta, num_examples):
+            if self._upload_keeps_ledger:
+                # an override without client_id: its scheme records the release for every client
+                return self.upload.client_message(delta, num_examples)
+            self._ledger.record(ReleaseKind(
+                f"{type(self.upload).__name__} upload", "client data", CLIENT,
+                non_private_event(), "an upload scheme without a privacy ledger: counted as not "
+                "private"), [client])
             return self.upload.client_message(delta, num_examples)
-        self._ledger.record(ReleaseKind(f"{type(self.upload).__name__} upload", "client data",
-                                        CLIENT, non_private_event(),
-                                        "an upload scheme without a privacy ledger: counted "
-                                        "as not private"), [client])
-        return self.upload.client_message(delta, num_examples)
+
+        return record
 
     def privacy_protections(self) -> list[Any]:
         """The upload scheme and the releasing callbacks of every `fit` so far."""

@@ -9,6 +9,16 @@ Three schemes, one small class each, with the same two methods:
 * ``aggregate(uploads, global_lr=None) -> np.ndarray``: on the server, the
   dense float32 step to add to the global weights.
 
+Two more carry an upload across a process boundary without trusting it:
+
+* ``to_wire(upload) -> dict[str, np.ndarray]``: the arrays a client sends
+  (only what ``aggregate`` uses: SignDS and Gaussian send no data size);
+* ``from_wire(arrays, dim) -> ClientUpload``: on the server, the upload
+  rebuilt from received arrays, or `MalformedUpload` (a ``ValueError``) with
+  the reason (missing or extra keys, wrong dtype or length, a non-finite
+  value, unsorted, repeated or out-of-range indices) so nothing malformed is
+  aggregated. The reason names what is wrong, never the values.
+
 `FedAvgUpload` (dense float update, averaged with weights = client sizes; no
 protection), `SignDSUpload` (SignDS: a sign and a few indices) and
 `GaussianUpload` (clip + Gaussian noise per client, the original design's
@@ -30,9 +40,56 @@ from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event, gaussian_mechan
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, non_private_event
 from keras_fedpriv.mechanisms.random import SeededReleases
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_seed
-from keras_fedpriv.optimizers.signds import SignDSEncoder, aggregate as signds_aggregate
+from keras_fedpriv.optimizers.signds import SignDSEncoder, SignDSMessage
+from keras_fedpriv.optimizers.signds import aggregate as signds_aggregate
 
-__all__ = ["ClientUpload", "FedAvgUpload", "GaussianUpload", "SignDSUpload", "as_upload"]
+__all__ = ["ClientUpload", "FedAvgUpload", "GaussianUpload", "MalformedUpload", "SignDSUpload",
+           "as_upload"]
+
+
+class MalformedUpload(ValueError):
+    """A received upload that does not have the shape its scheme promises (never aggregated)."""
+
+
+def _check_keys(arrays, expected):
+    if not isinstance(arrays, Mapping):
+        raise MalformedUpload(f"an upload must be a mapping of named arrays; got "
+                              f"{type(arrays).__name__}.")
+    keys = set(arrays)
+    if keys != set(expected):
+        raise MalformedUpload(f"an upload must hold exactly the arrays {sorted(expected)}; got "
+                              f"{sorted(map(str, keys))}.")
+
+
+def _wire_array(arrays, key, kinds, shape):
+    """``arrays[key]`` as a numpy array of one of the dtype ``kinds`` and ``shape``."""
+    try:
+        a = np.asarray(arrays[key])
+    except Exception:  # noqa: BLE001 - anything that is not an array is malformed
+        raise MalformedUpload(f"upload array {key!r} is not an array.") from None
+    if a.dtype.kind not in kinds:
+        raise MalformedUpload(f"upload array {key!r} must have a dtype of kind {kinds!r}; got "
+                              f"{a.dtype}.")
+    if a.shape != shape:
+        raise MalformedUpload(f"upload array {key!r} must have shape {shape}; got {a.shape}.")
+    if a.dtype.kind == "f" and not np.isfinite(a).all():
+        raise MalformedUpload(f"upload array {key!r} holds NaN or infinity.")
+    return a
+
+
+def _dense_from_wire(arrays, dim, with_size):
+    expected = ("update", "num_examples") if with_size else ("update",)
+    _check_keys(arrays, expected)
+    update = _wire_array(arrays, "update", "f", (int(dim),))
+    if update.dtype != np.float32:
+        raise MalformedUpload(f"upload array 'update' must be float32; got {update.dtype}.")
+    num_examples = 1
+    if with_size:
+        size = _wire_array(arrays, "num_examples", "iu", (1,))
+        num_examples = int(size[0])
+        if num_examples < 1:
+            raise MalformedUpload("upload array 'num_examples' must be >= 1.")
+    return ClientUpload(update.copy(), update.size * 4, num_examples)
 
 
 @dataclasses.dataclass
@@ -99,6 +156,15 @@ class FedAvgUpload:
     def dp_event(self) -> None:
         return None
 
+    def to_wire(self, upload: ClientUpload) -> dict[str, np.ndarray]:
+        """``{"update": float32[d], "num_examples": int64[1]}``."""
+        return {"update": np.asarray(upload.message, np.float32),
+                "num_examples": np.array([upload.num_examples], np.int64)}
+
+    def from_wire(self, arrays: Mapping[str, Any], dim: int) -> ClientUpload:
+        """The upload from received arrays; `MalformedUpload` if they are not what `to_wire` sends."""
+        return _dense_from_wire(arrays, dim, with_size=True)
+
     def describe(self) -> str:
         return "FedAvg (no protection)"
 
@@ -143,6 +209,37 @@ class SignDSUpload:
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return self.encoder.dp_event()
+
+    def to_wire(self, upload: ClientUpload) -> dict[str, np.ndarray]:
+        """``{"sign": int8[1], "indices": int32[h]}``: the message, nothing else.
+
+        The client's data size and its top-k magnitude stay on the client.
+        """
+        m = upload.message
+        return {"sign": np.array([m.sign], np.int8), "indices": np.asarray(m.indices, np.int32)}
+
+    def from_wire(self, arrays: Mapping[str, Any], dim: int) -> ClientUpload:
+        """The upload from received arrays, checked against this encoder's promise.
+
+        Raises:
+            MalformedUpload: missing or extra arrays, a sign other than +1/-1,
+                indices that are not int32, not ``h = encoder.output_dim(dim)``
+                of them, unsorted, repeated, or outside ``[0, dim)``.
+        """
+        _check_keys(arrays, ("sign", "indices"))
+        sign = _wire_array(arrays, "sign", "i", (1,))
+        h = self.encoder.output_dim(int(dim))
+        indices = _wire_array(arrays, "indices", "i", (h,))
+        if indices.dtype != np.int32:
+            raise MalformedUpload(f"upload array 'indices' must be int32; got {indices.dtype}.")
+        if int(sign[0]) not in (1, -1):
+            raise MalformedUpload("upload array 'sign' must be +1 or -1.")
+        if h and (indices.min() < 0 or indices.max() >= dim):
+            raise MalformedUpload(f"upload array 'indices' must lie in [0, {dim}).")
+        if np.any(np.diff(indices) <= 0):
+            raise MalformedUpload("upload array 'indices' must be sorted and unique.")
+        message = SignDSMessage(sign=int(sign[0]), indices=indices, dim=int(dim))
+        return ClientUpload(message, message.nbytes, 1)
 
     def describe(self) -> str:
         e = self.encoder
@@ -210,6 +307,14 @@ class GaussianUpload(SeededReleases):
 
     def dp_event(self) -> dp_accounting.GaussianDpEvent:
         return gaussian_dp_event(self.noise_multiplier)
+
+    def to_wire(self, upload: ClientUpload) -> dict[str, np.ndarray]:
+        """``{"update": float32[d]}``: the noisy update (no data size: equal weights)."""
+        return {"update": np.asarray(upload.message, np.float32)}
+
+    def from_wire(self, arrays: Mapping[str, Any], dim: int) -> ClientUpload:
+        """The upload from received arrays; `MalformedUpload` if they are not what `to_wire` sends."""
+        return _dense_from_wire(arrays, dim, with_size=False)
 
     def describe(self) -> str:
         return f"Gaussian (clip {self.clip_norm:g}, z={self.noise_multiplier:g})"

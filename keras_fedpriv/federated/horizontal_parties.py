@@ -1,0 +1,384 @@
+"""The two halves of horizontal FL: what a client runs and what the server runs.
+
+Neither half knows how messages travel. `HorizontalFL` drives them in one
+process; `keras_fedpriv.federated.flower` drives the same objects as Flower
+apps, one client per SuperNode. Given the same seeds and data both give the
+same global model, because nothing a half computes depends on the runtime:
+
+* a client shuffles its data for round ``t`` with a generator keyed by
+  ``(seed, client id, t)``;
+* a seeded upload scheme and MagRR draw a client's n-th release from that
+  client's own stream (``secret_generator(seed, n, unit=client)``);
+* the server samples a round's clients from the sorted list of client ids
+  with its own generator, and aggregates the uploads in client-id order.
+
+`LocalTrainer` is the traced local training of a compiled Keras model;
+`HorizontalClient` is one client (its data, the trainer, the upload scheme's
+client side, MagRR's client side); `HorizontalServer` is the server (client
+sampling, the check of every received upload, aggregation, BatchNormalization
+statistics, MagRR's step estimate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+from numpy.typing import ArrayLike
+
+from keras_fedpriv.federated.uploads import ClientUpload, MalformedUpload
+from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
+from keras_fedpriv.optimizers.signds import flatten_update, unflatten_update
+
+__all__ = ["ClientResult", "HorizontalClient", "HorizontalServer", "LocalTrainer",
+           "batch_norm_statistics", "shuffle_order"]
+
+
+def batch_norm_statistics(model: keras.Model) -> list[Any]:
+    """The moving mean and variance of every BatchNormalization layer, in layer order."""
+    out = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            out += [layer.moving_mean, layer.moving_variance]
+    return out
+
+
+def shuffle_order(seed: int | None, client_id: int, round: int, num_examples: int,  # noqa: A002
+                  local_epochs: int) -> np.ndarray:
+    """The order a client visits its examples in one round: one permutation per local epoch.
+
+    Keyed by ``(seed, client_id, round)`` so the order does not depend on
+    which other clients trained before (None: fresh OS entropy).
+
+    Returns:
+        int32 array of length ``num_examples * local_epochs``.
+    """
+    rng = np.random.default_rng(None if seed is None else [int(seed), int(client_id), int(round)])
+    return np.concatenate([rng.permutation(num_examples)
+                           for _ in range(local_epochs)]).astype(np.int32)
+
+
+class LocalTrainer:
+    """A client's local training as one traced function of a compiled Keras model.
+
+    Set the global weights and BatchNormalization statistics, reset the
+    optimizer, run the mini-batches of ``order`` and return the update. The
+    function is traced once and reused for every client and round (client
+    data have a dynamic first dimension), so no Keras start-up is paid per
+    client.
+
+    Args:
+        model: a compiled, built `keras.Model` (its optimizer trains, reset
+            to its initial state for every call; its loss scores).
+        batch_size: local mini-batch size.
+        x_spec, y_spec: ``(shape, dtype)`` of one example's features and
+            label (the batch dimension excluded).
+    """
+
+    def __init__(self, model: keras.Model, batch_size: int, x_spec: tuple[tuple[int, ...], Any],
+                 y_spec: tuple[tuple[int, ...], Any]) -> None:
+        self.model = model
+        self.batch_size = validate_positive_int(batch_size, "batch_size")
+        self.bn_variables = batch_norm_statistics(model)
+        self._fn = self._build(tuple(x_spec[0]), tf.as_dtype(x_spec[1]), tuple(y_spec[0]),
+                               tf.as_dtype(y_spec[1]))
+
+    def _build(self, x_shape, x_dtype, y_shape, y_dtype):
+        model = self.model
+        opt = model.optimizer
+        tv = list(model.trainable_variables)
+        if not opt.built:
+            opt.build(tv)
+        opt_vars = list(opt.variables)
+        opt_init = [np.array(v.numpy()) for v in opt_vars]
+        bs = self.batch_size
+        bn = list(self.bn_variables)
+        signature = [
+            [tf.TensorSpec(v.shape, v.dtype) for v in tv],
+            tf.TensorSpec((None,) + x_shape, x_dtype),
+            tf.TensorSpec((None,) + y_shape, y_dtype),
+            tf.TensorSpec((None,), tf.int32),
+            [tf.TensorSpec(v.shape, v.dtype) for v in bn],
+        ]
+
+        @tf.function(input_signature=signature)
+        def local_train(global_weights, x, y, order, bn_start):
+            for v, w in zip(tv, global_weights):
+                v.assign(w)
+            for v, w in zip(bn, bn_start):
+                v.assign(w)
+            for v, init in zip(opt_vars, opt_init):
+                v.assign(tf.constant(init, dtype=v.dtype))
+            n = tf.shape(x)[0]
+            batches_per_epoch = (n + bs - 1) // bs
+            steps = (tf.shape(order)[0] // n) * batches_per_epoch
+            total = tf.constant(0.0, tf.float32)
+            for step in tf.range(steps):
+                epoch = step // batches_per_epoch
+                b = step % batches_per_epoch
+                start = epoch * n + b * bs
+                stop = epoch * n + tf.minimum((b + 1) * bs, n)
+                idx = order[start:stop]
+                xb = tf.gather(x, idx)
+                yb = tf.gather(y, idx)
+                with tf.GradientTape() as tape:
+                    y_pred = model(xb, training=True)
+                    loss = model.compute_loss(x=xb, y=yb, y_pred=y_pred, training=True)
+                    # as Keras' train_step: a LossScaleOptimizer (mixed_float16) or a
+                    # loss_scale_factor scales the loss here and unscales in apply()
+                    scaled = opt.scale_loss(loss)
+                grads = tape.gradient(scaled, tv)
+                opt.apply(grads, tv)
+                total += tf.cast(loss, tf.float32)
+            deltas = [tf.cast(v, tf.float32) - tf.cast(w, tf.float32)
+                      for v, w in zip(tv, global_weights)]
+            bn_end = [tf.identity(v) for v in bn]
+            return deltas, total / tf.cast(tf.maximum(steps, 1), tf.float32), bn_end
+
+        return local_train
+
+    def train(self, global_weights: Sequence[ArrayLike], x: np.ndarray, y: np.ndarray,
+              order: np.ndarray, bn_start: Sequence[ArrayLike]
+              ) -> tuple[np.ndarray, float, list[np.ndarray]]:
+        """Train from ``global_weights`` over ``order``; the model keeps the trained weights.
+
+        Returns:
+            ``(update, loss, bn_end)``: the flat float32 update, the mean
+            local training loss and the final BatchNormalization statistics.
+        """
+        deltas, loss, bn_end = self._fn(list(global_weights), x, y, order, list(bn_start))
+        return flatten_update(deltas)[0], float(loss), [np.array(b) for b in bn_end]
+
+
+@dataclasses.dataclass
+class ClientResult:
+    """What one client produced in one round.
+
+    Attributes:
+        upload: the `ClientUpload` (its ``message`` is what is sent).
+        loss: the client's mean local training loss (kept on the client).
+        batch_norm: the client's BatchNormalization statistics after
+            training (sent in the clear only with ``batch_norm="average"``).
+        magrr_report: MagRR's randomized bit, or None without MagRR.
+    """
+
+    upload: ClientUpload
+    loss: float
+    batch_norm: list[np.ndarray]
+    magrr_report: int | None = None
+
+
+class HorizontalClient:
+    """The client half: local training, the upload's encoding, MagRR's report.
+
+    Args:
+        trainer: a `LocalTrainer` (one per process; clients in one process
+            share it).
+        data: the client's ``(x, y)`` arrays.
+        upload: the upload scheme (its ``client_message`` encodes and records
+            the release).
+        client_id: the client's id (an integer >= 0; the unit its releases
+            are recorded and keyed under).
+        seed: None or an int: the shuffling of the client's data (see
+            `shuffle_order`).
+        batch_norm: ``"average"`` (start each round from the global
+            statistics) or ``"local"`` (keep the client's own, FedBN).
+        magrr: the client side of a `keras_fedpriv.callbacks.MagRR` (a copy
+            with the run's ``eps_rr`` and the client's seed), or None.
+    """
+
+    def __init__(self, trainer: LocalTrainer, data: tuple[np.ndarray, np.ndarray], upload: Any,
+                 client_id: int, seed: int | None = None, batch_norm: str = "average",
+                 magrr: Any = None) -> None:
+        self.trainer = trainer
+        self.x, self.y = data
+        self.upload = upload
+        self.client_id = validate_positive_int(client_id, "client_id", minimum=0)
+        self.seed = validate_seed(seed)
+        if batch_norm not in ("average", "local"):
+            raise ValueError(f"`batch_norm` must be 'average' or 'local'; got {batch_norm!r}.")
+        self.batch_norm = batch_norm
+        self.magrr = magrr
+        self._own_bn = None  # batch_norm='local': this client's statistics
+
+    @property
+    def num_examples(self) -> int:
+        """The client's number of training examples."""
+        return len(self.x)
+
+    def fit(self, global_weights: Sequence[ArrayLike], round: int,  # noqa: A002
+            local_epochs: int = 1, global_bn: Sequence[ArrayLike] = (),
+            magrr_cut: float | None = None, record: Any = None) -> ClientResult:
+        """Train one round from the global model and encode the upload.
+
+        Args:
+            global_weights: the global model's trainable weights.
+            round: the round index (keys the shuffling).
+            local_epochs: epochs of local training.
+            global_bn: the global BatchNormalization statistics.
+            magrr_cut: the server's MagRR announcement (``threshold * r_est``);
+                needed when the client has ``magrr``.
+            record: None (the upload scheme records the release itself), or
+                a callable ``record(update, num_examples) -> ClientUpload``
+                that encodes and records instead (`HorizontalFL` uses it for
+                schemes that keep no ledger).
+
+        Returns:
+            A `ClientResult`.
+        """
+        order = shuffle_order(self.seed, self.client_id, round, self.num_examples, local_epochs)
+        bn_start = list(global_bn)
+        if self.batch_norm == "local" and self._own_bn is not None:
+            bn_start = self._own_bn
+        delta, loss, bn_end = self.trainer.train(global_weights, self.x, self.y, order, bn_start)
+        if self.batch_norm == "local":
+            self._own_bn = bn_end
+        if record is not None:
+            upload = record(delta, self.num_examples)
+        else:
+            upload = self.upload.client_message(delta, self.num_examples,
+                                                client_id=self.client_id)
+        report = None
+        if self.magrr is not None:
+            if upload.magnitude is None:
+                raise ValueError("MagRR needs an upload scheme that reports the client's step "
+                                 "size (SignDS).")
+            if magrr_cut is None:
+                raise ValueError("`magrr_cut` (the server's MagRR announcement) is needed when "
+                                 "the client runs MagRR.")
+            report = int(self.magrr.client_reports([upload.magnitude], [self.client_id],
+                                                   cut=magrr_cut)[0])
+        return ClientResult(upload, loss, bn_end, report)
+
+
+class HorizontalServer:
+    """The server half: sampling, checking, aggregating, stepping the global model.
+
+    Args:
+        model: the global `keras.Model` (its trainable weights are updated;
+            its BatchNormalization statistics follow ``batch_norm``).
+        upload: the upload scheme (its ``aggregate``, and its ``from_wire``
+            for uploads received from another process).
+        seed: None or an int: the client sampling.
+        batch_norm: ``"average"`` or ``"local"`` (see `HorizontalFL`).
+        magrr: a `keras_fedpriv.callbacks.MagRR` (its server side sets the
+            step of SignDS every round), or None.
+    """
+
+    def __init__(self, model: keras.Model, upload: Any, seed: int | None = None,
+                 batch_norm: str = "average", magrr: Any = None) -> None:
+        self.model = model
+        self.upload = upload
+        self.batch_norm = batch_norm
+        self.magrr = magrr
+        self._rng = np.random.default_rng(validate_seed(seed))
+        self.trainable = list(model.trainable_variables)
+        self.bn_variables = batch_norm_statistics(model)
+        self.dim = int(sum(int(np.prod(v.shape)) for v in self.trainable))
+
+    def sample(self, client_ids: Sequence[int], count: int) -> list[int]:
+        """``count`` of ``client_ids`` uniformly without replacement, sorted.
+
+        The ids are sorted first, so the draw depends on the set of ids, not
+        on the order they were listed in.
+        """
+        ids = sorted(int(c) for c in client_ids)
+        count = validate_positive_int(count, "clients_per_round")
+        if count > len(ids):
+            raise ValueError(f"`clients_per_round`={count} is more than the {len(ids)} clients.")
+        chosen = self._rng.choice(len(ids), count, replace=False)
+        return sorted(ids[i] for i in chosen)
+
+    def global_weights(self) -> list[np.ndarray]:
+        """The global model's trainable weights as numpy arrays."""
+        return [v.numpy() for v in self.trainable]
+
+    def global_batch_norm(self) -> list[np.ndarray]:
+        """The global BatchNormalization statistics as numpy arrays."""
+        return [v.numpy() for v in self.bn_variables]
+
+    def magrr_cut(self) -> float | None:
+        """What the server announces to the round's clients for MagRR (None without it)."""
+        return None if self.magrr is None else self.magrr.cut
+
+    def receive(self, arrays: Mapping[str, Any]) -> ClientUpload:
+        """An upload received from another process, checked (see the scheme's ``from_wire``).
+
+        Raises:
+            MalformedUpload: the arrays are not what the scheme promises.
+        """
+        from_wire = getattr(self.upload, "from_wire", None)
+        if from_wire is None:
+            raise TypeError(f"The upload scheme {type(self.upload).__name__} has no from_wire: "
+                            "it cannot be received from another process.")
+        return from_wire(arrays, self.dim)
+
+    def check_batch_norm(self, stats: Sequence[Any]) -> list[np.ndarray]:
+        """Received BatchNormalization statistics, checked against the model's.
+
+        Raises:
+            MalformedUpload: wrong number, shape or dtype, or a non-finite or
+                negative variance.
+        """
+        stats = list(stats)
+        if len(stats) != len(self.bn_variables):
+            raise MalformedUpload(f"expected {len(self.bn_variables)} BatchNormalization "
+                                  f"arrays; got {len(stats)}.")
+        out = []
+        for i, (v, a) in enumerate(zip(self.bn_variables, stats)):
+            a = np.asarray(a)
+            if a.shape != tuple(v.shape) or a.dtype.kind != "f" or not np.isfinite(a).all():
+                raise MalformedUpload(f"BatchNormalization array {i} must be finite floats of "
+                                      f"shape {tuple(v.shape)}; got {a.dtype} {a.shape}.")
+            if i % 2 == 1 and np.any(a < 0):
+                raise MalformedUpload(f"BatchNormalization array {i} is a variance and must be "
+                                      f">= 0.")
+            out.append(a)
+        return out
+
+    def step(self, uploads: Sequence[ClientUpload], magrr_reports: Sequence[int] | None = None,
+             num_examples: Sequence[int] | None = None,
+             batch_norm: Sequence[Sequence[np.ndarray]] | None = None,
+             global_weights: Sequence[np.ndarray] | None = None,
+             global_bn: Sequence[np.ndarray] | None = None) -> dict[str, float]:
+        """Aggregate one round's uploads (in client-id order) into the global model.
+
+        Args:
+            uploads: the round's accepted uploads.
+            magrr_reports: MagRR's bits of the same clients (with ``magrr``).
+            num_examples: the clients' data sizes, to weight their
+                BatchNormalization statistics (``batch_norm="average"``).
+            batch_norm: the clients' BatchNormalization statistics.
+            global_weights: the global weights the round started from; None:
+                the model's current weights (right when no client trained
+                this model object in between, as on Flower's server).
+            global_bn: likewise, the global BatchNormalization statistics the
+                round started from (``batch_norm="local"`` restores them).
+
+        Returns:
+            ``{"global_lr": ...}``: the step size used.
+        """
+        lr = None
+        if self.magrr is not None:
+            lr = self.magrr.server_update(np.asarray(list(magrr_reports or []), np.int32),
+                                          num_clients=len(uploads))
+        step = self.upload.aggregate(list(uploads), global_lr=lr)
+        start = self.global_weights() if global_weights is None else list(global_weights)
+        flat, shapes = flatten_update(start)
+        for v, w in zip(self.trainable, unflatten_update(flat + step, shapes)):
+            v.assign(w)
+        if self.bn_variables and self.batch_norm == "average" and batch_norm:
+            sizes = np.asarray(list(num_examples), np.float64)
+            weights = sizes / sizes.sum()
+            for i, v in enumerate(self.bn_variables):
+                value = sum(w * np.asarray(stats[i], np.float64)
+                            for w, stats in zip(weights, batch_norm))
+                v.assign(np.asarray(value).astype(v.dtype))
+        elif self.bn_variables and global_bn is not None:  # 'local': the global model's own
+            for v, value in zip(self.bn_variables, global_bn):
+                v.assign(np.asarray(value).astype(v.dtype))
+        return {"global_lr": float(lr if lr is not None else
+                                   getattr(self.upload, "global_lr", 1.0))}
