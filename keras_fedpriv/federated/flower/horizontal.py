@@ -1,0 +1,473 @@
+"""Horizontal FL as Flower apps: a `ClientApp` per client, a `ServerApp` that drives rounds.
+
+The apps are thin: the client half (`HorizontalClient`) and the server half
+(`HorizontalServer`) are the objects `HorizontalFL` drives in one process, so
+given the same seeds and data both runtimes compute the same global model.
+
+What crosses the wire each round (Flower ``Message`` contents):
+
+* server -> client (message type ``"train"``): ``"weights"`` (the global
+  trainable weights), ``"batch-norm"`` (the global BatchNormalization
+  statistics, if any) and ``"config"`` (round, local epochs, MagRR's
+  announcement ``magrr-cut``);
+* client -> server: ``"upload"`` (exactly the upload scheme's `to_wire`
+  arrays: for SignDS a sign and h indices, nothing else), and only where the
+  protocol needs it ``"batch-norm"`` + ``num-examples`` (``batch_norm=
+  "average"``, in the clear) and ``magrr-report`` (MagRR's randomized bit).
+  The client's loss, data size (SignDS, Gaussian) and SignDS magnitude stay
+  on the client.
+
+The server checks every reply before it is used: a reply with an error, a
+malformed upload (`MalformedUpload`: wrong keys, dtype or length, unsorted,
+repeated or out-of-range indices, a non-finite value), a bad MagRR bit or bad
+BatchNormalization statistics is dropped with a logged reason and never
+aggregated; a round with fewer than ``min_replies`` good replies leaves the
+global model unchanged. Every reply that arrived is recorded in the server's
+release ledger (what a client sent has been released, even if dropped).
+
+Secrets: a client's mechanism seed comes from the client's own code (the
+``seed`` of `horizontal_client_app`), never from the server or the run
+configuration, which the server's operator controls. In a real deployment
+leave it None (fresh OS entropy per release).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from typing import Any, Callable
+
+import keras
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from keras_fedpriv.federated.horizontal_parties import (
+    HorizontalClient,
+    HorizontalServer,
+    LocalTrainer,
+)
+from keras_fedpriv.federated.uploads import MalformedUpload, as_upload
+from keras_fedpriv.mechanisms.ledger import (
+    CLIENT,
+    ReleaseKind,
+    ReleaseLedger,
+    non_private_event,
+)
+from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
+
+__all__ = ["FlowerRunResult", "horizontal_client_app", "horizontal_server_app", "message_nbytes"]
+
+logger = logging.getLogger("keras_fedpriv.flower")
+
+# One model and one traced training function per (run, model builder) in a process: the
+# Simulation Engine runs many virtual clients in one worker process, and tracing per client
+# would cost what Flower's own Keras quickstart pays.
+_TRAINERS: dict[Any, tuple[keras.Model, LocalTrainer]] = {}
+# Each client's half (its upload scheme's state, MagRR copy, own BN statistics), per run.
+_CLIENTS: dict[Any, HorizontalClient] = {}
+
+
+def message_nbytes(message: Message) -> int:
+    """The size of a Flower message as Flower serializes it (protobuf bytes).
+
+    What Flower sends for the message, content and metadata, before the
+    transport's own framing (HTTP/gRPC headers, TLS).
+    """
+    from flwr.common.serde import message_to_proto
+
+    return len(message_to_proto(message).SerializeToString())
+
+
+def _default_client_id(context: Context) -> int:
+    config = context.node_config
+    for key in ("client-id", "partition-id"):
+        if key in config:
+            return int(config[key])
+    raise ValueError("The SuperNode's node config must set 'client-id' or 'partition-id' "
+                     "(flower-supernode --node-config \"partition-id=0\"), or pass client_id_fn "
+                     f"to horizontal_client_app; got keys {sorted(config)}.")
+
+
+def _stateful(upload: Any) -> list[Any]:
+    """The objects whose ``state_dict`` holds the upload scheme's release counters."""
+    out = [upload] if hasattr(upload, "state_dict") else []
+    protections = getattr(upload, "privacy_protections", None)
+    if protections is not None:
+        out += [p for p in protections() if hasattr(p, "state_dict")]
+    return out
+
+
+def _save_state(context: Context, client: HorizontalClient) -> None:
+    states = [obj.state_dict() for obj in _stateful(client.upload)]
+    magrr = client.magrr.state_dict() if client.magrr is not None else None
+    context.state["keras-fedpriv"] = ConfigRecord(
+        {"upload": json.dumps(states), "magrr": json.dumps(magrr)})
+
+
+def _load_state(context: Context, client: HorizontalClient) -> None:
+    if "keras-fedpriv" not in context.state:
+        return
+    record = context.state["keras-fedpriv"]
+    for obj, state in zip(_stateful(client.upload), json.loads(record["upload"])):
+        obj.load_state_dict(state)
+    magrr = json.loads(record["magrr"])
+    if client.magrr is not None and magrr is not None:
+        client.magrr.load_state_dict(magrr)
+
+
+def horizontal_client_app(model_fn: Callable[[], keras.Model],
+                          data_fn: Callable[[Context], tuple[Any, Any]],
+                          upload_fn: Callable[[], Any] = lambda: "fedavg", *,
+                          batch_size: int = 32, seed: int | None = None,
+                          batch_norm: str = "average", magrr_eps: float | None = None,
+                          client_id_fn: Callable[[Context], int] = _default_client_id
+                          ) -> ClientApp:
+    """A Flower `ClientApp` that trains a horizontal-FL client and uploads through a scheme.
+
+    Args:
+        model_fn: builds the compiled Keras model (the same architecture as
+            the server's; its optimizer trains locally).
+        data_fn: ``data_fn(context) -> (x, y)``: this client's data (e.g. a
+            partition chosen by ``context.node_config["partition-id"]``).
+        upload_fn: builds this client's upload scheme: ``"fedavg"``,
+            ``"signds"``, a `SignDSEncoder`, or an upload object. Called
+            once per client and run; the scheme's release counters are kept
+            in the node's ``context.state`` between rounds.
+        batch_size: local mini-batch size.
+        seed: None or an int: keys the client's shuffling and, with
+            ``magrr_eps``, its MagRR reports; a seeded upload scheme has its
+            own seed. Chosen by the client's code, never by the server.
+        batch_norm: ``"average"`` (send BatchNormalization statistics, in
+            the clear) or ``"local"`` (FedBN: keep them).
+        magrr_eps: MagRR's ``eps_rr`` on this client (SignDS only), or None
+            if the server runs no MagRR. Must match the server's.
+        client_id_fn: ``client_id_fn(context) -> int``: the client's id (its
+            unit in the release ledger); default: the node config's
+            ``client-id`` or ``partition-id``.
+
+    Returns:
+        A `flwr.clientapp.ClientApp` answering ``"query"`` and ``"train"``
+        messages of `horizontal_server_app`.
+    """
+    batch_size = validate_positive_int(batch_size, "batch_size")
+    seed = validate_seed(seed)
+    if batch_norm not in ("average", "local"):
+        raise ValueError(f"`batch_norm` must be 'average' or 'local'; got {batch_norm!r}.")
+    app = ClientApp()
+
+    def client(context: Context) -> HorizontalClient:
+        key = (context.run_id, context.node_id)
+        if key in _CLIENTS:
+            return _CLIENTS[key]
+        x, y = data_fn(context)
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype.kind == "f":
+            x = x.astype(np.float32)
+        if y.dtype.kind == "f":
+            y = y.astype(np.float32)
+        tkey = (context.run_id, model_fn)
+        if tkey not in _TRAINERS:
+            model = model_fn()
+            if not model.built:
+                model(x[:1])
+            _TRAINERS[tkey] = (model, LocalTrainer(model, batch_size, (x.shape[1:], x.dtype),
+                                                   (y.shape[1:], y.dtype)))
+        trainer = _TRAINERS[tkey][1]
+        magrr = None
+        if magrr_eps is not None:
+            from keras_fedpriv.callbacks.magrr import MagRR
+
+            magrr = MagRR(eps_rr=magrr_eps, seed=seed)
+        party = HorizontalClient(trainer, (x, y), as_upload(upload_fn()), client_id_fn(context),
+                                 seed=seed, batch_norm=batch_norm, magrr=magrr)
+        _load_state(context, party)
+        _CLIENTS[key] = party
+        return party
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        party = client(context)
+        return Message(RecordDict({"config": ConfigRecord({"client-id": party.client_id})}),
+                       reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        party = client(context)
+        config = msg.content["config"]
+        weights = msg.content["weights"].to_numpy_ndarrays()
+        bn = msg.content["batch-norm"].to_numpy_ndarrays() if "batch-norm" in msg.content else []
+        cut = config["magrr-cut"] if "magrr-cut" in config else None
+        result = party.fit(weights, int(config["round"]), int(config["local-epochs"]), bn,
+                           magrr_cut=cut)
+        _save_state(context, party)
+        content = RecordDict({"upload": ArrayRecord(
+            {k: Array(np.ascontiguousarray(v)) for k, v in
+             party.upload.to_wire(result.upload).items()})})
+        meta: dict[str, Any] = {"client-id": party.client_id}
+        if result.magrr_report is not None:
+            meta["magrr-report"] = int(result.magrr_report)
+        if bn and batch_norm == "average":
+            content["batch-norm"] = ArrayRecord(numpy_ndarrays=result.batch_norm)
+            meta["num-examples"] = party.num_examples
+        content["config"] = ConfigRecord(meta)
+        return Message(content, reply_to=msg)
+
+    return app
+
+
+@dataclasses.dataclass
+class FlowerRunResult:
+    """What a `horizontal_server_app` run leaves to its ``on_finish``.
+
+    Attributes:
+        model: the global Keras model after the last round.
+        history: per-round logs (``val_*`` metrics, ``global_lr``, the
+            number of good and dropped replies, bytes on the wire).
+        ledger: the server's release ledger: every reply it received, per
+            client id (`keras_fedpriv.privacy.privacy_report` accepts it).
+        rejected: ``(round, client id or node id, reason)`` of every dropped
+            reply.
+    """
+
+    model: keras.Model
+    history: dict[str, list[float]]
+    ledger: ReleaseLedger
+    rejected: list[tuple[int, int, str]]
+
+    def privacy_ledger(self) -> ReleaseLedger:
+        """The server's release ledger (so a result is a protection to `privacy_report`)."""
+        return self.ledger
+
+
+def _wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while len(nodes := sorted(grid.get_node_ids())) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(nodes)} of the {count} clients needed connected "
+                               f"within {timeout:g} s.")
+        time.sleep(0.5)
+    return nodes
+
+
+def horizontal_server_app(model_fn: Callable[[], keras.Model],
+                          upload_fn: Callable[[], Any] = lambda: "fedavg", *,
+                          rounds: int = 3, clients_per_round: int = 2, local_epochs: int = 1,
+                          num_clients: int | None = None, min_replies: int = 1,
+                          seed: int | None = None, batch_norm: str = "average",
+                          magrr: Any = None, validation_data: tuple[Any, Any] | None = None,
+                          round_timeout: float = 600.0, connect_timeout: float = 300.0,
+                          on_finish: Callable[[FlowerRunResult], None] | None = None
+                          ) -> ServerApp:
+    """A Flower `ServerApp` that runs horizontal FL rounds with keras-fedpriv's server half.
+
+    Run settings can be overridden per run with Flower's run config
+    (``flwr run . --run-config "num-server-rounds=5 clients-per-round=3"``):
+    ``num-server-rounds``, ``clients-per-round``, ``local-epochs``,
+    ``min-replies``; ``result-path`` (a folder) makes the server write
+    ``history.json``, ``ledger.json`` and ``weights.npz`` there at the end.
+
+    Args:
+        model_fn: builds the compiled global Keras model (its initial weights
+            are the first global model; its metrics score ``validation_data``).
+        upload_fn: builds the server's copy of the upload scheme (the same
+            kind and settings as the clients'; the server uses ``aggregate``
+            and ``from_wire``).
+        rounds: number of rounds.
+        clients_per_round: clients sampled each round (uniformly, without
+            replacement, from the connected clients' ids).
+        local_epochs: epochs of local training per client and round.
+        num_clients: clients to wait for before the first round (default:
+            ``clients_per_round``).
+        min_replies: the fewest good replies that make a round; with fewer
+            the global model is left unchanged for that round.
+        seed: None or an int: the client sampling.
+        batch_norm: ``"average"`` or ``"local"``; must match the clients'.
+        magrr: a `keras_fedpriv.callbacks.MagRR` (server side; SignDS only),
+            or None. Its ``eps_rr`` must match the clients' ``magrr_eps``.
+        validation_data: ``(x, y)`` the server scores the global model on
+            after every round (``val_*`` in the history).
+        round_timeout: seconds to wait for a round's replies; late replies
+            are not used.
+        connect_timeout: seconds to wait for ``num_clients`` clients.
+        on_finish: called with a `FlowerRunResult` at the end (in the
+            Simulation Engine this runs in the caller's process).
+
+    Returns:
+        A `flwr.serverapp.ServerApp`.
+    """
+    rounds = validate_positive_int(rounds, "rounds")
+    clients_per_round = validate_positive_int(clients_per_round, "clients_per_round")
+    local_epochs = validate_positive_int(local_epochs, "local_epochs")
+    min_replies = validate_positive_int(min_replies, "min_replies")
+    num_clients = validate_positive_int(num_clients or clients_per_round, "num_clients")
+    seed = validate_seed(seed)
+    if batch_norm not in ("average", "local"):
+        raise ValueError(f"`batch_norm` must be 'average' or 'local'; got {batch_norm!r}.")
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run = context.run_config
+        n_rounds = validate_positive_int(int(run.get("num-server-rounds", rounds)),
+                                         "num-server-rounds")
+        per_round = validate_positive_int(int(run.get("clients-per-round", clients_per_round)),
+                                          "clients-per-round")
+        epochs = validate_positive_int(int(run.get("local-epochs", local_epochs)), "local-epochs")
+        need = validate_positive_int(int(run.get("min-replies", min_replies)), "min-replies")
+        model = model_fn()
+        upload = as_upload(upload_fn())
+        server = HorizontalServer(model, upload, seed=seed, batch_norm=batch_norm, magrr=magrr)
+        ledger = ReleaseLedger()
+        upload_event = getattr(upload, "dp_event", lambda: None)() or non_private_event()
+        upload_kind = ReleaseKind(f"{type(upload).__name__} upload (received by the server)",
+                                  "client data", CLIENT, upload_event,
+                                  "every reply the server received, used or dropped")
+        clear_kind = ReleaseKind("BatchNormalization statistics and data size (received)",
+                                 "client data", CLIENT, non_private_event(),
+                                 "batch_norm='average': sent in the clear")
+        magrr_kind = None if magrr is None else ReleaseKind(
+            "MagRR report (received)", "client data", CLIENT, magrr.dp_event(1),
+            "one randomized-response bit per round a client takes part in")
+
+        nodes = _wait_for_nodes(grid, max(num_clients, per_round), connect_timeout)
+        replies = grid.send_and_receive(
+            [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
+                     message_type="query") for n in nodes], timeout=round_timeout)
+        node_of: dict[int, int] = {}
+        for reply in replies:
+            if reply.has_error():
+                logger.warning("node %s did not answer the query: %s", reply.metadata.src_node_id,
+                               reply.error.reason)
+                continue
+            cid = int(reply.content["config"]["client-id"])
+            if cid in node_of:
+                logger.warning("two nodes claim client id %d; using the first", cid)
+                continue
+            node_of[cid] = reply.metadata.src_node_id
+
+        history: dict[str, list[float]] = {}
+        rejected: list[tuple[int, int, str]] = []
+        for rnd in range(n_rounds):
+            started = time.perf_counter()
+            chosen = server.sample(node_of, min(per_round, len(node_of)))
+            weights = server.global_weights()
+            bn = server.global_batch_norm()
+            config: dict[str, Any] = {"round": rnd, "local-epochs": epochs}
+            cut = server.magrr_cut()
+            if cut is not None:
+                config["magrr-cut"] = float(cut)
+            content = RecordDict({"weights": ArrayRecord(numpy_ndarrays=weights),
+                                  "config": ConfigRecord(config)})
+            if bn:
+                content["batch-norm"] = ArrayRecord(numpy_ndarrays=bn)
+            messages = [Message(content, dst_node_id=node_of[c], message_type="train")
+                        for c in chosen]
+            down = sum(message_nbytes(m) for m in messages)
+            replies = list(grid.send_and_receive(messages, timeout=round_timeout))
+            client_of = {node_of[c]: c for c in chosen}
+            good = {}
+            up = 0
+            for reply in replies:
+                node = reply.metadata.src_node_id
+                cid = client_of.get(node)
+                if reply.has_error():
+                    # the first line only: a client's traceback is its own business
+                    first = str(reply.error.reason).strip().splitlines() or [""]
+                    reason = f"error reply: {first[0][:200]}"
+                else:
+                    up += message_nbytes(reply)
+                    reason = None
+                    if cid is None:
+                        reason = "a reply from a node that was not asked"
+                    else:
+                        ledger.record(upload_kind, [cid])
+                        try:
+                            good[cid] = _parse_reply(reply, server, cid, ledger, clear_kind,
+                                                     magrr_kind, batch_norm)
+                        except MalformedUpload as err:
+                            reason = f"malformed upload: {err}"
+                if reason is not None:
+                    who = cid if cid is not None else node
+                    logger.warning("round %d: dropped the reply of client %s: %s", rnd, who,
+                                   reason)
+                    rejected.append((rnd, who, reason))
+            logs: dict[str, float] = {"replies": float(len(good)),
+                                      "dropped": float(len(replies) - len(good)
+                                                       + len(chosen) - len(replies)),
+                                      "wire_bytes_down": float(down),
+                                      "wire_bytes_up": float(up)}
+            if len(good) >= need:
+                order = sorted(good)
+                parsed = [good[c] for c in order]
+                logs.update(server.step(
+                    [p["upload"] for p in parsed],
+                    magrr_reports=[p["magrr"] for p in parsed] if magrr is not None else None,
+                    num_examples=[p["num_examples"] for p in parsed],
+                    batch_norm=[p["batch_norm"] for p in parsed] if bn else None))
+                logs["payload_bytes_up"] = float(sum(p["upload"].nbytes for p in parsed))
+            else:
+                logger.warning("round %d: %d good replies, fewer than min_replies=%d; the global "
+                               "model is unchanged", rnd, len(good), need)
+            if validation_data is not None:
+                vx, vy = validation_data
+                scores = model.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
+                logs.update({f"val_{k}": float(v) for k, v in scores.items()})
+            logs["round_time_s"] = time.perf_counter() - started
+            if magrr is not None:
+                logs.update(magrr.log_values())
+            for k, v in logs.items():
+                history.setdefault(k, []).append(float(v))
+            logger.info("round %d: %s", rnd, {k: round(v, 4) for k, v in logs.items()})
+        result = FlowerRunResult(model, history, ledger, rejected)
+        if "result-path" in run:
+            _write_result(str(run["result-path"]), result)
+        if on_finish is not None:
+            on_finish(result)
+
+    return app
+
+
+def _parse_reply(reply: Message, server: HorizontalServer, cid: int, ledger: ReleaseLedger,
+                 clear_kind: ReleaseKind, magrr_kind: ReleaseKind | None,
+                 batch_norm: str) -> dict[str, Any]:
+    """One reply's upload, MagRR bit and BN statistics, checked (`MalformedUpload` if not)."""
+    content = reply.content
+    if "upload" not in content or "config" not in content:
+        raise MalformedUpload("the reply must hold 'upload' and 'config' records.")
+    arrays = {k: a.numpy() for k, a in content["upload"].items()}
+    meta = content["config"]
+    out: dict[str, Any] = {"upload": server.receive(arrays), "magrr": None, "num_examples": 1,
+                           "batch_norm": None}
+    if magrr_kind is not None:
+        bit = meta["magrr-report"] if "magrr-report" in meta else None
+        ledger.record(magrr_kind, [cid])
+        if isinstance(bit, bool) or not isinstance(bit, int) or bit not in (0, 1):
+            raise MalformedUpload("'magrr-report' must be 0 or 1.")
+        out["magrr"] = bit
+    if server.bn_variables and batch_norm == "average":
+        if "batch-norm" not in content or "num-examples" not in meta:
+            raise MalformedUpload("batch_norm='average' needs 'batch-norm' and 'num-examples'.")
+        ledger.record(clear_kind, [cid])
+        out["batch_norm"] = server.check_batch_norm(content["batch-norm"].to_numpy_ndarrays())
+        n = meta["num-examples"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise MalformedUpload("'num-examples' must be an integer >= 1.")
+        out["num_examples"] = n
+    return out
+
+
+def _write_result(folder: str, result: FlowerRunResult) -> None:
+    import os
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "history.json"), "w") as f:
+        json.dump({"history": result.history, "rejected": result.rejected}, f)
+    with open(os.path.join(folder, "ledger.json"), "w") as f:
+        json.dump(result.ledger.to_dict(), f)
+    np.savez(os.path.join(folder, "weights.npz"),
+             *[np.asarray(w) for w in result.model.get_weights()])
+

@@ -1,0 +1,234 @@
+"""Horizontal FL on Flower's Simulation Engine gives what `HorizontalFL` gives in one process.
+
+Also: the server drops what is malformed, and counts what it received.
+"""
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.simulation import run_simulation  # noqa: E402
+
+from keras_fedpriv.callbacks import MagRR  # noqa: E402
+from keras_fedpriv.federated import HorizontalFL, partition  # noqa: E402
+from keras_fedpriv.federated.flower import (  # noqa: E402
+    horizontal_client_app,
+    horizontal_server_app,
+)
+from keras_fedpriv.federated.uploads import (  # noqa: E402
+    FedAvgUpload,
+    GaussianUpload,
+    MalformedUpload,
+    SignDSUpload,
+)
+from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
+from keras_fedpriv.privacy import privacy_report  # noqa: E402
+
+pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
+
+BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
+
+
+def _digits():
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.data / 16.0).astype("float32"), d.target.astype("int32")
+
+
+def model_fn():
+    keras.utils.set_random_seed(0)  # the same initial global model in both runtimes
+    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(10)])
+    m.compile(keras.optimizers.SGD(0.3),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              metrics=["accuracy"])
+    return m
+
+
+def _simulate(client_app, server_app, num_supernodes):
+    run_simulation(server_app=server_app, client_app=client_app,
+                   num_supernodes=num_supernodes, backend_config=BACKEND)
+
+
+def test_signds_with_magrr_on_flower_matches_the_in_process_run():
+    x, y = _digits()
+    clients = partition(x[:900], y[:900], 3, seed=0)
+    val = (x[1400:], y[1400:])
+
+    def upload_fn():
+        return SignDSEncoder(k=0.2, eps=10.0, seed=5)
+
+    out = {}
+    client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
+                                   upload_fn, seed=1, magrr_eps=3.0)
+    server = horizontal_server_app(model_fn, upload_fn, rounds=3, clients_per_round=2,
+                                   num_clients=3, seed=1, magrr=MagRR(eps_rr=3.0, seed=1),
+                                   local_epochs=2, validation_data=val,
+                                   on_finish=lambda r: out.update(result=r))
+    _simulate(client, server, 3)
+    result = out["result"]
+
+    model = model_fn()
+    fl = HorizontalFL(model, clients, upload=upload_fn(), seed=1)
+    hist = fl.fit(rounds=3, clients_per_round=2, local_epochs=2, validation_data=val,
+                  verbose=0, callbacks=[MagRR(eps_rr=3.0, seed=1)])
+    # the same arithmetic in both runtimes; a tolerance, not equality, across processes
+    for a, b in zip(model.get_weights(), result.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert not np.allclose(model.get_weights()[0], model_fn().get_weights()[0])
+    np.testing.assert_allclose(result.history["global_lr"], hist.history["global_lr"])
+    np.testing.assert_allclose(result.history["r_est"], hist.history["r_est"])
+    assert result.history["replies"] == [2.0, 2.0, 2.0] and result.rejected == []
+    # SignDS on the wire: a sign and h indices per client, nothing else; Flower's framing
+    # is the rest of what crosses
+    h = SignDSEncoder(k=0.2, eps=10.0).output_dim(64 * 16 + 16 + 16 * 10 + 10)
+    assert result.history["payload_bytes_up"] == [2.0 * (4 * h + 1)] * 3
+    assert all(w > p for w, p in zip(result.history["wire_bytes_up"],
+                                     result.history["payload_bytes_up"]))
+    # the server's ledger counts what it received; it agrees with the clients' own records
+    # in the in-process run (SignDS + MagRR per participation)
+    server_eps = privacy_report(result, delta=1e-5).epsilon
+    in_process_eps = privacy_report(fl, delta=1e-5).epsilon
+    assert server_eps == pytest.approx(in_process_eps, rel=1e-9)
+    assert np.isfinite(server_eps)
+
+
+class _Tampered:
+    """A client's upload scheme that sends something other than the scheme promises."""
+
+    def __init__(self, inner, how):
+        self.inner, self.how = inner, how
+
+    def client_message(self, delta, num_examples, client_id=None):
+        return self.inner.client_message(delta, num_examples, client_id=client_id)
+
+    def privacy_protections(self):
+        return [self.inner]
+
+    def aggregate(self, uploads, global_lr=None):
+        return self.inner.aggregate(uploads, global_lr)
+
+    def to_wire(self, upload):
+        arrays = dict(self.inner.to_wire(upload))
+        if self.how == "nan":
+            arrays["update"] = arrays["update"].copy()
+            arrays["update"][3] = np.nan
+        elif self.how == "crash":
+            raise RuntimeError("this client crashed mid-round")
+        return arrays
+
+
+def test_a_malformed_and_a_crashing_client_are_dropped_and_the_round_completes(caplog):
+    x, y = _digits()
+    clients = partition(x[:1200], y[:1200], 4, seed=0)
+    val = (x[1400:], y[1400:])
+
+    def upload_for(ctx):
+        pid = ctx.node_config["partition-id"]
+        return {2: lambda: _Tampered(FedAvgUpload(), "nan"),
+                3: lambda: _Tampered(FedAvgUpload(), "crash")}.get(pid, FedAvgUpload)
+
+    # upload_fn takes no context: pick the scheme with a data_fn side channel of the test
+    chosen = {}
+
+    def data_fn(ctx):
+        chosen["scheme"] = upload_for(ctx)
+        return clients[ctx.node_config["partition-id"]]
+
+    out = {}
+    client = horizontal_client_app(model_fn, data_fn, lambda: chosen["scheme"](), seed=0)
+    server = horizontal_server_app(model_fn, FedAvgUpload, rounds=2, clients_per_round=4,
+                                   num_clients=4, seed=0, validation_data=val,
+                                   on_finish=lambda r: out.update(result=r))
+    with caplog.at_level(logging.WARNING, logger="keras_fedpriv.flower"):
+        _simulate(client, server, 4)
+    result = out["result"]
+    assert result.history["replies"] == [2.0, 2.0]
+    assert result.history["dropped"] == [2.0, 2.0]
+    reasons = {cid: reason for _, cid, reason in result.rejected}
+    assert "NaN" in reasons[2] and "malformed upload" in reasons[2]
+    assert reasons[3].startswith("error reply")
+    assert "dropped the reply of client 2" in caplog.text
+    weights = result.model.get_weights()
+    assert all(np.isfinite(w).all() for w in weights)
+    # the global model is what FedAvg of the two honest clients gives
+    model = model_fn()
+    fl = HorizontalFL(model, clients[:2], upload="fedavg", seed=0)
+    fl.fit(rounds=2, clients_per_round=2, verbose=0)
+    for a, b in zip(model.get_weights(), weights):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert result.history["val_accuracy"][-1] > 0.5
+    # the malformed reply still counts as a release of client 2 (it was sent)
+    assert privacy_report(result, delta=1e-5).epsilon == float("inf")
+
+
+# ------------------------------------------------------------------ the wire, no Flower needed
+def _signds():
+    return SignDSUpload(SignDSEncoder(k=0.2, eps=10.0, seed=0))
+
+
+def test_each_scheme_rebuilds_its_own_upload_from_the_wire():
+    rng = np.random.default_rng(0)
+    delta = rng.normal(size=500).astype(np.float32)
+    for scheme in (FedAvgUpload(), _signds(), GaussianUpload(1.0, 1.0, seed=0)):
+        sent = scheme.client_message(delta, 37, client_id=4)
+        got = scheme.from_wire(scheme.to_wire(sent), 500)
+        np.testing.assert_array_equal(scheme.aggregate([got], 1.0),
+                                      scheme.aggregate([sent], 1.0))
+    assert set(_signds().to_wire(_signds().client_message(delta, 37))) == {"sign", "indices"}
+    assert set(GaussianUpload(seed=0).to_wire(GaussianUpload(seed=0).client_message(
+        delta, 37))) == {"update"}  # no data size on the wire
+
+
+@pytest.mark.parametrize("tamper, match", [
+    (lambda a: {**a, "extra": np.zeros(1)}, "exactly the arrays"),
+    (lambda a: {"sign": a["sign"]}, "exactly the arrays"),
+    (lambda a: {**a, "indices": a["indices"][:-1]}, "shape"),
+    (lambda a: {**a, "indices": a["indices"][::-1].copy()}, "sorted"),
+    (lambda a: {**a, "indices": np.concatenate([a["indices"][:1], a["indices"][:-1]])},
+     "sorted and unique"),
+    (lambda a: {**a, "indices": np.where(np.arange(len(a["indices"])) == len(a["indices"]) - 1,
+                                         500, a["indices"]).astype(np.int32)}, r"\[0, 500\)"),
+    (lambda a: {**a, "indices": a["indices"].astype(np.int64)}, "int32"),
+    (lambda a: {**a, "indices": a["indices"].astype(np.float32)}, "dtype"),
+    (lambda a: {**a, "sign": np.array([2], np.int8)}, r"\+1 or -1"),
+    (lambda a: {**a, "sign": np.array([1, 1], np.int8)}, "shape"),
+])
+def test_signds_server_refuses_a_malformed_upload(tamper, match):
+    scheme = _signds()
+    delta = np.random.default_rng(1).normal(size=500).astype(np.float32)
+    arrays = scheme.to_wire(scheme.client_message(delta, 10))
+    with pytest.raises(MalformedUpload, match=match):
+        scheme.from_wire(tamper(arrays), 500)
+
+
+@pytest.mark.parametrize("tamper, match", [
+    (lambda a: {**a, "update": a["update"][:-1]}, "shape"),
+    (lambda a: {**a, "update": a["update"].astype(np.float64)}, "float32"),
+    (lambda a: {**a, "update": np.where(np.arange(500) == 7, np.inf, a["update"]).astype(
+        np.float32)}, "NaN or infinity"),
+    (lambda a: {**a, "num_examples": np.array([0])}, ">= 1"),
+    (lambda a: {**a, "num_examples": np.array([2.5])}, "dtype"),
+    (lambda a: {**a, "update": "not an array"}, "dtype"),
+])
+def test_fedavg_server_refuses_a_malformed_upload(tamper, match):
+    scheme = FedAvgUpload()
+    delta = np.random.default_rng(2).normal(size=500).astype(np.float32)
+    arrays = scheme.to_wire(scheme.client_message(delta, 10))
+    with pytest.raises(MalformedUpload, match=match):
+        scheme.from_wire(tamper(arrays), 500)
+
+
+def test_malformed_upload_reasons_do_not_echo_the_values():
+    scheme = FedAvgUpload()
+    secret = np.full(500, 0.123456789, np.float32)
+    arrays = scheme.to_wire(scheme.client_message(secret, 10))
+    arrays["update"] = arrays["update"][:-1]
+    with pytest.raises(MalformedUpload) as err:
+        scheme.from_wire(arrays, 500)
+    assert "0.1234" not in str(err.value)
