@@ -128,20 +128,13 @@ def test_a_malformed_and_a_crashing_client_are_dropped_and_the_round_completes(c
     clients = partition(x[:1200], y[:1200], 4, seed=0)
     val = (x[1400:], y[1400:])
 
-    def upload_for(ctx):
-        pid = ctx.node_config["partition-id"]
-        return {2: lambda: _Tampered(FedAvgUpload(), "nan"),
-                3: lambda: _Tampered(FedAvgUpload(), "crash")}.get(pid, FedAvgUpload)
-
-    # upload_fn takes no context: pick the scheme with a data_fn side channel of the test
-    chosen = {}
-
-    def data_fn(ctx):
-        chosen["scheme"] = upload_for(ctx)
-        return clients[ctx.node_config["partition-id"]]
+    def upload_for(context):
+        how = {2: "nan", 3: "crash"}.get(context.node_config["partition-id"])
+        return FedAvgUpload() if how is None else _Tampered(FedAvgUpload(), how)
 
     out = {}
-    client = horizontal_client_app(model_fn, data_fn, lambda: chosen["scheme"](), seed=0)
+    client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
+                                   upload_for, seed=0)
     server = horizontal_server_app(model_fn, FedAvgUpload, rounds=2, clients_per_round=4,
                                    num_clients=4, seed=0, validation_data=val,
                                    on_finish=lambda r: out.update(result=r))

@@ -34,6 +34,7 @@ leave it None (fresh OS entropy per release).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import time
@@ -92,6 +93,15 @@ def _default_client_id(context: Context) -> int:
                      f"to horizontal_client_app; got keys {sorted(config)}.")
 
 
+def _build_upload(upload_fn: Callable[..., Any], context: Context) -> Any:
+    """``upload_fn(context=context)`` if it declares a ``context`` parameter, else ``upload_fn()``."""
+    try:
+        takes_context = "context" in inspect.signature(upload_fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        takes_context = False
+    return as_upload(upload_fn(context=context) if takes_context else upload_fn())
+
+
 def _stateful(upload: Any) -> list[Any]:
     """The objects whose ``state_dict`` holds the upload scheme's release counters."""
     out = [upload] if hasattr(upload, "state_dict") else []
@@ -135,7 +145,9 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             partition chosen by ``context.node_config["partition-id"]``).
         upload_fn: builds this client's upload scheme: ``"fedavg"``,
             ``"signds"``, a `SignDSEncoder`, or an upload object. Called
-            once per client and run; the scheme's release counters are kept
+            once per client and run, with ``context=`` (Flower's `Context`:
+            its ``run_config`` and ``node_config``) if it declares a
+            ``context`` parameter; the scheme's release counters are kept
             in the node's ``context.state`` between rounds.
         batch_size: local mini-batch size.
         seed: None or an int: keys the client's shuffling and, with
@@ -143,8 +155,9 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             own seed. Chosen by the client's code, never by the server.
         batch_norm: ``"average"`` (send BatchNormalization statistics, in
             the clear) or ``"local"`` (FedBN: keep them).
-        magrr_eps: MagRR's ``eps_rr`` on this client (SignDS only), or None
-            if the server runs no MagRR. Must match the server's.
+        magrr_eps: MagRR's ``eps_rr`` on this client (SignDS only), None if
+            the server runs no MagRR, or ``magrr_eps(context)`` returning
+            either. Must match the server's.
         client_id_fn: ``client_id_fn(context) -> int``: the client's id (its
             unit in the release ledger); default: the node config's
             ``client-id`` or ``partition-id``.
@@ -178,11 +191,13 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                                                    (y.shape[1:], y.dtype)))
         trainer = _TRAINERS[tkey][1]
         magrr = None
-        if magrr_eps is not None:
+        eps_rr = magrr_eps(context) if callable(magrr_eps) else magrr_eps
+        if eps_rr is not None:
             from keras_fedpriv.callbacks.magrr import MagRR
 
-            magrr = MagRR(eps_rr=magrr_eps, seed=seed)
-        party = HorizontalClient(trainer, (x, y), as_upload(upload_fn()), client_id_fn(context),
+            magrr = MagRR(eps_rr=eps_rr, seed=seed)
+        party = HorizontalClient(trainer, (x, y), _build_upload(upload_fn, context),
+                                 client_id_fn(context),
                                  seed=seed, batch_norm=batch_norm, magrr=magrr)
         _load_state(context, party)
         _CLIENTS[key] = party
@@ -275,7 +290,8 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
             are the first global model; its metrics score ``validation_data``).
         upload_fn: builds the server's copy of the upload scheme (the same
             kind and settings as the clients'; the server uses ``aggregate``
-            and ``from_wire``).
+            and ``from_wire``); called with ``context=`` if it declares a
+            ``context`` parameter.
         rounds: number of rounds.
         clients_per_round: clients sampled each round (uniformly, without
             replacement, from the connected clients' ids).
@@ -287,7 +303,8 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         seed: None or an int: the client sampling.
         batch_norm: ``"average"`` or ``"local"``; must match the clients'.
         magrr: a `keras_fedpriv.callbacks.MagRR` (server side; SignDS only),
-            or None. Its ``eps_rr`` must match the clients' ``magrr_eps``.
+            None, or ``magrr(context)`` returning either (a fresh MagRR per
+            run). Its ``eps_rr`` must match the clients' ``magrr_eps``.
         validation_data: ``(x, y)`` the server scores the global model on
             after every round (``val_*`` in the history).
         round_timeout: seconds to wait for a round's replies; late replies
@@ -319,8 +336,11 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         epochs = validate_positive_int(int(run.get("local-epochs", local_epochs)), "local-epochs")
         need = validate_positive_int(int(run.get("min-replies", min_replies)), "min-replies")
         model = model_fn()
-        upload = as_upload(upload_fn())
-        server = HorizontalServer(model, upload, seed=seed, batch_norm=batch_norm, magrr=magrr)
+        upload = _build_upload(upload_fn, context)
+        magrr_ = magrr
+        if callable(magrr) and not hasattr(magrr, "server_update"):
+            magrr_ = magrr(context)
+        server = HorizontalServer(model, upload, seed=seed, batch_norm=batch_norm, magrr=magrr_)
         ledger = ReleaseLedger()
         upload_event = getattr(upload, "dp_event", lambda: None)() or non_private_event()
         upload_kind = ReleaseKind(f"{type(upload).__name__} upload (received by the server)",
@@ -329,8 +349,8 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         clear_kind = ReleaseKind("BatchNormalization statistics and data size (received)",
                                  "client data", CLIENT, non_private_event(),
                                  "batch_norm='average': sent in the clear")
-        magrr_kind = None if magrr is None else ReleaseKind(
-            "MagRR report (received)", "client data", CLIENT, magrr.dp_event(1),
+        magrr_kind = None if magrr_ is None else ReleaseKind(
+            "MagRR report (received)", "client data", CLIENT, magrr_.dp_event(1),
             "one randomized-response bit per round a client takes part in")
 
         nodes = _wait_for_nodes(grid, max(num_clients, per_round), connect_timeout)
@@ -405,7 +425,7 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
                 parsed = [good[c] for c in order]
                 logs.update(server.step(
                     [p["upload"] for p in parsed],
-                    magrr_reports=[p["magrr"] for p in parsed] if magrr is not None else None,
+                    magrr_reports=[p["magrr"] for p in parsed] if magrr_ is not None else None,
                     num_examples=[p["num_examples"] for p in parsed],
                     batch_norm=[p["batch_norm"] for p in parsed] if bn else None))
                 logs["payload_bytes_up"] = float(sum(p["upload"].nbytes for p in parsed))
@@ -417,8 +437,8 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
                 scores = model.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
                 logs.update({f"val_{k}": float(v) for k, v in scores.items()})
             logs["round_time_s"] = time.perf_counter() - started
-            if magrr is not None:
-                logs.update(magrr.log_values())
+            if magrr_ is not None:
+                logs.update(magrr_.log_values())
             for k, v in logs.items():
                 history.setdefault(k, []).append(float(v))
             logger.info("round %d: %s", rnd, {k: round(v, 4) for k, v in logs.items()})

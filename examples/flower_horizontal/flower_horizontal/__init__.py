@@ -1,0 +1,1 @@
+"""keras-fedpriv on Flower: horizontal FL with SignDS uploads and MagRR."""

@@ -1,0 +1,14 @@
+"""The ClientApp: one per SuperNode (`--node-config "partition-id=0 num-partitions=3"`)."""
+
+from flower_horizontal.task import client_data, magrr_eps, model_fn, upload_fn
+
+from keras_fedpriv.federated.flower import horizontal_client_app
+
+
+def _data(context):
+    config = context.node_config
+    return client_data(int(config["partition-id"]), int(config["num-partitions"]))
+
+
+# seed=None: the client's shuffling and MagRR bits come from OS entropy, not from anyone's seed
+app = horizontal_client_app(model_fn, _data, upload_fn, batch_size=32, magrr_eps=magrr_eps)
