@@ -18,7 +18,8 @@ def _report(result):
 
 def _magrr(context):
     eps_rr = magrr_eps(context)
-    return None if eps_rr is None else MagRR(eps_rr=eps_rr)
+    # r_init: a first guess of the step size near this model's (MagRR grows it 5x a round)
+    return None if eps_rr is None else MagRR(eps_rr=eps_rr, r_init=1e-2)
 
 
 app = horizontal_server_app(model_fn, upload_fn, num_clients=3, min_replies=2, magrr=_magrr,

@@ -443,7 +443,7 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
                 history.setdefault(k, []).append(float(v))
             logger.info("round %d: %s", rnd, {k: round(v, 4) for k, v in logs.items()})
         result = FlowerRunResult(model, history, ledger, rejected)
-        if "result-path" in run:
+        if run.get("result-path"):
             _write_result(str(run["result-path"]), result)
         if on_finish is not None:
             on_finish(result)

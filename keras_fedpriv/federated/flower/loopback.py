@@ -1,0 +1,241 @@
+"""Flower's Deployment Engine on one machine: a SuperLink and N SuperNodes on 127.0.0.1.
+
+For trying a Flower app as real separate processes before taking it to other
+machines, for the integration tests and for ``bench/flower.py``. Insecure
+(no TLS) and bound to 127.0.0.1 only: never for a real deployment (see
+``docs/flower.md`` for the TLS commands).
+
+The processes are started in their own sessions (process groups) and stopped
+by process group id, so the ``flower-superexec`` children they spawn stop too,
+and nothing this object did not start is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Mapping, Sequence
+
+__all__ = ["LoopbackDeployment", "free_port"]
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((HOST, port)) == 0
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class LoopbackDeployment:
+    """Start a SuperLink and ``num_supernodes`` SuperNodes on 127.0.0.1; stop them on exit.
+
+    Args:
+        num_supernodes: number of SuperNodes (clients), >= 1.
+        node_configs: one dict per SuperNode for ``--node-config`` (default:
+            ``{"partition-id": i, "num-partitions": num_supernodes}``).
+        workdir: a folder for ``FLWR_HOME``, the SuperLink's database and
+            the processes' logs (default: a new temporary folder, removed on
+            exit unless ``keep=True``).
+        startup_timeout: seconds to wait for the SuperLink to listen.
+        env: extra environment variables for every process.
+        keep: keep ``workdir`` (logs) after exit.
+
+    Example:
+        >>> with LoopbackDeployment(3) as dep:
+        ...     done = dep.run("examples/flower_horizontal", {"num-server-rounds": 3})
+        ...     print(done.returncode, done.stdout[-500:])
+    """
+
+    def __init__(self, num_supernodes: int, node_configs: Sequence[Mapping[str, Any]] | None = None,
+                 workdir: str | os.PathLike[str] | None = None, startup_timeout: float = 60.0,
+                 env: Mapping[str, str] | None = None, keep: bool = False) -> None:
+        if isinstance(num_supernodes, bool) or not isinstance(num_supernodes, int) \
+                or num_supernodes < 1:
+            raise ValueError(f"`num_supernodes` must be an integer >= 1; got {num_supernodes!r}.")
+        if node_configs is None:
+            node_configs = [{"partition-id": i, "num-partitions": num_supernodes}
+                            for i in range(num_supernodes)]
+        if len(node_configs) != num_supernodes:
+            raise ValueError(f"`node_configs` must hold one dict per SuperNode "
+                             f"({num_supernodes}); got {len(node_configs)}.")
+        self.num_supernodes = num_supernodes
+        self.node_configs = [dict(c) for c in node_configs]
+        self._own_dir = workdir is None
+        self.workdir = pathlib.Path(workdir or tempfile.mkdtemp(prefix="kfp-flower-"))
+        self.startup_timeout = float(startup_timeout)
+        self.keep = bool(keep)
+        bindir = str(pathlib.Path(sys.executable).parent)
+        repo = str(pathlib.Path(__file__).resolve().parents[3])
+        self.env = dict(os.environ)
+        # SuperLink and SuperNode start flower-superexec by name: this environment's bin first
+        self.env["PATH"] = bindir + os.pathsep + self.env.get("PATH", "")
+        self.env["FLWR_HOME"] = str(self.workdir / "flwr-home")
+        self.env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        self.env["PYTHONPATH"] = repo + os.pathsep + self.env.get("PYTHONPATH", "")
+        self.env.update(env or {})
+        self._bin = bindir
+        self.superlink_port = 0
+        self.supernode_ports: list[int] = []
+        self.processes: dict[str, subprocess.Popen] = {}
+        self._logs: dict[str, Any] = {}
+
+    # ----------------------------------------------------------------- start / stop
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in close()
+        self._logs[name] = log
+        exe = shutil.which(args[0], path=self._bin) or args[0]
+        proc = subprocess.Popen([exe] + args[1:], stdout=log, stderr=subprocess.STDOUT,
+                                env=self.env, cwd=str(self.workdir), start_new_session=True)
+        self.processes[name] = proc
+        return proc
+
+    def start(self) -> LoopbackDeployment:
+        """Start the SuperLink, wait until it listens, start the SuperNodes, write the connection."""
+        (self.workdir / "flwr-home").mkdir(parents=True, exist_ok=True)
+        try:
+            self.superlink_port = free_port()
+            # the app runs in this environment: no `uv sync` of its dependencies per run
+            # (which would need a package index that serves keras-fedpriv)
+            self._spawn("superlink", ["flower-superlink", "--insecure",
+                                      "--disable-runtime-dependency-installation",
+                                      "--host", HOST,
+                                      "--port", str(self.superlink_port),
+                                      "--database", str(self.workdir / "state.db")])
+            deadline = time.monotonic() + self.startup_timeout
+            while not _listening(self.superlink_port):
+                if self.processes["superlink"].poll() is not None:
+                    raise RuntimeError(f"flower-superlink exited with code "
+                                       f"{self.processes['superlink'].returncode}:\n"
+                                       f"{self.log('superlink')[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"flower-superlink did not listen on {HOST}:"
+                                       f"{self.superlink_port} within {self.startup_timeout:g} s")
+                time.sleep(0.2)
+            for i, config in enumerate(self.node_configs):
+                port = free_port()
+                self.supernode_ports.append(port)
+                node_config = " ".join(f"{k}={_toml_value(v)}" for k, v in config.items())
+                self._spawn(f"supernode-{i}", [
+                    "flower-supernode", "--insecure", "--superlink",
+                    f"{HOST}:{self.superlink_port}", "--port", str(port),
+                    "--node-config", node_config])
+            (self.workdir / "flwr-home" / "config.toml").write_text(
+                f'[superlink.loopback]\naddress = "{HOST}:{self.superlink_port}"\n'
+                f"insecure = true\n")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __enter__(self) -> LoopbackDeployment:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _stop(self, proc: subprocess.Popen, grace: float) -> None:
+        if proc.poll() is not None:
+            try:  # its children may outlive it: stop the whole group
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process SIGKILL cannot stop
+            pass
+
+    def kill_supernode(self, index: int) -> None:
+        """Kill SuperNode ``index`` (and what it spawned) at once, as a crashing client."""
+        proc = self.processes[f"supernode-{index}"]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+    def close(self, grace: float = 5.0) -> None:
+        """Stop every process this object started (SuperNodes first), by process group."""
+        for name in sorted(self.processes, key=lambda n: n == "superlink"):
+            self._stop(self.processes[name], grace)
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
+        if self._own_dir and not self.keep:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def alive(self) -> list[int]:
+        """Process ids of the started processes that still run."""
+        return [p.pid for p in self.processes.values() if p.poll() is None]
+
+    def log(self, name: str) -> str:
+        """The output so far of process ``name`` (``"superlink"``, ``"supernode-0"``, ...)."""
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # ------------------------------------------------------------------------ run
+    def run(self, app_dir: str | os.PathLike[str],
+            run_config: Mapping[str, Any] | None = None,
+            timeout: float = 300.0) -> subprocess.CompletedProcess:
+        """``flwr run APP_DIR loopback --stream`` with ``run_config`` overrides, bounded in time.
+
+        Args:
+            app_dir: the Flower app folder (with its ``pyproject.toml``).
+            run_config: keys of the app's ``[tool.flwr.app.config]`` to
+                override.
+            timeout: seconds; the ``flwr run`` process is killed after that
+                (`subprocess.TimeoutExpired` is raised).
+
+        Returns:
+            The `subprocess.CompletedProcess` (stdout and stderr merged in
+            ``stdout``: the streamed logs of the ServerApp).
+        """
+        args = [shutil.which("flwr", path=self._bin) or "flwr", "run", str(app_dir),
+                "loopback", "--stream"]
+        if run_config:
+            args += ["--run-config",
+                     " ".join(f"{k}={_toml_value(v)}" for k, v in run_config.items())]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=self.env, start_new_session=True, text=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(args, proc.returncode, out, "")
