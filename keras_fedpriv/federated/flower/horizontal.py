@@ -282,7 +282,7 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
     Run settings can be overridden per run with Flower's run config
     (``flwr run . --run-config "num-server-rounds=5 clients-per-round=3"``):
     ``num-server-rounds``, ``clients-per-round``, ``local-epochs``,
-    ``min-replies``; ``result-path`` (a folder) makes the server write
+    ``min-replies``, ``round-timeout``; ``result-path`` (a folder) makes the server write
     ``history.json``, ``ledger.json`` and ``weights.npz`` there at the end.
 
     Args:
@@ -335,6 +335,9 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
                                           "clients-per-round")
         epochs = validate_positive_int(int(run.get("local-epochs", local_epochs)), "local-epochs")
         need = validate_positive_int(int(run.get("min-replies", min_replies)), "min-replies")
+        wait = float(run.get("round-timeout", round_timeout))
+        if not wait > 0:
+            raise ValueError(f"`round-timeout` must be > 0 seconds; got {wait!r}.")
         model = model_fn()
         upload = _build_upload(upload_fn, context)
         magrr_ = magrr
@@ -356,7 +359,7 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         nodes = _wait_for_nodes(grid, max(num_clients, per_round), connect_timeout)
         replies = grid.send_and_receive(
             [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
-                     message_type="query") for n in nodes], timeout=round_timeout)
+                     message_type="query") for n in nodes], timeout=wait)
         node_of: dict[int, int] = {}
         for reply in replies:
             if reply.has_error():
@@ -373,7 +376,12 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         rejected: list[tuple[int, int, str]] = []
         for rnd in range(n_rounds):
             started = time.perf_counter()
-            chosen = server.sample(node_of, min(per_round, len(node_of)))
+            # sample among the clients still connected (a crashed node drops out)
+            connected = set(grid.get_node_ids())
+            available = [c for c, n in node_of.items() if n in connected]
+            if not available:
+                raise RuntimeError(f"round {rnd}: no client is connected any more.")
+            chosen = server.sample(available, min(per_round, len(available)))
             weights = server.global_weights()
             bn = server.global_batch_norm()
             config: dict[str, Any] = {"round": rnd, "local-epochs": epochs}
@@ -387,7 +395,7 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
             messages = [Message(content, dst_node_id=node_of[c], message_type="train")
                         for c in chosen]
             down = sum(message_nbytes(m) for m in messages)
-            replies = list(grid.send_and_receive(messages, timeout=round_timeout))
+            replies = list(grid.send_and_receive(messages, timeout=wait))
             client_of = {node_of[c]: c for c in chosen}
             good = {}
             up = 0

@@ -1,0 +1,131 @@
+"""Flower's Deployment Engine: a real SuperLink and 3 SuperNodes as processes on 127.0.0.1.
+
+Each test starts its own processes on free ports (`LoopbackDeployment`), bounds
+its time, and stops exactly the processes it started; a test checks that none
+is left. Every message makes Flower start a ClientApp process, so a round costs
+seconds here: the runs are two rounds long.
+"""
+
+import json
+import os
+import pathlib
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from keras_fedpriv.federated import HorizontalFL  # noqa: E402
+from keras_fedpriv.federated.flower.loopback import LoopbackDeployment, _listening  # noqa: E402
+from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
+
+pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(420)]
+
+APP = pathlib.Path(__file__).resolve().parent / "flower_app"
+
+
+def _app():
+    import sys
+
+    sys.path.insert(0, str(APP))
+    try:
+        from kfp_test_app import apps
+    finally:
+        sys.path.remove(str(APP))
+    return apps
+
+
+def _result(folder):
+    history = json.loads((folder / "history.json").read_text())
+    weights = np.load(folder / "weights.npz")
+    return history, [weights[f"arr_{i}"] for i in range(len(weights.files))]
+
+
+def _gone(deployment, pids):
+    alive = [p for p in pids if pathlib.Path(f"/proc/{p}").exists()
+             and "zombie" not in pathlib.Path(f"/proc/{p}/status").read_text().lower()]
+    ports = [deployment.superlink_port] + deployment.supernode_ports
+    return alive, [p for p in ports if _listening(p)]
+
+
+def test_three_supernodes_train_fedavg_as_the_in_process_run(tmp_path):
+    apps = _app()
+    with LoopbackDeployment(3) as deployment:
+        pids = [p.pid for p in deployment.processes.values()]
+        fedavg = deployment.run(APP, {"upload": "fedavg", "result-path": str(tmp_path / "f")},
+                                timeout=300)
+        assert fedavg.returncode == 0, fedavg.stdout[-3000:]
+    alive, listening = _gone(deployment, pids)
+    assert alive == [] and listening == []
+
+    history, weights = _result(tmp_path / "f")
+    assert history["rejected"] == []
+    h = history["history"]
+    assert h["replies"] == [3.0, 3.0]
+    # the same run in one process gives the same global model
+    clients, val = apps.data()
+    model = apps.model_fn()
+    initial = model.evaluate(*val, verbose=0, return_dict=True)["accuracy"]
+    fl = HorizontalFL(model, clients, upload="fedavg", seed=apps.SEED)
+    hist = fl.fit(rounds=2, clients_per_round=3, local_epochs=2, validation_data=val, verbose=0)
+    for a, b in zip(model.get_weights(), weights):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert h["val_accuracy"][-1] == pytest.approx(hist.history["val_accuracy"][-1], abs=1e-6)
+    assert h["val_accuracy"][-1] > initial + 0.3  # the global model learned
+
+
+def test_killing_a_signds_client_mid_run_neither_stops_the_run_nor_corrupts_the_model(
+        tmp_path):
+    with LoopbackDeployment(3) as deployment:
+        pids = [p.pid for p in deployment.processes.values()]
+        out = {}
+
+        def run():
+            out["done"] = deployment.run(
+                APP, {"upload": "signds", "num-server-rounds": 3, "round-timeout": 40.0,
+                      "result-path": str(tmp_path)}, timeout=360)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        # kill SuperNode 2 once the run is under way (its query or first round)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "flwr-clientapp" not in deployment.log(
+                "supernode-2") + _children_cmdlines(deployment, 2):
+            time.sleep(0.2)
+        deployment.kill_supernode(2)
+        thread.join(timeout=380)
+        assert not thread.is_alive()
+    alive, listening = _gone(deployment, pids)
+    assert alive == [] and listening == []
+    done = out["done"]
+    assert done.returncode == 0, done.stdout[-3000:]
+    history, weights = _result(tmp_path)
+    h = history["history"]
+    assert len(h["replies"]) == 3  # every round ran
+    assert h["replies"][-1] == 2.0  # the two live clients
+    assert all(np.isfinite(w).all() for w in weights)
+    # each good reply was a sign and h indices, nothing else; Flower's messages carry more
+    dim = sum(w.size for w in weights)
+    per_client = 4 * SignDSEncoder(k=0.2, eps=10.0).output_dim(dim) + 1
+    assert h["payload_bytes_up"] == [r * per_client for r in h["replies"]]
+    assert all(w > p for w, p in zip(h["wire_bytes_up"], h["payload_bytes_up"]))
+    assert all(d > r * 4 * dim for d, r in zip(h["wire_bytes_down"], h["replies"]))
+    ledger = json.loads((tmp_path / "ledger.json").read_text())
+    assert ledger["kinds"], "the server recorded what it received"
+
+
+def _children_cmdlines(deployment, index):
+    """Command lines of the processes in SuperNode ``index``'s process group."""
+    pgid = deployment.processes[f"supernode-{index}"].pid
+    out = []
+    for proc in pathlib.Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) == pgid:
+                out.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, ProcessLookupError):
+            continue
+    return " ".join(out)
