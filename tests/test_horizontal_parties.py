@@ -1,0 +1,111 @@
+"""The party halves of horizontal FL, and the per-client noise streams that let them run apart."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from keras_fedpriv.callbacks import MagRR
+from keras_fedpriv.federated.horizontal_parties import (
+    HorizontalServer,
+    shuffle_order,
+)
+from keras_fedpriv.federated.uploads import GaussianUpload, MalformedUpload
+from keras_fedpriv.mechanisms.random import secret_generator
+from keras_fedpriv.optimizers import SignDSEncoder
+
+DELTA = np.random.default_rng(0).normal(size=400).astype(np.float32)
+
+
+def test_a_clients_signds_messages_do_not_depend_on_who_else_the_encoder_served():
+    shared = SignDSEncoder(k=0.2, eps=10.0, seed=9)
+    alone = SignDSEncoder(k=0.2, eps=10.0, seed=9)
+    got = []
+    for rnd in range(3):
+        for client in (0, 1, 2):  # one object serving three clients
+            m = shared.encode(DELTA * (rnd + 1), client_id=client)
+            if client == 1:
+                got.append(m)
+    # client 1 alone, on its own machine, with the same seed: the same three messages
+    want = [alone.encode(DELTA * (rnd + 1), client_id=1) for rnd in range(3)]
+    assert got == want
+    # and a different client draws from a different stream
+    other = SignDSEncoder(k=0.2, eps=10.0, seed=9)
+    assert other.encode(DELTA, client_id=2) != want[0]
+
+
+def test_per_client_streams_continue_after_a_state_round_trip_and_never_replay():
+    enc = SignDSEncoder(k=0.2, eps=10.0, seed=4)
+    first = [enc.encode(DELTA, client_id=7) for _ in range(2)]
+    state = json.loads(json.dumps(enc.state_dict()))
+    assert state["releases_by_unit"] == {"7": 2}
+    restored = SignDSEncoder.from_config(enc.get_config())
+    restored.load_state_dict(state)
+    nxt = restored.encode(DELTA, client_id=7)
+    assert nxt == enc.encode(DELTA, client_id=7)  # the original's next release
+    assert nxt not in first
+    with pytest.raises(ValueError, match="releases_by_unit"):
+        restored.load_state_dict({**state, "releases_by_unit": {"seven": 1}})
+
+
+def test_unit_streams_are_distinct_from_the_objects_own_stream():
+    a = secret_generator(5, stream=0).integers(0, 2**63, size=4)
+    b = secret_generator(5, stream=0, unit=0).integers(0, 2**63, size=4)
+    c = secret_generator(5, stream=0, unit=1).integers(0, 2**63, size=4)
+    assert len({tuple(a), tuple(b), tuple(c)}) == 3
+
+
+def test_gaussian_and_magrr_draw_a_clients_noise_from_its_own_stream():
+    shared, alone = GaussianUpload(1.0, 1.0, seed=2), GaussianUpload(1.0, 1.0, seed=2)
+    shared.client_message(DELTA, 10, client_id=0)
+    np.testing.assert_array_equal(shared.client_message(DELTA, 10, client_id=3).message,
+                                  alone.client_message(DELTA, 10, client_id=3).message)
+    server, client = MagRR(eps_rr=1.0, seed=8), MagRR(eps_rr=1.0, seed=8)
+    magnitudes = np.linspace(0, 2e-5, 40)
+    both = server.client_reports(magnitudes, client_ids=np.arange(40))
+    # each client computes its own bit with the announced cut
+    own = [int(client.client_reports([m], [i], cut=server.cut)[0])
+           for i, m in enumerate(magnitudes)]
+    np.testing.assert_array_equal(both, own)
+    with pytest.raises(ValueError, match="`cut`"):
+        client.client_reports([1e-5], [0], cut=float("nan"))
+
+
+def test_shuffle_order_is_keyed_by_seed_client_and_round():
+    a = shuffle_order(1, 2, 3, 50, 2)
+    assert a.dtype == np.int32 and a.shape == (100,)
+    assert sorted(a[:50]) == list(range(50)) and sorted(a[50:]) == list(range(50))
+    np.testing.assert_array_equal(a, shuffle_order(1, 2, 3, 50, 2))
+    assert not np.array_equal(a, shuffle_order(1, 2, 4, 50, 2))
+    assert not np.array_equal(a, shuffle_order(1, 3, 3, 50, 2))
+
+
+def _bn_model():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    return model
+
+
+def test_server_sampling_depends_on_the_set_of_ids_not_their_order():
+    model = _bn_model()
+    s1 = HorizontalServer(model, "fedavg", seed=3)
+    s2 = HorizontalServer(model, "fedavg", seed=3)
+    assert s1.sample([5, 1, 9, 4], 2) == s2.sample([9, 4, 1, 5], 2)
+    with pytest.raises(ValueError, match="clients_per_round"):
+        s1.sample([1, 2], 3)
+
+
+def test_server_refuses_malformed_batch_norm_statistics():
+    server = HorizontalServer(_bn_model(), "fedavg")
+    good = [np.zeros(3, np.float32), np.ones(3, np.float32)]
+    assert len(server.check_batch_norm(good)) == 2
+    with pytest.raises(MalformedUpload, match="expected 2"):
+        server.check_batch_norm(good[:1])
+    with pytest.raises(MalformedUpload, match="shape"):
+        server.check_batch_norm([np.zeros(4, np.float32), good[1]])
+    with pytest.raises(MalformedUpload, match="variance"):
+        server.check_batch_norm([good[0], -good[1]])
+    with pytest.raises(MalformedUpload, match="finite"):
+        server.check_batch_norm([np.full(3, np.nan, np.float32), good[1]])
