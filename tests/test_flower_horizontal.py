@@ -4,8 +4,9 @@ Also: the server drops what is malformed, and counts what it received.
 """
 
 import logging
+import pathlib
+import sys
 
-import keras
 import numpy as np
 import pytest
 
@@ -30,6 +31,7 @@ from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
 
+APP = pathlib.Path(__file__).resolve().parent / "flower_app"
 BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 
 
@@ -41,13 +43,13 @@ def _digits():
 
 
 def model_fn():
-    keras.utils.set_random_seed(0)  # the same initial global model in both runtimes
-    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
-                          keras.layers.Dense(10)])
-    m.compile(keras.optimizers.SGD(0.3),
-              keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-              metrics=["accuracy"])
-    return m
+    # the seeded Deployment Engine test app's model (the same initial weights everywhere)
+    sys.path.insert(0, str(APP))
+    try:
+        from kfp_test_app.apps import model_fn as build
+    finally:
+        sys.path.remove(str(APP))
+    return build()
 
 
 def _simulate(client_app, server_app, num_supernodes):
