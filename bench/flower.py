@@ -54,7 +54,7 @@ class _Context:
     """What the example's task functions read from a Flower Context."""
 
     def __init__(self, upload):
-        self.run_config = {"upload": upload}
+        self.run_config = self.node_config = {"upload": upload}
 
 
 def _magrr(upload):
@@ -63,7 +63,7 @@ def _magrr(upload):
 
 def in_process(upload, rounds):
     clients = [task.client_data(i, NUM_CLIENTS) for i in range(NUM_CLIENTS)]
-    fl = HorizontalFL(task.model_fn(), clients, upload=task.upload_fn(_Context(upload)))
+    fl = HorizontalFL(task.model_fn(), clients, upload=task.client_upload_fn(_Context(upload)))
     magrr = _magrr(upload)
     h = fl.fit(rounds=rounds, clients_per_round=NUM_CLIENTS, local_epochs=LOCAL_EPOCHS,
                validation_data=task.server_validation_data(), verbose=0,
@@ -83,9 +83,9 @@ def simulation(upload, rounds):
     client = horizontal_client_app(
         task.model_fn, lambda c: task.client_data(int(c.node_config["partition-id"]),
                                                   NUM_CLIENTS),
-        lambda: task.upload_fn(_Context(upload)), magrr_eps=eps_rr)
+        lambda: task.client_upload_fn(_Context(upload)), magrr_eps=eps_rr)
     server = horizontal_server_app(
-        task.model_fn, lambda: task.upload_fn(_Context(upload)), rounds=rounds,
+        task.model_fn, lambda: task.server_upload_fn(_Context(upload)), rounds=rounds,
         clients_per_round=NUM_CLIENTS, local_epochs=LOCAL_EPOCHS, num_clients=NUM_CLIENTS,
         magrr=lambda context: _magrr(upload), validation_data=task.server_validation_data(),
         on_finish=lambda r: out.update(history=r.history))
@@ -101,7 +101,9 @@ def deployment(upload, rounds):
 
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()
-        with LoopbackDeployment(NUM_CLIENTS) as dep:
+        nodes = [{"partition-id": i, "num-partitions": NUM_CLIENTS, "upload": upload}
+                 for i in range(NUM_CLIENTS)]
+        with LoopbackDeployment(NUM_CLIENTS, node_configs=nodes) as dep:
             done = dep.run(APP, {"upload": upload, "num-server-rounds": rounds,
                                  "clients-per-round": NUM_CLIENTS,
                                  "local-epochs": LOCAL_EPOCHS, "result-path": folder},

@@ -43,20 +43,30 @@ def _result(folder):
     return history, [weights[f"arr_{i}"] for i in range(len(weights.files))]
 
 
+def _running(pid):
+    try:
+        return "zombie" not in pathlib.Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return False
+
+
 def _gone(deployment, pids):
-    alive = [p for p in pids if pathlib.Path(f"/proc/{p}").exists()
-             and "zombie" not in pathlib.Path(f"/proc/{p}/status").read_text().lower()]
+    alive = [p for p in pids if _running(p)]
     ports = [deployment.superlink_port] + deployment.supernode_ports
     return alive, [p for p in ports if _listening(p)]
 
 
+def _nodes(upload):
+    return [{"partition-id": i, "num-partitions": 3, "upload": upload} for i in range(3)]
+
+
 def test_three_supernodes_train_fedavg_as_the_in_process_run(tmp_path):
     apps = _app()
-    with LoopbackDeployment(3) as deployment:
-        pids = [p.pid for p in deployment.processes.values()]
+    with LoopbackDeployment(3, node_configs=_nodes("fedavg")) as deployment:
         fedavg = deployment.run(APP, {"upload": "fedavg", "result-path": str(tmp_path / "f")},
                                 timeout=300)
         assert fedavg.returncode == 0, fedavg.stdout[-3000:]
+        pids = deployment.alive()  # with the descendants Flower started
     alive, listening = _gone(deployment, pids)
     assert alive == [] and listening == []
 
@@ -78,8 +88,7 @@ def test_three_supernodes_train_fedavg_as_the_in_process_run(tmp_path):
 
 def test_killing_a_signds_client_mid_run_neither_stops_the_run_nor_corrupts_the_model(
         tmp_path):
-    with LoopbackDeployment(3) as deployment:
-        pids = [p.pid for p in deployment.processes.values()]
+    with LoopbackDeployment(3, node_configs=_nodes("signds")) as deployment:
         out = {}
 
         def run():
@@ -97,6 +106,7 @@ def test_killing_a_signds_client_mid_run_neither_stops_the_run_nor_corrupts_the_
         deployment.kill_supernode(2)
         thread.join(timeout=380)
         assert not thread.is_alive()
+        pids = deployment.alive()
     alive, listening = _gone(deployment, pids)
     assert alive == [] and listening == []
     done = out["done"]

@@ -3,6 +3,7 @@
 Also: the server drops what is malformed, and counts what it received.
 """
 
+import json
 import logging
 import pathlib
 import sys
@@ -148,6 +149,7 @@ def test_a_malformed_and_a_crashing_client_are_dropped_and_the_round_completes(c
     reasons = {cid: reason for _, cid, reason in result.rejected}
     assert "NaN" in reasons[2] and "malformed upload" in reasons[2]
     assert reasons[3].startswith("error reply")
+    assert "crashed mid-round" not in reasons[3]  # the client's exception text stays home
     assert "dropped the reply of client 2" in caplog.text
     weights = result.model.get_weights()
     assert all(np.isfinite(w).all() for w in weights)
@@ -227,3 +229,111 @@ def test_malformed_upload_reasons_do_not_echo_the_values():
     with pytest.raises(MalformedUpload) as err:
         scheme.from_wire(arrays, 500)
     assert "0.1234" not in str(err.value)
+
+
+# ------------------------------------------------ the apps' pieces, without starting Flower
+class _Context:
+    def __init__(self):
+        from flwr.app import RecordDict
+
+        self.state = RecordDict()
+
+
+def test_a_clients_state_is_reloaded_on_every_message_so_no_worker_replays_noise():
+    """Ray hands a node's messages to any free worker: a stale cached copy must not replay."""
+    from keras_fedpriv.federated.flower.horizontal import _load_state, _save_state
+    from keras_fedpriv.federated.horizontal_parties import HorizontalClient
+
+    context = _Context()
+    data = (np.zeros((4, 2), np.float32), np.zeros(4, np.int32))
+    # the same client cached in two worker processes
+    a, b = (HorizontalClient(None, data, GaussianUpload(1.0, 1.0, seed=3), client_id=0)
+            for _ in range(2))
+    delta = np.full(50, 0.01, np.float32)
+    sent = []
+    for party in (a, b, a):  # round 0 on worker A, round 1 on B, round 2 on A again
+        _load_state(context, party)
+        sent.append(party.upload.client_message(delta, 4, client_id=0).message)
+        _save_state(context, party)
+    assert not np.allclose(sent[0], sent[2]) and not np.allclose(sent[1], sent[2])
+    state = json.loads(context.state["keras-fedpriv"]["upload"])[0]
+    assert state["releases_by_unit"] == {"0": 3}
+
+
+class _Reply:
+    def __init__(self, content, node=1, error=False):
+        self.content = content
+
+        class _Meta:
+            src_node_id = node
+
+        self.metadata = _Meta()
+        self._error = error
+
+    def has_error(self):
+        return self._error
+
+
+def _server():
+    from keras_fedpriv.federated.horizontal_parties import HorizontalServer
+
+    return HorizontalServer(model_fn(), SignDSUpload(SignDSEncoder(k=0.2, eps=10.0)))
+
+
+def _good_content(server):
+    from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+    scheme = server.upload
+    delta = np.random.default_rng(0).normal(size=server.dim).astype(np.float32)
+    wire = scheme.to_wire(scheme.client_message(delta, 10))
+    return RecordDict({"upload": ArrayRecord({k: Array(v) for k, v in wire.items()}),
+                       "config": ConfigRecord({"client-id": 0})})
+
+
+@pytest.mark.parametrize("tamper, match", [
+    (lambda c: c.__setitem__("extra", c["config"]), "exactly the records"),
+    (lambda c: c.__setitem__("upload", c["config"]), "ArrayRecord"),
+    (lambda c: c["config"].__setitem__("magrr-report", 1), "exactly"),
+    (lambda c: c["upload"].__setitem__("pad", __import__("flwr").app.Array(
+        np.zeros(10**6, np.float64))), "more than"),
+    (lambda c: c.__delitem__("config"), "exactly the records"),
+])
+def test_the_server_parses_a_malicious_reply_without_deserializing_or_crashing(tamper, match):
+    from keras_fedpriv.federated.flower.horizontal import _parse_reply
+
+    server = _server()
+    content = _good_content(server)
+    assert _parse_reply(_Reply(content), server, False, "average")["upload"].nbytes > 0
+    tamper(content)
+    with pytest.raises(MalformedUpload, match=match):
+        _parse_reply(_Reply(content), server, False, "average")
+
+
+def test_a_client_id_claimed_twice_or_missing_takes_no_part():
+    from flwr.app import ConfigRecord, RecordDict
+
+    from keras_fedpriv.federated.flower.horizontal import _client_ids
+
+    def claim(node, cid):
+        return _Reply(RecordDict({"config": ConfigRecord({} if cid is None else
+                                                         {"client-id": cid})}), node)
+
+    replies = [claim(10, 0), claim(11, 1), claim(12, 1), claim(13, None), claim(14, -2),
+               claim(15, "x"), _Reply(None, 16, error=True)]
+    assert _client_ids(replies) == {0: 10}
+
+
+def test_the_example_client_takes_its_scheme_from_its_own_node_config_not_the_run_config():
+    sys.path.insert(0, str(APP.parent.parent / "examples" / "flower_horizontal"))
+    try:
+        from flower_horizontal import task
+    finally:
+        sys.path.pop(0)
+
+    class Ctx:
+        run_config = {"upload": "fedavg"}  # the server's side asks for no protection
+        node_config = {"partition-id": 0}
+
+    assert isinstance(task.client_upload_fn(Ctx()), SignDSEncoder)
+    assert task.client_magrr_eps(Ctx()) == task.EPS_RR
+    assert task.server_upload_fn(Ctx()) == "fedavg"  # its replies would then be dropped

@@ -23,7 +23,9 @@ def main(argv=None):
     parser.add_argument("--upload", choices=["signds", "fedavg"], default="signds")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the run")
     args = parser.parse_args(argv)
-    with LoopbackDeployment(3) as deployment:
+    # each client's scheme is its own choice (node config), the server's is the run config's
+    nodes = [{"partition-id": i, "num-partitions": 3, "upload": args.upload} for i in range(3)]
+    with LoopbackDeployment(3, node_configs=nodes) as deployment:
         done = deployment.run(APP, {"num-server-rounds": args.rounds, "upload": args.upload},
                               timeout=args.timeout)
     print(done.stdout)

@@ -37,6 +37,9 @@ __all__ = ["ClientResult", "HorizontalClient", "HorizontalServer", "LocalTrainer
            "batch_norm_statistics", "shuffle_order"]
 
 
+_SHUFFLE_TAG = 0x5A0FF1E5
+
+
 def batch_norm_statistics(model: keras.Model) -> list[Any]:
     """The moving mean and variance of every BatchNormalization layer, in layer order."""
     out = []
@@ -56,7 +59,11 @@ def shuffle_order(seed: int | None, client_id: int, round: int, num_examples: in
     Returns:
         int32 array of length ``num_examples * local_epochs``.
     """
-    rng = np.random.default_rng(None if seed is None else [int(seed), int(client_id), int(round)])
+    for value, name in ((client_id, "client_id"), (round, "round")):
+        validate_positive_int(value, name, minimum=0)
+    # the tag keeps this stream apart from default_rng(seed), the server's sampling
+    rng = np.random.default_rng(None if seed is None else
+                                [int(seed), int(client_id), int(round), _SHUFFLE_TAG])
     return np.concatenate([rng.permutation(num_examples)
                            for _ in range(local_epochs)]).astype(np.int32)
 
@@ -330,8 +337,9 @@ class HorizontalServer:
         out = []
         for i, (v, a) in enumerate(zip(self.bn_variables, stats)):
             a = np.asarray(a)
-            if a.shape != tuple(v.shape) or a.dtype.kind != "f" or not np.isfinite(a).all():
-                raise MalformedUpload(f"BatchNormalization array {i} must be finite floats of "
+            dtype = np.dtype(keras.backend.standardize_dtype(v.dtype))
+            if a.shape != tuple(v.shape) or a.dtype != dtype or not np.isfinite(a).all():
+                raise MalformedUpload(f"BatchNormalization array {i} must be finite {dtype} of "
                                       f"shape {tuple(v.shape)}; got {a.dtype} {a.shape}.")
             if i % 2 == 1 and np.any(a < 0):
                 raise MalformedUpload(f"BatchNormalization array {i} is a variance and must be "

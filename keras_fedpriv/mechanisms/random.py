@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -66,7 +67,7 @@ _STREAM_TAG = 0x5EED5173  # separates (seed, stream) entropy from a plain int se
 _UNIT_TAG = 0x0C11E175  # separates (seed, unit, n) entropy from (seed, stream)
 
 
-def secret_generator(seed=None, stream=None, unit=None):
+def secret_generator(seed=None, stream=None, unit=None, tag=0):
     """A numpy Generator keyed by ``seed``, or by a fresh 64-bit OS-entropy secret.
 
     For the mechanisms that run on the host in numpy (SignDS, Laplace,
@@ -86,6 +87,8 @@ def secret_generator(seed=None, stream=None, unit=None):
             ``(seed, unit, n)``. A client's releases then draw the same noise
             whether one object serves every client in one process or each
             client runs its own copy on its own machine.
+        tag: with ``unit``, a 32-bit number naming the mechanism, so two
+            mechanisms given the same seed never share a stream.
 
     Returns:
         A `numpy.random.Generator`.
@@ -99,7 +102,8 @@ def secret_generator(seed=None, stream=None, unit=None):
     if unit is not None:
         unit = validate_seed(unit, "unit")
         return np.random.default_rng([seed & _MASK32, seed >> 32, unit & _MASK32, unit >> 32,
-                                      stream & _MASK32, stream >> 32, _UNIT_TAG])
+                                      stream & _MASK32, stream >> 32, int(tag) & _MASK32,
+                                      _UNIT_TAG])
     return np.random.default_rng([seed & _MASK32, seed >> 32, stream & _MASK32, stream >> 32,
                                   _STREAM_TAG])
 
@@ -152,7 +156,10 @@ class SeededReleases:
         else:
             unit = validate_seed(unit, "client_id")
             n = self.releases_by_unit.get(unit, 0)
-            rng = secret_generator(self.seed, stream=n, unit=unit)
+            # the class name in the entropy: a SignDS encoder and a MagRR given the same
+            # seed draw from different streams
+            tag = zlib.crc32(type(self).__name__.encode())
+            rng = secret_generator(self.seed, stream=n, unit=unit, tag=tag)
             self.releases_by_unit[unit] = n + 1
         self.num_releases += 1
         return rng

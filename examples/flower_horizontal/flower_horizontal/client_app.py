@@ -1,6 +1,6 @@
 """The ClientApp: one per SuperNode (`--node-config "partition-id=0 num-partitions=3"`)."""
 
-from flower_horizontal.task import client_data, magrr_eps, model_fn, upload_fn
+from flower_horizontal.task import client_data, client_magrr_eps, client_upload_fn, model_fn
 
 from keras_fedpriv.federated.flower import horizontal_client_app
 
@@ -11,4 +11,5 @@ def _data(context):
 
 
 # seed=None: the client's shuffling and MagRR bits come from OS entropy, not from anyone's seed
-app = horizontal_client_app(model_fn, _data, upload_fn, batch_size=32, magrr_eps=magrr_eps)
+app = horizontal_client_app(model_fn, _data, client_upload_fn, batch_size=32,
+                           magrr_eps=client_magrr_eps)

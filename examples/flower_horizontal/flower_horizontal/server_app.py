@@ -2,7 +2,12 @@
 
 import logging
 
-from flower_horizontal.task import magrr_eps, model_fn, server_validation_data, upload_fn
+from flower_horizontal.task import (
+    model_fn,
+    server_magrr_eps,
+    server_upload_fn,
+    server_validation_data,
+)
 
 from keras_fedpriv.callbacks import MagRR
 from keras_fedpriv.federated.flower import horizontal_server_app
@@ -17,10 +22,10 @@ def _report(result):
 
 
 def _magrr(context):
-    eps_rr = magrr_eps(context)
+    eps_rr = server_magrr_eps(context)
     # r_init: a first guess of the step size near this model's (MagRR grows it 5x a round)
     return None if eps_rr is None else MagRR(eps_rr=eps_rr, r_init=1e-2)
 
 
-app = horizontal_server_app(model_fn, upload_fn, num_clients=3, min_replies=2, magrr=_magrr,
+app = horizontal_server_app(model_fn, server_upload_fn, num_clients=3, min_replies=2, magrr=_magrr,
                             validation_data=server_validation_data(), on_finish=_report)

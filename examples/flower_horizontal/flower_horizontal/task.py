@@ -19,21 +19,36 @@ def model_fn():
     return model
 
 
-def _scheme(context):
-    scheme = str(context.run_config.get("upload", "signds"))
+def _scheme(config):
+    scheme = str(config.get("upload", "signds"))
     if scheme not in ("signds", "fedavg"):
-        raise ValueError(f"run config 'upload' must be 'signds' or 'fedavg'; got {scheme!r}.")
+        raise ValueError(f"'upload' must be 'signds' or 'fedavg'; got {scheme!r}.")
     return scheme
 
 
-def upload_fn(context):
-    """SignDS with a fresh OS-entropy secret per release (no seed: nothing to leak), or FedAvg."""
-    return SignDSEncoder(k=K, eps=EPS) if _scheme(context) == "signds" else "fedavg"
+def _build(scheme):
+    # SignDS with a fresh OS-entropy secret per release (no seed: nothing to leak), or FedAvg
+    return SignDSEncoder(k=K, eps=EPS) if scheme == "signds" else "fedavg"
 
 
-def magrr_eps(context):
+def client_upload_fn(context):
+    """The client's scheme, from ITS node config (the client's operator decides, not the
+    server: `flower-supernode --node-config "... upload='fedavg'"` opts in to no protection)."""
+    return _build(_scheme(context.node_config))
+
+
+def server_upload_fn(context):
+    """The server's copy, from the run config; replies of another scheme are dropped."""
+    return _build(_scheme(context.run_config))
+
+
+def client_magrr_eps(context):
     """MagRR sets SignDS's server step; FedAvg needs none."""
-    return EPS_RR if _scheme(context) == "signds" else None
+    return EPS_RR if _scheme(context.node_config) == "signds" else None
+
+
+def server_magrr_eps(context):
+    return EPS_RR if _scheme(context.run_config) == "signds" else None
 
 
 def client_data(partition_id, num_partitions):

@@ -22,13 +22,17 @@ malformed upload (`MalformedUpload`: wrong keys, dtype or length, unsorted,
 repeated or out-of-range indices, a non-finite value), a bad MagRR bit or bad
 BatchNormalization statistics is dropped with a logged reason and never
 aggregated; a round with fewer than ``min_replies`` good replies leaves the
-global model unchanged. Every reply that arrived is recorded in the server's
-release ledger (what a client sent has been released, even if dropped).
+global model unchanged. Records are checked before anything in them is
+deserialized (record types, keys, array kinds and sizes), and no reply can
+stop the server. The server's release ledger counts a release for every
+client it asks to train, when it asks (a client that answers has released,
+even if its reply is late or dropped), and anything a reply carries beyond
+the protocol.
 
-Secrets: a client's mechanism seed comes from the client's own code (the
-``seed`` of `horizontal_client_app`), never from the server or the run
-configuration, which the server's operator controls. In a real deployment
-leave it None (fresh OS entropy per release).
+Secrets: what a client relies on for its privacy (its mechanism seeds, its
+upload scheme and eps) comes from the client's own code or node config, never
+from a message or the run configuration, which the server's side controls.
+In a real deployment leave seeds None (fresh OS entropy per release).
 """
 
 from __future__ import annotations
@@ -38,11 +42,11 @@ import inspect
 import json
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import keras
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -112,21 +116,43 @@ def _stateful(upload: Any) -> list[Any]:
 
 
 def _save_state(context: Context, client: HorizontalClient) -> None:
+    """The client's release counters, ledgers and FedBN statistics into ``context.state``."""
     states = [obj.state_dict() for obj in _stateful(client.upload)]
     magrr = client.magrr.state_dict() if client.magrr is not None else None
     context.state["keras-fedpriv"] = ConfigRecord(
         {"upload": json.dumps(states), "magrr": json.dumps(magrr)})
+    if client._own_bn is not None:
+        context.state["keras-fedpriv-bn"] = ArrayRecord(numpy_ndarrays=list(client._own_bn))
 
 
 def _load_state(context: Context, client: HorizontalClient) -> None:
-    if "keras-fedpriv" not in context.state:
-        return
-    record = context.state["keras-fedpriv"]
-    for obj, state in zip(_stateful(client.upload), json.loads(record["upload"])):
-        obj.load_state_dict(state)
-    magrr = json.loads(record["magrr"])
-    if client.magrr is not None and magrr is not None:
-        client.magrr.load_state_dict(magrr)
+    """Restore what `_save_state` wrote: ``context.state`` is the client's truth.
+
+    Called on every message: the Simulation Engine hands a node's messages to
+    whichever worker process is free, so a process's cached copy of a client
+    may be behind (its counters would replay noise already released).
+    """
+    if "keras-fedpriv" in context.state:
+        record = context.state["keras-fedpriv"]
+        for obj, state in zip(_stateful(client.upload), json.loads(record["upload"])):
+            obj.load_state_dict(state)
+        magrr = json.loads(record["magrr"])
+        if client.magrr is not None and magrr is not None:
+            client.magrr.load_state_dict(magrr)
+    if "keras-fedpriv-bn" in context.state:
+        client._own_bn = context.state["keras-fedpriv-bn"].to_numpy_ndarrays()
+
+
+def _client_error(msg: Message, what: str) -> Message:
+    """An error reply that says nothing of the client's data (the details stay in its log).
+
+    Flower would otherwise send ``str(exception)`` to the server, and a Keras or
+    TensorFlow error can quote the client's labels or features.
+    """
+    logger.exception("the client failed to answer a %r message", what)
+    return Message(error=Error(code=1, reason=f"the client failed to answer a {what!r} message "
+                                              "(details in the client's own log)"),
+                   reply_to=msg)
 
 
 def horizontal_client_app(model_fn: Callable[[], keras.Model],
@@ -134,8 +160,8 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                           upload_fn: Callable[[], Any] = lambda: "fedavg", *,
                           batch_size: int = 32, seed: int | None = None,
                           batch_norm: str = "average", magrr_eps: float | None = None,
-                          client_id_fn: Callable[[Context], int] = _default_client_id
-                          ) -> ClientApp:
+                          client_id_fn: Callable[[Context], int] = _default_client_id,
+                          max_local_epochs: int = 100) -> ClientApp:
     """A Flower `ClientApp` that trains a horizontal-FL client and uploads through a scheme.
 
     Args:
@@ -161,12 +187,21 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         client_id_fn: ``client_id_fn(context) -> int``: the client's id (its
             unit in the release ledger); default: the node config's
             ``client-id`` or ``partition-id``.
+        max_local_epochs: the most local epochs per round this client
+            accepts from the server (a bound on the work a server can ask).
+
+    Choose the upload scheme, its eps and MagRR's in client code or from
+    ``context.node_config`` (set by the client's operator with
+    ``flower-supernode --node-config``), never from ``context.run_config``:
+    the run config is set by whoever starts the run, i.e. the server's side,
+    which could otherwise switch every client to FedAvg or to a larger eps.
 
     Returns:
         A `flwr.clientapp.ClientApp` answering ``"query"`` and ``"train"``
         messages of `horizontal_server_app`.
     """
     batch_size = validate_positive_int(batch_size, "batch_size")
+    max_local_epochs = validate_positive_int(max_local_epochs, "max_local_epochs")
     seed = validate_seed(seed)
     if batch_norm not in ("average", "local"):
         raise ValueError(f"`batch_norm` must be 'average' or 'local'; got {batch_norm!r}.")
@@ -175,7 +210,9 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
     def client(context: Context) -> HorizontalClient:
         key = (context.run_id, context.node_id)
         if key in _CLIENTS:
-            return _CLIENTS[key]
+            party = _CLIENTS[key]
+            _load_state(context, party)
+            return party
         x, y = data_fn(context)
         x, y = np.asarray(x), np.asarray(y)
         if x.dtype.kind == "f":
@@ -205,19 +242,32 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        party = client(context)
+        try:
+            party = client(context)
+        except Exception:  # noqa: BLE001 - the reason stays on the client
+            return _client_error(msg, "query")
         return Message(RecordDict({"config": ConfigRecord({"client-id": party.client_id})}),
                        reply_to=msg)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
+        try:
+            return _train(msg, context)
+        except Exception:  # noqa: BLE001 - the reason stays on the client
+            return _client_error(msg, "train")
+
+    def _train(msg: Message, context: Context) -> Message:
         party = client(context)
         config = msg.content["config"]
         weights = msg.content["weights"].to_numpy_ndarrays()
         bn = msg.content["batch-norm"].to_numpy_ndarrays() if "batch-norm" in msg.content else []
         cut = config["magrr-cut"] if "magrr-cut" in config else None
-        result = party.fit(weights, int(config["round"]), int(config["local-epochs"]), bn,
-                           magrr_cut=cut)
+        epochs = validate_positive_int(config["local-epochs"], "local-epochs")
+        if epochs > max_local_epochs:
+            raise ValueError(f"the server asked for {epochs} local epochs; this client accepts "
+                             f"at most max_local_epochs={max_local_epochs}.")
+        rnd = validate_positive_int(config["round"], "round", minimum=0)
+        result = party.fit(weights, rnd, epochs, bn, magrr_cut=cut)
         _save_state(context, party)
         content = RecordDict({"upload": ArrayRecord(
             {k: Array(np.ascontiguousarray(v)) for k, v in
@@ -242,8 +292,8 @@ class FlowerRunResult:
         model: the global Keras model after the last round.
         history: per-round logs (``val_*`` metrics, ``global_lr``, the
             number of good and dropped replies, bytes on the wire).
-        ledger: the server's release ledger: every reply it received, per
-            client id (`keras_fedpriv.privacy.privacy_report` accepts it).
+        ledger: the server's release ledger: a release per client asked to
+            train, per client id (`keras_fedpriv.privacy.privacy_report` accepts it).
         rejected: ``(round, client id or node id, reason)`` of every dropped
             reply.
     """
@@ -321,6 +371,9 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
     local_epochs = validate_positive_int(local_epochs, "local_epochs")
     min_replies = validate_positive_int(min_replies, "min_replies")
     num_clients = validate_positive_int(num_clients or clients_per_round, "num_clients")
+    if min_replies > clients_per_round:
+        raise ValueError(f"`min_replies`={min_replies} is more than `clients_per_round`="
+                         f"{clients_per_round}: no round could count.")
     seed = validate_seed(seed)
     if batch_norm not in ("average", "local"):
         raise ValueError(f"`batch_norm` must be 'average' or 'local'; got {batch_norm!r}.")
@@ -335,6 +388,9 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
                                           "clients-per-round")
         epochs = validate_positive_int(int(run.get("local-epochs", local_epochs)), "local-epochs")
         need = validate_positive_int(int(run.get("min-replies", min_replies)), "min-replies")
+        if need > per_round:
+            raise ValueError(f"run config 'min-replies'={need} is more than "
+                             f"'clients-per-round'={per_round}: no round could count.")
         wait = float(run.get("round-timeout", round_timeout))
         if not wait > 0:
             raise ValueError(f"`round-timeout` must be > 0 seconds; got {wait!r}.")
@@ -348,10 +404,13 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         upload_event = getattr(upload, "dp_event", lambda: None)() or non_private_event()
         upload_kind = ReleaseKind(f"{type(upload).__name__} upload (received by the server)",
                                   "client data", CLIENT, upload_event,
-                                  "every reply the server received, used or dropped")
+                                  "counted for every client asked to train, when asked")
         clear_kind = ReleaseKind("BatchNormalization statistics and data size (received)",
                                  "client data", CLIENT, non_private_event(),
                                  "batch_norm='average': sent in the clear")
+        unexpected_kind = ReleaseKind("unexpected reply content (received)", "client data",
+                                      CLIENT, non_private_event(),
+                                      "a reply carrying more than the protocol releases")
         magrr_kind = None if magrr_ is None else ReleaseKind(
             "MagRR report (received)", "client data", CLIENT, magrr_.dp_event(1),
             "one randomized-response bit per round a client takes part in")
@@ -360,17 +419,7 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         replies = grid.send_and_receive(
             [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
                      message_type="query") for n in nodes], timeout=wait)
-        node_of: dict[int, int] = {}
-        for reply in replies:
-            if reply.has_error():
-                logger.warning("node %s did not answer the query: %s", reply.metadata.src_node_id,
-                               reply.error.reason)
-                continue
-            cid = int(reply.content["config"]["client-id"])
-            if cid in node_of:
-                logger.warning("two nodes claim client id %d; using the first", cid)
-                continue
-            node_of[cid] = reply.metadata.src_node_id
+        node_of = _client_ids(replies)
 
         history: dict[str, list[float]] = {}
         rejected: list[tuple[int, int, str]] = []
@@ -379,9 +428,18 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
             # sample among the clients still connected (a crashed node drops out)
             connected = set(grid.get_node_ids())
             available = [c for c, n in node_of.items() if n in connected]
-            if not available:
-                raise RuntimeError(f"round {rnd}: no client is connected any more.")
+            if len(available) < need:
+                # asking would spend the clients' privacy on a round that cannot count
+                raise RuntimeError(f"round {rnd}: {len(available)} clients are connected, fewer "
+                                   f"than min_replies={need}.")
             chosen = server.sample(available, min(per_round, len(available)))
+            # a client that is asked releases when it answers, whether or not its reply
+            # arrives in time or parses: count it now
+            ledger.record(upload_kind, chosen)
+            if magrr_kind is not None:
+                ledger.record(magrr_kind, chosen)
+            if server.bn_variables and batch_norm == "average":
+                ledger.record(clear_kind, chosen)
             weights = server.global_weights()
             bn = server.global_batch_norm()
             config: dict[str, Any] = {"round": rnd, "local-epochs": epochs}
@@ -412,12 +470,17 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
                     if cid is None:
                         reason = "a reply from a node that was not asked"
                     else:
-                        ledger.record(upload_kind, [cid])
                         try:
-                            good[cid] = _parse_reply(reply, server, cid, ledger, clear_kind,
-                                                     magrr_kind, batch_norm)
+                            good[cid] = _parse_reply(reply, server, magrr_kind is not None,
+                                                     batch_norm)
                         except MalformedUpload as err:
                             reason = f"malformed upload: {err}"
+                        except Exception as err:  # noqa: BLE001 - no reply may stop the server
+                            reason = f"malformed upload: could not be read ({type(err).__name__})"
+                        if reason is not None and _extra_content(reply, magrr_kind is not None,
+                                                                 batch_norm, server):
+                            # it sent more than the protocol releases: count that too
+                            ledger.record(unexpected_kind, [cid])
                 if reason is not None:
                     who = cid if cid is not None else node
                     logger.warning("round %d: dropped the reply of client %s: %s", rnd, who,
@@ -459,28 +522,92 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
     return app
 
 
-def _parse_reply(reply: Message, server: HorizontalServer, cid: int, ledger: ReleaseLedger,
-                 clear_kind: ReleaseKind, magrr_kind: ReleaseKind | None,
+def _client_ids(replies: Sequence[Message]) -> dict[int, int]:
+    """Client id -> node id from the query replies; an id two nodes claim is dropped."""
+    claims: dict[int, list[int]] = {}
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            logger.warning("node %s did not answer the query", node)
+            continue
+        try:
+            cid = reply.content["config"]["client-id"]
+        except Exception:  # noqa: BLE001 - a malformed answer is no answer
+            cid = None
+        if isinstance(cid, bool) or not isinstance(cid, int) or cid < 0:
+            logger.warning("node %s answered the query without a valid client id", node)
+            continue
+        claims.setdefault(cid, []).append(node)
+    node_of = {}
+    for cid, nodes in claims.items():
+        if len(nodes) > 1:
+            logger.warning("%d nodes claim client id %d; none of them takes part", len(nodes),
+                           cid)
+            continue
+        node_of[cid] = nodes[0]
+    return node_of
+
+
+def _arrays(record: Any, what: str, max_bytes: int) -> dict[str, np.ndarray]:
+    """A received ArrayRecord's arrays, checked before anything is deserialized."""
+    if not isinstance(record, ArrayRecord):
+        raise MalformedUpload(f"{what!r} must be an ArrayRecord; got {type(record).__name__}.")
+    total = 0
+    for key, array in record.items():
+        if getattr(array, "stype", None) != "numpy.ndarray":
+            raise MalformedUpload(f"{what!r} array {key!r} is not a numpy array.")
+        total += len(array.data)
+        if total > max_bytes:
+            raise MalformedUpload(f"{what!r} holds more than the {max_bytes} bytes the protocol "
+                                  "sends.")
+    return {str(k): a.numpy() for k, a in record.items()}
+
+
+def _extra_content(reply: Message, with_magrr: bool, batch_norm: str,
+                   server: HorizontalServer) -> bool:
+    """Whether a reply carries content the protocol does not release (counted if so)."""
+    try:
+        content = reply.content
+        meta = content["config"] if "config" in content else {}
+        expected_bn = bool(server.bn_variables) and batch_norm == "average"
+        return (set(content.keys()) - {"upload", "config"} - ({"batch-norm"} if expected_bn
+                                                              else set())) != set() or \
+            (set(meta.keys()) - {"client-id"} - ({"magrr-report"} if with_magrr else set())
+             - ({"num-examples"} if expected_bn else set())) != set()
+    except Exception:  # noqa: BLE001 - unreadable: count it
+        return True
+
+
+def _parse_reply(reply: Message, server: HorizontalServer, with_magrr: bool,
                  batch_norm: str) -> dict[str, Any]:
     """One reply's upload, MagRR bit and BN statistics, checked (`MalformedUpload` if not)."""
     content = reply.content
-    if "upload" not in content or "config" not in content:
-        raise MalformedUpload("the reply must hold 'upload' and 'config' records.")
-    arrays = {k: a.numpy() for k, a in content["upload"].items()}
+    expected_bn = bool(server.bn_variables) and batch_norm == "average"
+    keys = {"upload", "config"} | ({"batch-norm"} if expected_bn else set())
+    if set(content.keys()) != keys:
+        raise MalformedUpload(f"the reply must hold exactly the records {sorted(keys)}; got "
+                              f"{sorted(map(str, content.keys()))}.")
     meta = content["config"]
+    if not isinstance(meta, ConfigRecord):
+        raise MalformedUpload("'config' must be a ConfigRecord.")
+    meta_keys = {"client-id"} | ({"magrr-report"} if with_magrr else set()) | \
+        ({"num-examples"} if expected_bn else set())
+    if set(meta.keys()) != meta_keys:
+        raise MalformedUpload(f"'config' must hold exactly {sorted(meta_keys)}; got "
+                              f"{sorted(map(str, meta.keys()))}.")
+    # a generous bound: twice a dense float64 update plus headers
+    arrays = _arrays(content["upload"], "upload", 16 * server.dim + 4096)
     out: dict[str, Any] = {"upload": server.receive(arrays), "magrr": None, "num_examples": 1,
                            "batch_norm": None}
-    if magrr_kind is not None:
-        bit = meta["magrr-report"] if "magrr-report" in meta else None
-        ledger.record(magrr_kind, [cid])
+    if with_magrr:
+        bit = meta["magrr-report"]
         if isinstance(bit, bool) or not isinstance(bit, int) or bit not in (0, 1):
             raise MalformedUpload("'magrr-report' must be 0 or 1.")
         out["magrr"] = bit
-    if server.bn_variables and batch_norm == "average":
-        if "batch-norm" not in content or "num-examples" not in meta:
-            raise MalformedUpload("batch_norm='average' needs 'batch-norm' and 'num-examples'.")
-        ledger.record(clear_kind, [cid])
-        out["batch_norm"] = server.check_batch_norm(content["batch-norm"].to_numpy_ndarrays())
+    if expected_bn:
+        bn_size = sum(int(np.prod(v.shape)) for v in server.bn_variables)
+        stats = _arrays(content["batch-norm"], "batch-norm", 16 * bn_size + 4096)
+        out["batch_norm"] = server.check_batch_norm(list(stats.values()))
         n = meta["num-examples"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise MalformedUpload("'num-examples' must be an integer >= 1.")

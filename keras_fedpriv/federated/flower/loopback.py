@@ -6,8 +6,9 @@ machines, for the integration tests and for ``bench/flower.py``. Insecure
 ``docs/flower.md`` for the TLS commands).
 
 The processes are started in their own sessions (process groups) and stopped
-by process group id, so the ``flower-superexec`` children they spawn stop too,
-and nothing this object did not start is touched.
+by process group id; descendants that started sessions of their own (Flower
+starts ``flower-superexec`` so) are found in the process tree and stopped by
+process id. Nothing this object did not start is touched.
 """
 
 from __future__ import annotations
@@ -39,6 +40,29 @@ def _listening(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex((HOST, port)) == 0
+
+
+def _descendants(pids: Sequence[int]) -> list[int]:
+    """The live descendants of ``pids`` (from /proc; empty where /proc is missing)."""
+    children: dict[int, list[int]] = {}
+    proc = pathlib.Path("/proc")
+    if not proc.is_dir():  # pragma: no cover - not Linux
+        return []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def _toml_value(value: Any) -> str:
@@ -89,7 +113,8 @@ class LoopbackDeployment:
         self.keep = bool(keep)
         bindir = str(pathlib.Path(sys.executable).parent)
         repo = str(pathlib.Path(__file__).resolve().parents[3])
-        self.env = dict(os.environ)
+        # not Flower's internal switches (they open other, insecure listeners)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_INTERNAL")}
         # SuperLink and SuperNode start flower-superexec by name: this environment's bin first
         self.env["PATH"] = bindir + os.pathsep + self.env.get("PATH", "")
         self.env["FLWR_HOME"] = str(self.workdir / "flwr-home")
@@ -190,9 +215,21 @@ class LoopbackDeployment:
         proc.wait(timeout=10)
 
     def close(self, grace: float = 5.0) -> None:
-        """Stop every process this object started (SuperNodes first), by process group."""
+        """Stop every process this object started (SuperNodes first), and their descendants.
+
+        By process group first; then any descendant that started a session
+        of its own (Flower starts ``flower-superexec`` that way) is killed by
+        its process id, found from the started processes' process tree.
+        """
+        started = [p.pid for p in self.processes.values() if p.poll() is None]
+        family = _descendants(started)
         for name in sorted(self.processes, key=lambda n: n == "superlink"):
             self._stop(self.processes[name], grace)
+        for pid in family:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         for log in self._logs.values():
             log.close()
         self._logs.clear()
@@ -200,8 +237,9 @@ class LoopbackDeployment:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def alive(self) -> list[int]:
-        """Process ids of the started processes that still run."""
-        return [p.pid for p in self.processes.values() if p.poll() is None]
+        """Process ids of the started processes, and their descendants, that still run."""
+        started = [p.pid for p in self.processes.values() if p.poll() is None]
+        return started + _descendants(started)
 
     def log(self, name: str) -> str:
         """The output so far of process ``name`` (``"superlink"``, ``"supernode-0"``, ...)."""

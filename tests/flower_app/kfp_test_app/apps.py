@@ -23,14 +23,20 @@ def data():
     return digits_clients(NUM_CLIENTS, seed=0)
 
 
-def upload_fn(context):
-    if context.run_config.get("upload", "fedavg") == "signds":
-        return SignDSEncoder(k=0.2, eps=10.0, seed=SIGNDS_SEED)
-    return "fedavg"
+def _scheme(name):
+    return SignDSEncoder(k=0.2, eps=10.0, seed=SIGNDS_SEED) if name == "signds" else "fedavg"
+
+
+def client_upload_fn(context):  # the client's own choice: its node config
+    return _scheme(context.node_config.get("upload", "fedavg"))
+
+
+def server_upload_fn(context):
+    return _scheme(context.run_config.get("upload", "fedavg"))
 
 
 client = horizontal_client_app(
-    model_fn, lambda context: data()[0][int(context.node_config["partition-id"])], upload_fn,
-    seed=SEED)
-server = horizontal_server_app(model_fn, upload_fn, num_clients=NUM_CLIENTS, seed=SEED,
+    model_fn, lambda context: data()[0][int(context.node_config["partition-id"])],
+    client_upload_fn, seed=SEED)
+server = horizontal_server_app(model_fn, server_upload_fn, num_clients=NUM_CLIENTS, seed=SEED,
                                validation_data=data()[1])
