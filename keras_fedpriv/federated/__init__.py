@@ -2,10 +2,17 @@
 
 Vertical (split) FL: `VerticalModel` and its message callbacks (docs/vertical.md).
 Horizontal FL: `HorizontalFL`, client partitioning and the upload schemes
-(docs/horizontal.md).
+(docs/horizontal.md); the protocol's halves `HorizontalClient` and
+`HorizontalServer`, which `HorizontalFL` and the Flower apps of
+`keras_fedpriv.federated.flower` drive (docs/flower.md).
 """
 
 from keras_fedpriv.federated.horizontal import HorizontalFL
+from keras_fedpriv.federated.horizontal_parties import (
+    HorizontalClient,
+    HorizontalServer,
+    LocalTrainer,
+)
 from keras_fedpriv.federated.messages import (
     EXAMPLE_IDS_KEY,
     EvaluationData,
@@ -20,11 +27,13 @@ from keras_fedpriv.federated.uploads import (
     ClientUpload,
     FedAvgUpload,
     GaussianUpload,
+    MalformedUpload,
     SignDSUpload,
 )
 from keras_fedpriv.federated.vertical import VerticalModel, derive_party_seed
 
 __all__ = ["EXAMPLE_IDS_KEY", "ClientUpload", "EvaluationData", "FedAvgUpload",
-           "GaussianUpload", "HorizontalFL", "MessageCallback", "MessageRecorder",
+           "GaussianUpload", "HorizontalClient", "HorizontalFL", "HorizontalServer",
+           "LocalTrainer", "MalformedUpload", "MessageCallback", "MessageRecorder",
            "PartyMessages", "SignDSUpload", "StepMessages", "VerticalModel",
            "derive_party_seed", "partition", "partition_indices", "with_example_ids"]
