@@ -15,7 +15,7 @@ pytest.importorskip("flwr")
 
 from flwr.simulation import run_simulation  # noqa: E402
 
-from keras_fedpriv.callbacks import MagRR  # noqa: E402
+from keras_fedpriv.callbacks import LaplaceEvaluation, MagRR  # noqa: E402
 from keras_fedpriv.federated import HorizontalFL, partition  # noqa: E402
 from keras_fedpriv.federated.flower import (  # noqa: E402
     horizontal_client_app,
@@ -66,12 +66,16 @@ def test_signds_with_magrr_on_flower_matches_the_in_process_run():
     def upload_fn():
         return SignDSEncoder(k=0.2, eps=10.0, seed=5)
 
+    def laplace():
+        return LaplaceEvaluation(eps=2.0, from_logits=True, seed=7)
+
     out = {}
     client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
-                                   upload_fn, seed=1, magrr_eps=3.0)
+                                   upload_fn, seed=1, magrr_eps=3.0,
+                                   laplace_eval_fn=lambda context: laplace())
     server = horizontal_server_app(model_fn, upload_fn, rounds=3, clients_per_round=2,
                                    num_clients=3, seed=1, magrr=MagRR(eps_rr=3.0, seed=1),
-                                   local_epochs=2, validation_data=val,
+                                   laplace_eval=laplace(), local_epochs=2, validation_data=val,
                                    on_finish=lambda r: out.update(result=r))
     _simulate(client, server, 3)
     result = out["result"]
@@ -79,13 +83,18 @@ def test_signds_with_magrr_on_flower_matches_the_in_process_run():
     model = model_fn()
     fl = HorizontalFL(model, clients, upload=upload_fn(), seed=1)
     hist = fl.fit(rounds=3, clients_per_round=2, local_epochs=2, validation_data=val,
-                  verbose=0, callbacks=[MagRR(eps_rr=3.0, seed=1)])
+                  verbose=0, callbacks=[MagRR(eps_rr=3.0, seed=1), laplace()])
     # the same arithmetic in both runtimes; a tolerance, not equality, across processes
     for a, b in zip(model.get_weights(), result.model.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-6)
     assert not np.allclose(model.get_weights()[0], model_fn().get_weights()[0])
     np.testing.assert_allclose(result.history["global_lr"], hist.history["global_lr"])
     np.testing.assert_allclose(result.history["r_est"], hist.history["r_est"])
+    # the clients' Laplace-noised outputs, scored by the server: the same in both runtimes
+    for key in ("laplace_silhouette", "laplace_davies_bouldin"):
+        if key in hist.history:
+            np.testing.assert_allclose(result.history[key], hist.history[key], rtol=1e-6)
+    assert any(k.startswith("laplace_") for k in result.history)
     assert result.history["replies"] == [2.0, 2.0, 2.0] and result.rejected == []
     # SignDS on the wire: a sign and h indices per client, nothing else; Flower's framing
     # is the rest of what crosses

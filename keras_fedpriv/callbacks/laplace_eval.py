@@ -464,15 +464,89 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
 
     # --- the protocol ------------------------------------------------------
 
-    def client_report(self, probs: ArrayLike) -> np.ndarray:
+    def client_report(self, probs: ArrayLike, client_id: int | None = None) -> np.ndarray:
         """One client's release: its probability rows plus Laplace noise (float64).
+
+        Not recorded: `report_outputs` is the client side that records.
 
         Args:
             probs: ``(n, K)`` probability vectors (validated as in `evaluate`).
+            client_id: the client (a seeded object draws from that client's
+                own stream, so a copy on the client's machine adds the same
+                noise); None: this object's own stream.
         """
         probs = self._probabilities(probs)
         return laplace(probs, self.eps, sensitivity=self.sensitivity,
-                       rng=self._release_generator(), sampler=self.sampler)
+                       rng=self._release_generator(client_id), sampler=self.sampler)
+
+    def report_outputs(self, outputs: ArrayLike, client_id: int
+                       ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The client side: noise one client's model outputs and record the release.
+
+        Args:
+            outputs: the client's ``(n, K)`` probability rows
+                (`client_outputs`).
+            client_id: the client's id (an integer >= 0).
+
+        Returns:
+            ``(noisy, clean)``: the float64 rows the client sends, and its
+            clean probability rows when ``log_clean`` (else None; a
+            simulation-only diagnostic, recorded as not private).
+        """
+        noisy = self.client_report(outputs, client_id)
+        clean = np.asarray(outputs) if self.log_clean else None
+        cid = int(client_id)
+        self.client_releases[cid] = self.client_releases.get(cid, 0) + 1
+        self._ledger.record(self._release_kind(), [cid])
+        if self.log_clean:
+            self._ledger.record(ReleaseKind(
+                "LaplaceEvaluation clean_*", "client data", CLIENT, non_private_event(),
+                "log_clean=True: scores of the noiseless outputs in the logs "
+                "(simulation-only)"), [cid])
+        return noisy, clean
+
+    def client_outputs(self, model: keras.Model, x: ArrayLike) -> np.ndarray:
+        """The client's inference: the model's probability rows on ``x`` (softmax of logits
+        with ``from_logits=True``), checked to be one 2-D output."""
+        return self._predict(model, [np.asarray(x)])
+
+    def receive_reports(self, reports: Sequence[tuple[int, np.ndarray, np.ndarray | None]],
+                        started: float | None = None) -> dict[str, float]:
+        """The server side: buffer one evaluation's reports and score the buffer.
+
+        Args:
+            reports: ``(client id, noisy rows, clean rows or None)`` per client.
+            started: `time.perf_counter` at the evaluation's start (for
+                ``laplace_eval_time_s``); None: now.
+
+        Returns:
+            The logs, as `evaluate`.
+        """
+        started = time.perf_counter() if started is None else started
+        self.num_evaluations += 1
+        if self.cluster_client_num is None:
+            self._buffer.clear()
+        for cid, noisy, clean in reports:
+            self._buffer.pop(cid, None)
+            self._buffer[cid] = (noisy, clean)
+        if self.cluster_client_num is not None:
+            while len(self._buffer) > self.cluster_client_num:
+                self._buffer.popitem(last=False)
+        self.last_client_ids = list(self._buffer)
+        noisy = np.concatenate([v[0] for v in self._buffer.values()])
+        labels = np.argmax(noisy, axis=1)
+        self.last_server_view = (noisy, labels)
+        values = {f"laplace_{m}": self._score(m, noisy, labels, "noisy") for m in self.metrics}
+        self.last_clean_view = None
+        if self.log_clean:
+            clean = np.concatenate([v[1] for v in self._buffer.values()]).astype(np.float64)
+            clean_labels = np.argmax(clean, axis=1)
+            self.last_clean_view = (clean, clean_labels)
+            values.update({f"clean_{m}": self._score(m, clean, clean_labels, "clean")
+                           for m in self.metrics})
+        values["laplace_eval_time_s"] = time.perf_counter() - started
+        self.last_scores = values
+        return dict(values)
 
     def evaluate(self, client_inputs: Sequence[ArrayLike], client_ids: Sequence[int] | None = None,
                  model: keras.Model | None = None) -> dict[str, float]:
@@ -504,43 +578,9 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         outputs = self._predict(model, client_inputs)
         reports = []
         for cid, rows in zip(client_ids, np.split(outputs, np.cumsum(sizes)[:-1])):
-            noisy = self.client_report(rows)
-            reports.append((cid, noisy, rows if self.log_clean else None))
+            reports.append((cid, *self.report_outputs(rows, int(cid))))
         # Everything above ran on the clients; the reports are released.
-        self.num_evaluations += 1
-        if self.cluster_client_num is None:
-            self._buffer.clear()
-        kind = self._release_kind()
-        for cid, noisy, clean in reports:
-            self.client_releases[cid] = self.client_releases.get(cid, 0) + 1
-            self._ledger.record(kind, [int(cid)])
-            if self.log_clean:
-                self._ledger.record(ReleaseKind(
-                    "LaplaceEvaluation clean_*", "client data", CLIENT, non_private_event(),
-                    "log_clean=True: scores of the noiseless outputs in the logs "
-                    "(simulation-only)"), [int(cid)])
-            self._buffer.pop(cid, None)
-            self._buffer[cid] = (noisy, clean)
-        if self.cluster_client_num is not None:
-            while len(self._buffer) > self.cluster_client_num:
-                self._buffer.popitem(last=False)
-
-        # Server side.
-        self.last_client_ids = list(self._buffer)
-        noisy = np.concatenate([v[0] for v in self._buffer.values()])
-        labels = np.argmax(noisy, axis=1)
-        self.last_server_view = (noisy, labels)
-        values = {f"laplace_{m}": self._score(m, noisy, labels, "noisy") for m in self.metrics}
-        self.last_clean_view = None
-        if self.log_clean:
-            clean = np.concatenate([v[1] for v in self._buffer.values()]).astype(np.float64)
-            clean_labels = np.argmax(clean, axis=1)
-            self.last_clean_view = (clean, clean_labels)
-            values.update({f"clean_{m}": self._score(m, clean, clean_labels, "clean")
-                           for m in self.metrics})
-        values["laplace_eval_time_s"] = time.perf_counter() - started
-        self.last_scores = values
-        return dict(values)
+        return self.receive_reports(reports, started)
 
     def reset_buffer(self) -> None:
         """Forget the server's buffered reports (not the privacy counters)."""

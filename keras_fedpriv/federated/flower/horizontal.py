@@ -119,8 +119,10 @@ def _save_state(context: Context, client: HorizontalClient) -> None:
     """The client's release counters, ledgers and FedBN statistics into ``context.state``."""
     states = [obj.state_dict() for obj in _stateful(client.upload)]
     magrr = client.magrr.state_dict() if client.magrr is not None else None
+    laplace = getattr(client, "laplace", None)
     context.state["keras-fedpriv"] = ConfigRecord(
-        {"upload": json.dumps(states), "magrr": json.dumps(magrr)})
+        {"upload": json.dumps(states), "magrr": json.dumps(magrr),
+         "laplace": json.dumps(None if laplace is None else laplace.state_dict())})
     if client._own_bn is not None:
         context.state["keras-fedpriv-bn"] = ArrayRecord(numpy_ndarrays=list(client._own_bn))
 
@@ -139,6 +141,9 @@ def _load_state(context: Context, client: HorizontalClient) -> None:
         magrr = json.loads(record["magrr"])
         if client.magrr is not None and magrr is not None:
             client.magrr.load_state_dict(magrr)
+        laplace = json.loads(record["laplace"]) if "laplace" in record else None
+        if getattr(client, "laplace", None) is not None and laplace is not None:
+            client.laplace.load_state_dict(laplace)
     if "keras-fedpriv-bn" in context.state:
         client._own_bn = context.state["keras-fedpriv-bn"].to_numpy_ndarrays()
 
@@ -160,6 +165,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                           upload_fn: Callable[[], Any] = lambda: "fedavg", *,
                           batch_size: int = 32, seed: int | None = None,
                           batch_norm: str = "average", magrr_eps: float | None = None,
+                          laplace_eval_fn: Callable[[Context], Any] | None = None,
                           client_id_fn: Callable[[Context], int] = _default_client_id,
                           max_local_epochs: int = 100) -> ClientApp:
     """A Flower `ClientApp` that trains a horizontal-FL client and uploads through a scheme.
@@ -187,6 +193,11 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         client_id_fn: ``client_id_fn(context) -> int``: the client's id (its
             unit in the release ledger); default: the node config's
             ``client-id`` or ``partition-id``.
+        laplace_eval_fn: ``laplace_eval_fn(context) -> LaplaceEvaluation``:
+            this client's copy of `keras_fedpriv.callbacks.LaplaceEvaluation`
+            (its ``eps``, ``sensitivity`` and seed; ``log_clean`` must be
+            off), to answer the server's ``"evaluate"`` messages with its
+            model outputs plus Laplace noise; None: the client refuses them.
         max_local_epochs: the most local epochs per round this client
             accepts from the server (a bound on the work a server can ask).
 
@@ -236,6 +247,12 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         party = HorizontalClient(trainer, (x, y), _build_upload(upload_fn, context),
                                  client_id_fn(context),
                                  seed=seed, batch_norm=batch_norm, magrr=magrr)
+        party.laplace = None
+        if laplace_eval_fn is not None:
+            party.laplace = laplace_eval_fn(context)
+            if getattr(party.laplace, "log_clean", False):
+                raise ValueError("a client's LaplaceEvaluation must not log_clean: the clean "
+                                 "outputs would have to leave the client.")
         _load_state(context, party)
         _CLIENTS[key] = party
         return party
@@ -247,6 +264,29 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         except Exception:  # noqa: BLE001 - the reason stays on the client
             return _client_error(msg, "query")
         return Message(RecordDict({"config": ConfigRecord({"client-id": party.client_id})}),
+                       reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        try:
+            party = client(context)
+            if party.laplace is None:
+                raise ValueError("this client runs no LaplaceEvaluation (laplace_eval_fn).")
+            model = party.trainer.model
+            for v, w in zip(model.trainable_variables,
+                            msg.content["weights"].to_numpy_ndarrays()):
+                v.assign(w)
+            if "batch-norm" in msg.content:
+                for v, w in zip(party.trainer.bn_variables,
+                                msg.content["batch-norm"].to_numpy_ndarrays()):
+                    v.assign(w)
+            outputs = party.laplace.client_outputs(model, party.x)
+            noisy, _ = party.laplace.report_outputs(outputs, party.client_id)
+            _save_state(context, party)
+        except Exception:  # noqa: BLE001 - the reason stays on the client
+            return _client_error(msg, "evaluate")
+        return Message(RecordDict({"report": ArrayRecord({"report": Array(noisy)}),
+                                   "config": ConfigRecord({"client-id": party.client_id})}),
                        reply_to=msg)
 
     @app.train()
@@ -323,7 +363,8 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
                           rounds: int = 3, clients_per_round: int = 2, local_epochs: int = 1,
                           num_clients: int | None = None, min_replies: int = 1,
                           seed: int | None = None, batch_norm: str = "average",
-                          magrr: Any = None, validation_data: tuple[Any, Any] | None = None,
+                          magrr: Any = None, laplace_eval: Any = None,
+                          validation_data: tuple[Any, Any] | None = None,
                           round_timeout: float = 600.0, connect_timeout: float = 300.0,
                           on_finish: Callable[[FlowerRunResult], None] | None = None
                           ) -> ServerApp:
@@ -355,6 +396,13 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         magrr: a `keras_fedpriv.callbacks.MagRR` (server side; SignDS only),
             None, or ``magrr(context)`` returning either (a fresh MagRR per
             run). Its ``eps_rr`` must match the clients' ``magrr_eps``.
+        laplace_eval: a `keras_fedpriv.callbacks.LaplaceEvaluation`
+            (server side, with ``eval_data=None``), None, or
+            ``laplace_eval(context)`` returning either: every
+            ``every_n_epochs``-th round the round's clients answer an
+            ``"evaluate"`` message with their outputs plus Laplace noise
+            (their ``laplace_eval_fn`` copy) and the server logs the
+            clustering scores (``laplace_*``).
         validation_data: ``(x, y)`` the server scores the global model on
             after every round (``val_*`` in the history).
         round_timeout: seconds to wait for a round's replies; late replies
@@ -400,6 +448,11 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         if callable(magrr) and not hasattr(magrr, "server_update"):
             magrr_ = magrr(context)
         server = HorizontalServer(model, upload, seed=seed, batch_norm=batch_norm, magrr=magrr_)
+        laplace = laplace_eval
+        if callable(laplace) and not hasattr(laplace, "receive_reports"):
+            laplace = laplace(context)
+        if laplace is not None:
+            laplace.set_model(model)
         ledger = ReleaseLedger()
         upload_event = getattr(upload, "dp_event", lambda: None)() or non_private_event()
         upload_kind = ReleaseKind(f"{type(upload).__name__} upload (received by the server)",
@@ -508,6 +561,9 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
                 scores = model.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
                 logs.update({f"val_{k}": float(v) for k, v in scores.items()})
             logs["round_time_s"] = time.perf_counter() - started
+            if laplace is not None and laplace._due(rnd):
+                logs.update(_laplace_round(grid, laplace, server, chosen, node_of, rnd, wait,
+                                           ledger, rejected))
             if magrr_ is not None:
                 logs.update(magrr_.log_values())
             for k, v in logs.items():
@@ -613,6 +669,61 @@ def _parse_reply(reply: Message, server: HorizontalServer, with_magrr: bool,
             raise MalformedUpload("'num-examples' must be an integer >= 1.")
         out["num_examples"] = n
     return out
+
+
+def _laplace_round(grid: Grid, laplace: Any, server: HorizontalServer, chosen: Sequence[int],
+                   node_of: dict[int, int], rnd: int, wait: float, ledger: ReleaseLedger,
+                   rejected: list[tuple[int, int, str]]) -> dict[str, float]:
+    """The round's clients evaluate the new global model under Laplace noise; the server scores."""
+    started = time.perf_counter()
+    content = RecordDict({"weights": ArrayRecord(numpy_ndarrays=server.global_weights())})
+    bn = server.global_batch_norm()
+    if bn:
+        content["batch-norm"] = ArrayRecord(numpy_ndarrays=bn)
+    messages = [Message(content, dst_node_id=node_of[c], message_type="evaluate")
+                for c in chosen]
+    width = int(server.model.compute_output_shape((1,) + tuple(
+        server.model.inputs[0].shape[1:]))[-1]) if getattr(server.model, "inputs", None) \
+        else None
+    if laplace.num_classes is None:
+        laplace.num_classes = width  # K, for the release's event (the clients' output length)
+    ledger.record(laplace._release_kind(), list(chosen))  # asked: counted
+    client_of = {node_of[c]: c for c in chosen}
+    reports = {}
+    for reply in grid.send_and_receive(messages, timeout=wait):
+        cid = client_of.get(reply.metadata.src_node_id)
+        reason = None
+        if cid is None:
+            reason = "a reply from a node that was not asked"
+        elif reply.has_error():
+            reason = "error reply to 'evaluate'"
+        else:
+            try:
+                if set(reply.content.keys()) != {"report", "config"}:
+                    raise MalformedUpload("the reply must hold exactly 'report' and 'config'.")
+                rows = _arrays(reply.content["report"], "report", 8 * 10**8)
+                if set(rows) != {"report"}:
+                    raise MalformedUpload("'report' must hold exactly the array 'report'.")
+                noisy = rows["report"]
+                if noisy.dtype != np.float64 or noisy.ndim != 2 or len(noisy) == 0 or (
+                        width is not None and noisy.shape[1] != width):
+                    raise MalformedUpload(f"the report must be a non-empty float64 array of "
+                                          f"shape (n, {width}); got {noisy.dtype} "
+                                          f"{noisy.shape}.")
+                if not np.isfinite(noisy).all():
+                    raise MalformedUpload("the report holds NaN or infinity.")
+                reports[cid] = noisy
+            except MalformedUpload as err:
+                reason = f"malformed report: {err}"
+            except Exception as err:  # noqa: BLE001 - no reply may stop the server
+                reason = f"malformed report: could not be read ({type(err).__name__})"
+        if reason is not None:
+            who = cid if cid is not None else reply.metadata.src_node_id
+            logger.warning("round %d: dropped the evaluation of client %s: %s", rnd, who, reason)
+            rejected.append((rnd, who, reason))
+    if not reports:
+        return dict.fromkeys(laplace.log_keys(), float("nan"))
+    return laplace.receive_reports([(c, reports[c], None) for c in sorted(reports)], started)
 
 
 def _write_result(folder: str, result: FlowerRunResult) -> None:
