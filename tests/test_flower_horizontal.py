@@ -346,3 +346,23 @@ def test_the_example_client_takes_its_scheme_from_its_own_node_config_not_the_ru
     assert isinstance(task.client_upload_fn(Ctx()), SignDSEncoder)
     assert task.client_magrr_eps(Ctx()) == task.EPS_RR
     assert task.server_upload_fn(Ctx()) == "fedavg"  # its replies would then be dropped
+
+
+@pytest.mark.parametrize("report, match", [
+    (np.zeros((3, 10), np.float32), "float64"),
+    (np.zeros((3, 9)), r"shape \(n, 10\)"),
+    (np.zeros((0, 10)), "non-empty"),
+    (np.full((3, 10), np.inf), "NaN or infinity"),
+])
+def test_the_server_drops_a_malformed_laplace_report(report, match):
+    from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+    from keras_fedpriv.federated.flower.horizontal import _parse_report
+
+    good = RecordDict({"report": ArrayRecord({"report": Array(np.zeros((3, 10)))}),
+                       "config": ConfigRecord({"client-id": 0})})
+    assert _parse_report(_Reply(good), 10).shape == (3, 10)
+    bad = RecordDict({"report": ArrayRecord({"report": Array(report)}),
+                      "config": ConfigRecord({"client-id": 0})})
+    with pytest.raises(MalformedUpload, match=match):
+        _parse_report(_Reply(bad), 10)

@@ -699,20 +699,7 @@ def _laplace_round(grid: Grid, laplace: Any, server: HorizontalServer, chosen: S
             reason = "error reply to 'evaluate'"
         else:
             try:
-                if set(reply.content.keys()) != {"report", "config"}:
-                    raise MalformedUpload("the reply must hold exactly 'report' and 'config'.")
-                rows = _arrays(reply.content["report"], "report", 8 * 10**8)
-                if set(rows) != {"report"}:
-                    raise MalformedUpload("'report' must hold exactly the array 'report'.")
-                noisy = rows["report"]
-                if noisy.dtype != np.float64 or noisy.ndim != 2 or len(noisy) == 0 or (
-                        width is not None and noisy.shape[1] != width):
-                    raise MalformedUpload(f"the report must be a non-empty float64 array of "
-                                          f"shape (n, {width}); got {noisy.dtype} "
-                                          f"{noisy.shape}.")
-                if not np.isfinite(noisy).all():
-                    raise MalformedUpload("the report holds NaN or infinity.")
-                reports[cid] = noisy
+                reports[cid] = _parse_report(reply, width)
             except MalformedUpload as err:
                 reason = f"malformed report: {err}"
             except Exception as err:  # noqa: BLE001 - no reply may stop the server
@@ -724,6 +711,23 @@ def _laplace_round(grid: Grid, laplace: Any, server: HorizontalServer, chosen: S
     if not reports:
         return dict.fromkeys(laplace.log_keys(), float("nan"))
     return laplace.receive_reports([(c, reports[c], None) for c in sorted(reports)], started)
+
+
+def _parse_report(reply: Message, width: int | None) -> np.ndarray:
+    """A client's LaplaceEvaluation report, checked (`MalformedUpload` if not as promised)."""
+    if set(reply.content.keys()) != {"report", "config"}:
+        raise MalformedUpload("the reply must hold exactly 'report' and 'config'.")
+    rows = _arrays(reply.content["report"], "report", 8 * 10**8)
+    if set(rows) != {"report"}:
+        raise MalformedUpload("'report' must hold exactly the array 'report'.")
+    noisy = rows["report"]
+    if noisy.dtype != np.float64 or noisy.ndim != 2 or len(noisy) == 0 or (
+            width is not None and noisy.shape[1] != width):
+        raise MalformedUpload(f"the report must be a non-empty float64 array of shape "
+                              f"(n, {width}); got {noisy.dtype} {noisy.shape}.")
+    if not np.isfinite(noisy).all():
+        raise MalformedUpload("the report holds NaN or infinity.")
+    return noisy
 
 
 def _write_result(folder: str, result: FlowerRunResult) -> None:
