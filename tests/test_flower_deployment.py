@@ -66,6 +66,10 @@ def test_three_supernodes_train_fedavg_as_the_in_process_run(tmp_path):
         fedavg = deployment.run(APP, {"upload": "fedavg", "result-path": str(tmp_path / "f")},
                                 timeout=300)
         assert fedavg.returncode == 0, fedavg.stdout[-3000:]
+        assert "run status: finished:completed" in fedavg.stdout
+        # `flwr run` exits with 0 when the ServerApp fails; the status on the SuperLink does not
+        failed = deployment.run(APP, {"min-replies": 5}, timeout=120)
+        assert failed.returncode != 0 and "finished:failed" in failed.stdout
         pids = deployment.alive()  # with the descendants Flower started
     alive, listening = _gone(deployment, pids)
     assert alive == [] and listening == []

@@ -13,8 +13,10 @@ process id. Nothing this object did not start is touched.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -132,8 +134,13 @@ class LoopbackDeployment:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in close()
         self._logs[name] = log
         exe = shutil.which(args[0], path=self._bin) or args[0]
+        # a Flower home per process: Flower skips installing an app whose folder exists, so
+        # processes sharing one could import another's half-copied app
+        home = self.workdir / f"home-{name}"
+        home.mkdir(parents=True, exist_ok=True)
+        env = {**self.env, "FLWR_HOME": str(home)}
         proc = subprocess.Popen([exe] + args[1:], stdout=log, stderr=subprocess.STDOUT,
-                                env=self.env, cwd=str(self.workdir), start_new_session=True)
+                                env=env, cwd=str(self.workdir), start_new_session=True)
         self.processes[name] = proc
         return proc
 
@@ -261,7 +268,10 @@ class LoopbackDeployment:
 
         Returns:
             The `subprocess.CompletedProcess` (stdout and stderr merged in
-            ``stdout``: the streamed logs of the ServerApp).
+            ``stdout``: the streamed logs of the ServerApp). ``flwr run``
+            exits with 0 even when the ServerApp fails, so the return code is
+            set from the run's status on the SuperLink (``flwr list``): 0 only
+            for ``finished:completed``; the status is appended to ``stdout``.
         """
         args = [shutil.which("flwr", path=self._bin) or "flwr", "run", str(app_dir),
                 "loopback", "--stream"]
@@ -276,4 +286,25 @@ class LoopbackDeployment:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             raise
-        return subprocess.CompletedProcess(args, proc.returncode, out, "")
+        code = proc.returncode
+        status = self.run_status(out)
+        if code == 0 and status != "finished:completed":
+            code = 1
+        return subprocess.CompletedProcess(args, code, f"{out}\nrun status: {status}\n", "")
+
+    def run_status(self, output: str) -> str:
+        """The status (``finished:completed``, ``finished:failed``, ...) of the run that
+        ``flwr run`` reported starting in ``output``, from the SuperLink; ``"unknown"``
+        if it cannot be read."""
+        match = re.search(r"Successfully started run (\d+)", output)
+        if match is None:
+            return "unknown"
+        flwr = shutil.which("flwr", path=self._bin) or "flwr"
+        try:
+            done = subprocess.run([flwr, "list", "loopback", "--run-id", match.group(1),
+                                   "--format", "json"], capture_output=True, text=True,
+                                  env=self.env, timeout=60)
+            runs = json.loads(done.stdout).get("runs", [])
+        except (subprocess.TimeoutExpired, ValueError, AttributeError):
+            return "unknown"
+        return str(runs[0].get("status", "unknown")) if runs else "unknown"
