@@ -76,6 +76,13 @@ _TRAINERS: dict[Any, tuple[keras.Model, LocalTrainer]] = {}
 _CLIENTS: dict[Any, HorizontalClient] = {}
 
 
+def _caches() -> tuple[dict[Any, Any], dict[Any, Any]]:
+    """This process's caches. Reached through a module-level function: Ray pickles the apps'
+    closures by value, and a module dict they named directly would arrive as a fresh copy
+    with every message (rebuilding the model each time)."""
+    return _TRAINERS, _CLIENTS
+
+
 def message_nbytes(message: Message) -> int:
     """The size of a Flower message as Flower serializes it (protobuf bytes).
 
@@ -219,9 +226,10 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
     app = ClientApp()
 
     def client(context: Context) -> HorizontalClient:
+        trainers, clients = _caches()
         key = (context.run_id, context.node_id)
-        if key in _CLIENTS:
-            party = _CLIENTS[key]
+        if key in clients:
+            party = clients[key]
             _load_state(context, party)
             return party
         x, y = data_fn(context)
@@ -230,14 +238,16 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             x = x.astype(np.float32)
         if y.dtype.kind == "f":
             y = y.astype(np.float32)
-        tkey = (context.run_id, model_fn)
-        if tkey not in _TRAINERS:
+        # by name: an unpickled copy of model_fn is another object for every message
+        tkey = (context.run_id, getattr(model_fn, "__module__", ""),
+                getattr(model_fn, "__qualname__", repr(model_fn)))
+        if tkey not in trainers:
             model = model_fn()
             if not model.built:
                 model(x[:1])
-            _TRAINERS[tkey] = (model, LocalTrainer(model, batch_size, (x.shape[1:], x.dtype),
+            trainers[tkey] = (model, LocalTrainer(model, batch_size, (x.shape[1:], x.dtype),
                                                    (y.shape[1:], y.dtype)))
-        trainer = _TRAINERS[tkey][1]
+        trainer = trainers[tkey][1]
         magrr = None
         eps_rr = magrr_eps(context) if callable(magrr_eps) else magrr_eps
         if eps_rr is not None:
@@ -254,7 +264,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                 raise ValueError("a client's LaplaceEvaluation must not log_clean: the clean "
                                  "outputs would have to leave the client.")
         _load_state(context, party)
-        _CLIENTS[key] = party
+        clients[key] = party
         return party
 
     @app.query()
