@@ -148,7 +148,7 @@ def _spec_of(t):
 
 
 def batch_signature(spec: Any) -> Any:
-    """`tf.TensorSpec`\ s (batch dimension None) of a structure of KerasTensors."""
+    """The `tf.TensorSpec` (batch dimension None) of each KerasTensor of a structure."""
     return tree.map_structure(
         lambda t: tf.TensorSpec((None,) + tuple(t.shape[1:]),
                                 keras.backend.standardize_dtype(t.dtype)), spec)
@@ -869,9 +869,9 @@ class VerticalFollower(PartyBottom):
         """Restore `state_dict` (taken from this follower or a copy built the same way)."""
         try:
             for i, v in enumerate(self.trainable_variables):
-                v.assign(np.asarray(state[f"weights/{i}"]))
+                v.assign(np.reshape(state[f"weights/{i}"], v.shape))
             for i, v in enumerate(self.optimizer.variables):
-                v.assign(np.asarray(state[f"optimizer/{i}"]))
+                v.assign(np.reshape(state[f"optimizer/{i}"], v.shape))
         except KeyError as error:
             raise ValueError(f"{self._owner}.load_state_dict: the state lacks {error}; it was "
                              "taken from a follower of another structure.") from None
@@ -880,7 +880,7 @@ class VerticalFollower(PartyBottom):
         if self._counter is not None and "unprotected" in state:
             var = self._counter.variable
             value = var.numpy().copy()
-            value[self._counter.slot] = int(np.asarray(state["unprotected"])[0])
+            value[self._counter.slot] = int(np.asarray(state["unprotected"]).reshape(-1)[0])
             var.assign(value)
         self._pending = None
         if "pending/sent" in state:

@@ -98,6 +98,9 @@ def local_state(layers: Iterable[Any]) -> dict[str, np.ndarray]:
 def load_local_state(layers: Iterable[Any], state: dict[str, Any]) -> None:
     """Restore what `local_state` returned for the same layers.
 
+    Arrays are reshaped to their variables' shapes (a transport that turns
+    scalars into shape (1,) arrays is fine).
+
     Args:
         layers: the layers given to `local_state` (or copies of them with
             the same structure).
@@ -113,7 +116,7 @@ def load_local_state(layers: Iterable[Any], state: dict[str, Any]) -> None:
         if name not in state:
             raise ValueError(f"load_local_state: the state has no {name!r}; it was taken from "
                              "layers of another structure.")
-        v.assign(np.asarray(state[name]))
+        v.assign(np.reshape(state[name], v.shape))
     for j, sub in enumerate(_sublayers(layers)):
         for attr in _LOCAL_ATTRS:
             var = getattr(sub, attr, None)
@@ -122,13 +125,13 @@ def load_local_state(layers: Iterable[Any], state: dict[str, Any]) -> None:
                 if name not in state:
                     raise ValueError(f"load_local_state: the state has no {name!r}; it was taken "
                                      "from layers of another structure.")
-                var.assign(np.asarray(state[name]))
+                var.assign(np.reshape(state[name], var.shape))
         key_use = getattr(sub, "_key_use", None)
         if key_use is not None and f"{j}/key_used" in state:
-            key_use.variable.assign(np.asarray(state[f"{j}/key_used"]))
+            key_use.variable.assign(np.reshape(state[f"{j}/key_used"], ()))
         if hasattr(sub, "_release_id_counts_nonzero") and f"{j}/release_id_slots" in state:
-            ids = np.asarray(state[f"{j}/release_id_slots"], np.int64)
-            values = np.asarray(state[f"{j}/release_id_values"], np.int64)
+            ids = np.asarray(state[f"{j}/release_id_slots"], np.int64).reshape(-1)
+            values = np.asarray(state[f"{j}/release_id_values"], np.int64).reshape(-1)
             if ids.size or sub._release_id_counts is not None:
                 counts = np.zeros(sub._id_count_variable().shape, np.int32)
                 counts[ids] = values
