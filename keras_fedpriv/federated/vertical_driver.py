@@ -47,7 +47,7 @@ from keras_fedpriv.federated.vertical_parties import (
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 
 __all__ = ["FeatureTable", "FollowerRequest", "VerticalDriver", "VerticalRunResult",
-           "epoch_order", "run_leader", "serve_request"]
+           "epoch_order", "failure_reason", "run_leader", "serve_request"]
 
 logger = logging.getLogger("keras_fedpriv.vertical")
 
@@ -154,6 +154,18 @@ def serve_request(follower: VerticalFollower, request: FollowerRequest,
     x = features.rows(request.example_ids)
     return follower.embed(x, np.asarray(request.example_ids, np.int64),
                           training=bool(request.training))
+
+
+def failure_reason(error: BaseException) -> str:
+    """What a follower tells the leader about a request it failed to serve.
+
+    A `MalformedMessage` says what was wrong with the request (its texts
+    never hold values); any other error only its type: its message may
+    quote the follower's data, which stays with the follower (log it there).
+    """
+    if isinstance(error, MalformedMessage):
+        return f"MalformedMessage: {error}"
+    return f"{type(error).__name__} (details stay with the follower)"
 
 
 def epoch_order(seed: int | None, epoch: int, num_examples: int, shuffle: bool = True
@@ -407,13 +419,14 @@ class VerticalDriver:
                 self.tables[p] = FeatureTable(data)
 
     def exchange(self, requests: Mapping[str, FollowerRequest]) -> dict[str, Any]:
-        """Serve every request in this process; a failure becomes a reason string."""
+        """Serve every request in this process; a failure becomes a reason (`failure_reason`)."""
         replies = {}
         for p in sorted(requests):
             try:
                 replies[p] = serve_request(self.parties.followers[p], requests[p], self.tables[p])
-            except (MalformedMessage, ValueError, TypeError, RuntimeError) as error:
-                replies[p] = f"error reply: {type(error).__name__}: {error}"
+            except Exception as error:  # what a follower process would answer
+                logger.debug("follower %r failed to serve a request", p, exc_info=True)
+                replies[p] = f"error reply: {failure_reason(error)}"
         return replies
 
     def fit(self, y: Any, *, example_ids: Any = None, x: Any = None, epochs: int = 1,
