@@ -76,8 +76,8 @@ from keras_fedpriv.federated.vertical_parties import (  # noqa: E402
     MalformedMessage,
     VerticalFollower,
     VerticalLeader,
-    validate_party_name,
 )
+from keras_fedpriv.federated.vertical_parties.party import validate_party_name  # noqa: E402
 from keras_fedpriv.mechanisms.validation import (  # noqa: E402
     validate_positive_int,
     validate_seed,

@@ -26,10 +26,9 @@ from keras_fedpriv.federated.messages import (
     PartyMessages,
     StepMessages,
 )
-from keras_fedpriv.federated.vertical_parties import (
+from keras_fedpriv.federated.vertical_parties import VerticalLeader, VerticalParties, split_parties
+from keras_fedpriv.federated.vertical_parties.party import (
     PartyBottom,
-    VerticalLeader,
-    VerticalParties,
     _Counter,
     copy_protection,
     derive_party_seed,
@@ -37,12 +36,11 @@ from keras_fedpriv.federated.vertical_parties import (
     label_assert_message,
     leader_loss,
     leader_unprotected_ledger,
-    split_parties,
     sum_losses,
-    up_bytes,
     validate_class_weight,
     validate_party_name,
 )
+from keras_fedpriv.federated.vertical_parties.wire import up_bytes
 from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
 from keras_fedpriv.layers.label_dp import LabelDPLayer
 from keras_fedpriv.layers.secret_rng import _LocalVariable
