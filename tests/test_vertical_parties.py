@@ -348,6 +348,8 @@ def test_bad_arguments_raise_clear_errors(data):
                        name="lead")
     with pytest.raises(ValueError, match="`name`"):
         VerticalLeader(model.top, {"f1": f1.spec}, bottom=model.bottoms["lead"], loss="mse")
+    with pytest.raises(TypeError, match="`metrics` must hold keras.metrics.Metric"):
+        split_parties(model, metrics=[lambda y, p: y])
     with pytest.raises(ValueError, match="last dimension 12"):
         VerticalLeader(model.top, {"f1": f1.spec}, loss="mse")
     received = {"f1": np.zeros((2, 4), np.float32), "f2": np.zeros((2, 4), np.float32)}

@@ -27,7 +27,13 @@ from keras_fedpriv.federated.vertical_parties.wire import (
     decode_gradient,
     encode_embedding,
 )
-from keras_fedpriv.layers.local_state import load_local_state, local_state
+from keras_fedpriv.layers.local_state import (
+    Snapshot,
+    load_local_state,
+    local_state,
+    restore,
+    snapshot,
+)
 from keras_fedpriv.mechanisms.ledger import ReleaseLedger
 
 __all__ = ["VerticalFollower"]
@@ -162,7 +168,7 @@ class VerticalFollower(PartyBottom):
         if self._pending is not None:
             logger.debug("follower %r: a batch awaiting its gradient was dropped", self.name)
             self._pending = None
-        before = local_state(self.layers) if training else None
+        before = snapshot(self.layers) if training else None
         fn = self._function("train" if training else "infer", ids is not None)
         sent = fn(x, ids) if ids is not None else fn(x)
         self.check_input_errors()
@@ -211,15 +217,15 @@ class VerticalFollower(PartyBottom):
             cut_gradient = {"gradient": np.asarray(cut_gradient)}
         gradient = self.receive_gradient(cut_gradient)
         pending, self._pending = self._pending, None
-        after = local_state(self.layers)
-        load_local_state(self.layers, pending.state_before)
+        after = snapshot(self.layers)
+        restore(self.layers, pending.state_before)
         try:
             fn = self._function("replay", pending.example_ids is not None)
             args = [pending.features] + ([pending.example_ids]
                                          if pending.example_ids is not None else [])
             sent, grads, local = fn(*args, gradient)
         finally:
-            load_local_state(self.layers, after)
+            restore(self.layers, after)
         sent = np.asarray(sent)
         same = (np.array_equal(sent, pending.sent) if self.spec.bits else
                 np.allclose(sent, pending.sent, rtol=1e-5, atol=1e-6))
@@ -255,7 +261,10 @@ class VerticalFollower(PartyBottom):
             out["pending/sent"] = np.asarray(p.sent)
             if p.example_ids is not None:
                 out["pending/ids"] = p.example_ids
-            out.update({f"pending/before/{k}": v for k, v in p.state_before.items()})
+            before = p.state_before
+            if isinstance(before, Snapshot):
+                before = before.to_state()
+            out.update({f"pending/before/{k}": v for k, v in before.items()})
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

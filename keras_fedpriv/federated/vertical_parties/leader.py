@@ -68,8 +68,10 @@ class VerticalLeader:
             a release of the true labels without DP.
         loss: the loss (anything `keras.Model.compile` accepts for one output).
         optimizer: the leader's optimizer (for the top and its own bottom).
-        metrics: metrics (names or `keras.metrics.Metric` objects) that
-            `evaluate` reports besides the loss.
+        metrics: metrics (`keras.metrics.Metric` objects or their names)
+            that `evaluate` reports besides the loss. A name is taken
+            literally (``"accuracy"`` is exact-match `keras.metrics.Accuracy`;
+            use ``"binary_accuracy"`` for a sigmoid top).
         class_weight: None or a dict class -> weight, applied to the
             randomized labels (see `VerticalModel.fit`).
         label_free_sample_weight: True to allow ``sample_weight`` with
@@ -150,8 +152,13 @@ class VerticalLeader:
             if loss is None:
                 raise ValueError(f"{owner}: `loss` is required (e.g. 'binary_crossentropy').")
             self._compiled_loss = CompileLoss(loss)
-            self.metrics = [keras.metrics.get(m) if isinstance(m, str) else m
-                            for m in (metrics or [])]
+            self.metrics = []
+            for m in metrics or []:
+                metric = keras.metrics.get(m) if isinstance(m, str) else m
+                if not isinstance(metric, keras.metrics.Metric):
+                    raise TypeError(f"{owner}: `metrics` must hold keras.metrics.Metric objects "
+                                    f"or their names; got {type(m).__name__}.")
+                self.metrics.append(metric)
             variables = self.trainable_variables
             if variables:
                 self.optimizer.build(variables)

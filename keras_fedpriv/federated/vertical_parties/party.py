@@ -415,7 +415,7 @@ class _Pending:
     features: Any
     example_ids: np.ndarray | None
     sent: np.ndarray
-    state_before: dict[str, np.ndarray]
+    state_before: Any  # a local_state Snapshot, or its numpy form from a node state
 
 
 def _as_numpy_features(spec, x, owner, party):
