@@ -5,6 +5,8 @@ data and batch order they train the same model and record the same releases.
 """
 
 import logging
+import os
+import re
 
 import keras
 import numpy as np
@@ -381,3 +383,19 @@ def test_bad_arguments_raise_clear_errors(data):
         driver.fit(data["y"], example_ids=np.arange(3), x=data["xb"])
     with pytest.raises(ValueError, match="unique"):
         FeatureTable(np.zeros((3, 2)), example_ids=[1, 1, 2])
+
+
+def test_vertical_guide_party_halves_example_runs():
+    """docs/vertical.md: the party-halves example runs as written, after the quick start."""
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "vertical.md")
+    text = open(path, encoding="utf-8").read()
+    quick = re.findall(r"<!-- quick-start -->\s*```python\n(.*?)```", text, flags=re.S)
+    halves = re.findall(r"<!-- party-halves -->\s*```python\n(.*?)```", text, flags=re.S)
+    assert len(quick) == len(halves) == 1
+    namespace = {}
+    exec(compile(quick[0], "docs/vertical.md", "exec"), namespace)  # noqa: S102
+    exec(compile(halves[0], "docs/vertical.md", "exec"), namespace)  # noqa: S102
+    message, result = namespace["message"], namespace["result"]
+    assert set(message) == {"bits"} and message["bits"].dtype == np.uint8
+    assert message["bits"].shape == (32, 1)  # 8 coordinates: one byte per example
+    assert len(result.history["loss"]) == 2 and result.rejected == []

@@ -92,6 +92,12 @@ class VerticalModel(keras.Model):
     Inputs are a dict keyed by party name, plus optionally the reserved key
     ``"example_ids"`` (int64, shape (batch,), see `with_example_ids`).
 
+    Steps 1-3 are the graph pieces of the party halves
+    (`keras_fedpriv.federated.vertical_parties`): `split_parties` hands out
+    a `VerticalFollower` per follower and the `VerticalLeader`, sharing this
+    model's layers, for running each party on its own (in one process with
+    `VerticalDriver`, or as Flower apps).
+
     **How the top receives the embeddings.** If the top is a functional
     model whose inputs are a dict, or that has several inputs, its input
     names must be exactly the party names and it receives a dict
