@@ -223,9 +223,11 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
         except Exception as error:
             # Answered, not raised: the node state then keeps what did happen (a gradient
             # applied, a release made), as in one process; the leader gets the reason only.
-            logger.warning("follower %r failed to serve a request", cached.follower.name,
-                           exc_info=not isinstance(error, MalformedMessage))
-            reply = RecordDict({"error": ConfigRecord({"reason": failure_reason(error)})})
+            reason = failure_reason(error)
+            logger.warning("follower %r failed to serve a request: %s", cached.follower.name,
+                           reason)
+            logger.debug("follower %r: the error", cached.follower.name, exc_info=True)
+            reply = RecordDict({"error": ConfigRecord({"reason": reason})})
         save(context, cached)
         return Message(reply, reply_to=msg)
 
