@@ -1,6 +1,8 @@
 """Federated learning assembly.
 
-Vertical (split) FL: `VerticalModel` and its message callbacks (docs/vertical.md).
+Vertical (split) FL: `VerticalModel` and its message callbacks; the party halves
+`VerticalFollower` / `VerticalLeader` (`split_parties`) and their in-process
+driver `VerticalDriver` (docs/vertical.md).
 Horizontal FL: `HorizontalFL`, client partitioning and the upload schemes
 (docs/horizontal.md); the protocol's halves `HorizontalClient` and
 `HorizontalServer`, which `HorizontalFL` and the Flower apps of
@@ -31,9 +33,18 @@ from keras_fedpriv.federated.uploads import (
     SignDSUpload,
 )
 from keras_fedpriv.federated.vertical import VerticalModel, derive_party_seed
+from keras_fedpriv.federated.vertical_driver import VerticalDriver, VerticalRunResult
+from keras_fedpriv.federated.vertical_parties import (
+    VerticalFollower,
+    VerticalLeader,
+    VerticalParties,
+    split_parties,
+)
 
 __all__ = ["EXAMPLE_IDS_KEY", "ClientUpload", "EvaluationData", "FedAvgUpload",
            "GaussianUpload", "HorizontalClient", "HorizontalFL", "HorizontalServer",
            "LocalTrainer", "MalformedUpload", "MessageCallback", "MessageRecorder",
-           "PartyMessages", "SignDSUpload", "StepMessages", "VerticalModel",
-           "derive_party_seed", "partition", "partition_indices", "with_example_ids"]
+           "PartyMessages", "SignDSUpload", "StepMessages", "VerticalDriver",
+           "VerticalFollower", "VerticalLeader", "VerticalModel", "VerticalParties",
+           "VerticalRunResult", "derive_party_seed", "partition", "partition_indices",
+           "split_parties", "with_example_ids"]

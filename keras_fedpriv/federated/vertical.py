@@ -9,20 +9,14 @@ received, and each party updates its own bottom from that gradient alone.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import math
-import re
 from typing import Any, Callable, Mapping
 
 import keras
 import numpy as np
 import tensorflow as tf
 from keras import tree
-# No public equivalents (Keras 3.15): symbolic tracing of the parties' forward pass
-# without building a model, and the loss unscaling that Keras' own train_step
-# applies under tf.distribute before updating the loss tracker.
-from keras.src import backend as keras_backend
+# No public equivalent (Keras 3.15): the loss unscaling that Keras' own train_step applies
+# under tf.distribute before updating the loss tracker.
 from keras.src.losses import loss as keras_loss_module
 
 from keras_fedpriv.federated.messages import (
@@ -32,18 +26,25 @@ from keras_fedpriv.federated.messages import (
     PartyMessages,
     StepMessages,
 )
-from keras_fedpriv.layers import label_formats
-from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
+from keras_fedpriv.federated.vertical_parties import VerticalLeader, VerticalParties, split_parties
+from keras_fedpriv.federated.vertical_parties.party import (
+    PartyBottom,
+    _Counter,
+    copy_protection,
+    derive_party_seed,
+    follower_unprotected_ledger,
+    label_assert_message,
+    leader_loss,
+    leader_unprotected_ledger,
+    sum_losses,
+    validate_class_weight,
+    validate_party_name,
+)
+from keras_fedpriv.federated.vertical_parties.wire import up_bytes
 from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
 from keras_fedpriv.layers.label_dp import LabelDPLayer
-from keras_fedpriv.layers.secret_rng import SecretRandomMixin, _LocalVariable
-from keras_fedpriv.mechanisms.ledger import (
-    EXAMPLE,
-    ReleaseKind,
-    ReleaseLedger,
-    is_protection,
-    non_private_event,
-)
+from keras_fedpriv.layers.secret_rng import _LocalVariable
+from keras_fedpriv.mechanisms.ledger import ReleaseLedger
 
 __all__ = ["VerticalModel", "derive_party_seed"]
 
@@ -53,71 +54,6 @@ _SAMPLE_WEIGHT_REFUSAL = (
     "weights derived from the labels would reveal the true labels through the gradients sent "
     "to the followers. Use class_weight= (applied to the randomized labels), or pass "
     "label_free_sample_weight=True to fit if your weights do not depend on the labels.")
-_PARTY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
-
-
-def derive_party_seed(seed: int, party: str, bits: int = 64) -> int:
-    """The seed of ``party``'s copy of a seeded protection layer.
-
-    ``int.from_bytes(sha256(f"keras_fedpriv/party-seed/{seed}/{party}")[:8])``,
-    reduced to ``bits`` bits: deterministic, distinct per party, and no party's
-    seed reveals another's without the original seed.
-    """
-    digest = hashlib.sha256(f"keras_fedpriv/party-seed/{int(seed)}/{party}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % (2 ** bits)
-
-
-def _is_bit_protection(layer):
-    return isinstance(layer, EmbeddingDPLayer)
-
-
-def _takes_example_ids(layer):
-    try:
-        return "example_ids" in inspect.signature(layer.call).parameters
-    except (TypeError, ValueError):  # pragma: no cover - exotic layers
-        return False
-
-
-def _spec_of(t):
-    return keras.KerasTensor(tuple(t.shape), dtype=t.dtype)
-
-
-def _bottom_input_spec(party, bottom):
-    """Symbolic inputs (KerasTensors, possibly nested) of a built bottom model."""
-    struct = getattr(bottom, "_inputs_struct", None)
-    if struct is not None:
-        return tree.map_structure(_spec_of, struct)
-    try:
-        inputs = bottom.inputs
-    except (AttributeError, ValueError):
-        inputs = None
-    if inputs:
-        return _spec_of(inputs[0]) if len(inputs) == 1 else [_spec_of(t) for t in inputs]
-    shapes = getattr(bottom, "_build_shapes_dict", None) or {}
-    if bottom.built and len(shapes) == 1:
-        shape = next(iter(shapes.values()))
-        if shape is not None and not isinstance(shape, dict):
-            return keras.KerasTensor(tuple(shape), dtype=bottom.input_dtype)
-    raise ValueError(f"VerticalModel: the bottom model of party {party!r} has no known input "
-                     "shape. Give it one: a functional model (keras.Input), a Sequential "
-                     "starting with keras.Input, or call bottom.build(input_shape) first.")
-
-
-_LABEL_ASSERT = re.compile(r"assertion failed: \[(LabelDPLayer\(mode=.*?); first bad row:\] "
-                           r"\[(\d+)\]")
-
-
-def _label_assert_message(error):
-    """The short text of a `LabelDPLayer` label check that failed in a traced step, or None.
-
-    The graph error carries the whole TensorFlow stack trace; the rule and the
-    first bad row of the batch are all the user needs.
-    """
-    match = _LABEL_ASSERT.search(str(getattr(error, "message", error)).replace("\\'", "'"))
-    if match is None:
-        return None
-    return (f"{match.group(1)}; row {match.group(2)} of a training batch breaks the rule "
-            "(the labels come from the dataset, so they were checked inside the training step).")
 
 
 def _rows(t):
@@ -155,6 +91,12 @@ class VerticalModel(keras.Model):
 
     Inputs are a dict keyed by party name, plus optionally the reserved key
     ``"example_ids"`` (int64, shape (batch,), see `with_example_ids`).
+
+    Steps 1-3 are the graph pieces of the party halves
+    (`keras_fedpriv.federated.vertical_parties`): `split_parties` hands out
+    a `VerticalFollower` per follower and the `VerticalLeader`, sharing this
+    model's layers, for running each party on its own (in one process with
+    `VerticalDriver`, or as Flower apps).
 
     **How the top receives the embeddings.** If the top is a functional
     model whose inputs are a dict, or that has several inputs, its input
@@ -271,12 +213,7 @@ class VerticalModel(keras.Model):
             raise TypeError("VerticalModel: `bottoms` must be a non-empty dict party name -> "
                             f"Keras model; got {type(bottoms).__name__}.")
         for party, bottom in bottoms.items():
-            if not isinstance(party, str) or not _PARTY_NAME.match(party):
-                raise ValueError(f"VerticalModel: party names must be identifiers (a letter, then "
-                                 f"letters, digits or '_'); got {party!r} in `bottoms`.")
-            if party == EXAMPLE_IDS_KEY:
-                raise ValueError(f"VerticalModel: {EXAMPLE_IDS_KEY!r} is a reserved input key, "
-                                 "not a valid party name.")
+            validate_party_name(party, "VerticalModel", "party names in `bottoms`")
             if not isinstance(bottom, keras.layers.Layer):
                 raise TypeError(f"VerticalModel: `bottoms[{party!r}]` must be a Keras model or "
                                 f"layer; got {type(bottom).__name__}.")
@@ -290,7 +227,8 @@ class VerticalModel(keras.Model):
         if embedding_dp is None:
             return {}
         if isinstance(embedding_dp, keras.layers.Layer):
-            return {p: self._copy_protection(embedding_dp, p) for p in self._followers}
+            return {p: copy_protection(embedding_dp, p, "VerticalModel")
+                    for p in self._followers}
         if not isinstance(embedding_dp, dict):
             raise TypeError("VerticalModel: `embedding_dp` must be None, a Keras layer or a dict "
                             f"party -> layer or None; got {type(embedding_dp).__name__}.")
@@ -317,21 +255,6 @@ class VerticalModel(keras.Model):
                              "(each follower then gets its own copy) or one object per party.")
         return out
 
-    @staticmethod
-    def _copy_protection(layer, party):
-        config = dict(layer.get_config())
-        config["name"] = f"{layer.name}_{party}"
-        seed = config.get("seed")
-        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-            bits = 64 if isinstance(layer, SecretRandomMixin) else 31
-            config["seed"] = derive_party_seed(seed, party, bits=bits)
-        try:
-            return type(layer).from_config(config)
-        except Exception as error:  # pragma: no cover - exotic layers
-            raise TypeError(f"VerticalModel: could not copy the `embedding_dp` layer "
-                            f"{layer.name!r} for party {party!r} from its config ({error}); pass "
-                            "a dict party -> layer instead.") from error
-
     def _check_disjoint_variables(self):
         owners = {}
         groups = [(p, self._party_layers(p)) for p in self._parties] + [("the top", [self.top])]
@@ -357,151 +280,55 @@ class VerticalModel(keras.Model):
     # --- building and the top's input rule --------------------------------------------
 
     def _build_protocol(self):
-        specs = {}
-        for p in self._parties:
-            bottom = self.bottoms[p]
-            if not bottom.built:
-                raise ValueError(f"VerticalModel: the bottom model of party {p!r} is not built. "
-                                 "Give it an input (keras.Input / functional model / Sequential "
-                                 "starting with keras.Input) or call bottom.build(shape) first.")
-            specs[p] = _bottom_input_spec(p, bottom)
-        self._input_specs = specs
+        """The parties' halves (their graph pieces) and the leader's, sharing this model's layers.
 
-        def parties_forward(features):
-            return {p: self._party_forward(p, features[p], training=False)[1]
-                    for p in self._parties}
-
-        sent = keras_backend.compute_output_spec(parties_forward, specs)
-        for p, spec in sent.items():
-            if not isinstance(spec, keras.KerasTensor) or len(spec.shape) < 2:
-                raise ValueError(f"VerticalModel: party {p!r} must produce one embedding tensor "
-                                 f"of rank >= 2 (batch, ...); got {spec!r}.")
-            if not keras.backend.is_float_dtype(spec.dtype):
-                raise ValueError(f"VerticalModel: party {p!r} produces a {spec.dtype} embedding; "
-                                 "embeddings must be floating point (gradients flow back).")
-            if any(d is None for d in spec.shape[1:]):
-                raise ValueError(f"VerticalModel: party {p!r} embedding shape {spec.shape} must "
-                                 "be fully known apart from the batch dimension.")
-        self._embedding_specs = sent
-        self._top_takes_dict = self._resolve_top_rule(sent)
-        try:
-            self._top_output_spec = keras_backend.compute_output_spec(
-                lambda m: self.top(self._combine(m), training=False), sent)
-        except Exception as error:
-            shapes = {p: tuple(s.shape) for p, s in sent.items()}
-            rule = ("a dict keyed by party" if self._top_takes_dict else
-                    "the concatenation of the embeddings along the last axis in sorted party "
-                    "order")
-            raise ValueError(f"VerticalModel: the top model cannot take the embeddings "
-                             f"{shapes} as {rule}: {error}") from error
-        self.built = True
-        if self.label_dp is not None:
-            self._check_label_classes(self._declared_label_classes(), "label_dp")
-
-    def _declared_label_classes(self):
-        """The number of classes ``label_dp``'s settings fix before any label is seen, or None."""
-        layer = self.label_dp
-        if layer.mode == "binary":
-            return 2
-        return layer.num_classes  # sparse / onehot / auto: None until the labels are seen
-
-    def _top_output_size(self):
-        """The last dimension of the top's (single) output, or None when not known."""
-        spec = getattr(self, "_top_output_spec", None)
-        if not isinstance(spec, keras.KerasTensor) or len(spec.shape) < 2:
-            return None
-        return spec.shape[-1]
-
-    def _check_label_classes(self, num_classes, source):
-        """Raise if ``label_dp``'s ``num_classes`` cannot match the top model's output size.
-
-        Randomized labels take any of the ``num_classes`` values, so a top
-        with fewer outputs fails deep inside the loss on a label the user
-        never wrote. Two classes fit a top with 1 output (sigmoid) or 2
-        (softmax); K > 2 classes need exactly K outputs.
-
-        Args:
-            num_classes: the number of classes of the labels, or None (skip).
-            source: where ``num_classes`` comes from, for the message.
+        Each party's forward pass is traced symbolically (its embedding's
+        shape and dtype, checked), then the leader resolves the top's input
+        rule and checks ``label_dp``'s classes against the top's outputs.
         """
-        outputs = self._top_output_size()
-        if num_classes is None or outputs is None:
-            return
-        allowed = (1, 2) if num_classes == 2 else (num_classes,)
-        if outputs not in allowed:
-            if num_classes == 2:
-                fix = ("2 classes need a top with 1 output (sigmoid) or 2 (softmax); for "
-                       f"{outputs} classes use LabelDPLayer(mode='sparse', "
-                       f"num_classes={outputs}) (or mode='onehot' for one-hot labels)")
+        halves = {}
+        for p in self._parties:
+            if p == self._leader:
+                halves[p] = PartyBottom(p, self.bottoms[p], None, sends=False,
+                                        owner="VerticalModel")
             else:
-                fix = (f"the randomized labels take every class id in [0, {num_classes}), so "
-                       f"the top needs {num_classes} outputs: set `num_classes` to the number "
-                       "of classes the top predicts (or change the top)")
-            raise ValueError(f"VerticalModel: {source} has {num_classes} classes but the top "
-                             f"model has {outputs} output(s); {fix}.")
+                halves[p] = PartyBottom(p, self.bottoms[p], self.protections.get(p), sends=True,
+                                        counter=_Counter(self.unprotected_releases,
+                                                         self._followers.index(p)),
+                                        owner="VerticalModel")
+        for half in halves.values():
+            half._build_spec()
+        # Plain Python objects holding this model's layers: kept out of Keras' tracking.
+        object.__setattr__(self, "_halves", halves)
+        self._input_specs = {p: halves[p].input_spec for p in self._parties}
+        self._embedding_specs = {p: halves[p].embedding_tensor for p in self._parties}
+        leader = VerticalLeader(
+            self.top, {p: halves[p].spec for p in self._followers}, label_dp=self.label_dp,
+            labels_privatized=self.labels_privatized,
+            _counter=_Counter(self.unprotected_releases, len(self._followers)),
+            _owner="VerticalModel", _own_bottom=halves.get(self._leader), _standalone=False)
+        object.__setattr__(self, "_leader_half", leader)
+        self.built = True
 
     def _validate_fit_labels(self, y):
-        """Check array labels against ``label_dp`` eagerly, before Keras traces anything.
-
-        The same row-by-row rule as `LabelDPLayer` on eager labels (a
-        ValueError naming the first bad row and, for binary labels that look
-        like class ids, the hint to use ``mode='sparse'``), plus the number of
-        classes against the top's output size. Datasets are checked inside
-        the training step instead.
-
-        Args:
-            y: the ``y`` given to `fit` (checked only for a numpy array or an
-                eager tensor; other containers are left to Keras).
-        """
-        if isinstance(y, tf.Tensor) and hasattr(y, "numpy"):
-            y = y.numpy()
-        if not isinstance(y, np.ndarray) or y.ndim == 0:
-            return
-        layer = self.label_dp
-        mode, k = label_formats.resolve_mode(layer.mode, y.shape, layer.num_classes)
-        label_formats.validate_eager(y, mode, k)
-        self._check_label_classes(k, f"LabelDPLayer(mode={mode!r}) on these labels")
-
-    def _resolve_top_rule(self, sent):
-        struct = getattr(self.top, "_inputs_struct", None)
-        names = None
-        if isinstance(struct, dict):
-            names = list(struct)
-        elif struct is not None and len(tree.flatten(struct)) > 1:
-            names = [t.name for t in tree.flatten(struct)]
-        if names is None:  # one input: the concatenation
-            if len({s.shape[1:-1] for s in sent.values()}) > 1 or \
-                    len({len(s.shape) for s in sent.values()}) > 1:
-                raise ValueError("VerticalModel: the top model has one input, so it receives the "
-                                 "concatenation of the embeddings along the last axis, but their "
-                                 "shapes differ elsewhere: "
-                                 f"{ {p: tuple(s.shape) for p, s in sent.items()} }.")
-            if len({keras.backend.standardize_dtype(s.dtype) for s in sent.values()}) > 1:
-                raise ValueError("VerticalModel: the embeddings have different dtypes "
-                                 f"{ {p: s.dtype for p, s in sent.items()} }; the top's single "
-                                 "input needs one dtype.")
-            expected = getattr(self.top, "inputs", None) if self.top.built else None
-            if expected:
-                want = expected[0].shape[-1]
-                got = sum(int(s.shape[-1]) for s in sent.values())
-                if want is not None and want != got:
-                    raise ValueError(
-                        f"VerticalModel: the top model's input has last dimension {want}, but the "
-                        f"concatenated embeddings (sorted party order "
-                        f"{ {p: int(s.shape[-1]) for p, s in sent.items()} }) have {got}.")
-            return False
-        if sorted(names) != sorted(self._parties):
-            raise ValueError(f"VerticalModel: the top model has inputs named {names}; a top with "
-                             "several (or dict) inputs must name them exactly after the parties "
-                             f"{list(self._parties)} (it then receives a dict party -> "
-                             "embedding). A top with one input receives the concatenation.")
-        return True
+        """Check array labels against ``label_dp`` eagerly, before Keras traces anything."""
+        self._leader_half.validate_labels(y)
 
     def _combine(self, sent):
-        if self._top_takes_dict:
-            return {p: sent[p] for p in self._parties}
-        parts = [sent[p] for p in self._parties]
-        return parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
+        return self._leader_half.combine(sent)
+
+    def split_parties(self, **kwargs: Any) -> VerticalParties:
+        """The halves of this model, sharing its layers (see `split_parties`).
+
+        Args:
+            **kwargs: ``optimizer``, ``loss``, ``metrics``, ``class_weight``,
+                ``label_free_sample_weight`` of `split_parties`.
+
+        Returns:
+            A `VerticalParties`: ``.leader`` (`VerticalLeader`) and
+            ``.followers`` (follower name -> `VerticalFollower`).
+        """
+        return split_parties(self, **kwargs)
 
     # --- the protocol ------------------------------------------------------------------
 
@@ -518,31 +345,9 @@ class VerticalModel(keras.Model):
                              f"{missing}, unknown {unknown}.")
         return {p: inputs[p] for p in self._parties}, inputs.get(EXAMPLE_IDS_KEY)
 
-    def _count_unprotected(self, slot, rows):
-        update = tf.one_hot(slot, len(self._followers) + 1, dtype=tf.int64)
-        self.unprotected_releases.assign_add(update * tf.cast(rows > 0, tf.int64))
-
     def _party_forward(self, party, features, training, example_ids=None):
-        """Party's side: (raw embedding, what it sends, its own losses).
-
-        A follower's message is a release: its protection records it (with
-        ``example_ids`` when it takes them); without a protection that keeps
-        a ledger, this model records it as a release without DP.
-        """
-        bottom = self.bottoms[party]
-        z = bottom(features, training=training)
-        losses = list(bottom.losses)
-        protection = self.protections.get(party)
-        if party != self._leader and not is_protection(protection):
-            self._count_unprotected(self._followers.index(party), _rows(z))
-        if protection is None:
-            return z, z, losses
-        if example_ids is not None and tf.as_dtype(example_ids.dtype).is_integer and \
-                _takes_example_ids(protection):
-            sent = protection(z, training=training, example_ids=example_ids)
-        else:
-            sent = protection(z, training=training)
-        return z, sent, losses + list(protection.losses)
+        """Party's side: (raw embedding, what it sends, its own losses); see `PartyBottom`."""
+        return self._halves[party].forward(features, example_ids, training=training)
 
     # `.keras`: the counts of unprotected releases travel with the model, so a
     # reloaded model still reports that labels or embeddings left in the clear.
@@ -565,30 +370,11 @@ class VerticalModel(keras.Model):
         keeps a ledger, and training steps without ``label_dp`` (the cut
         gradients sent to the followers are computed from the true labels).
         """
-        counts = self.unprotected_releases.numpy()
-        ledger = ReleaseLedger()
-        for i, p in enumerate(self._followers):
-            if counts[i]:
-                protection = self.protections.get(p)
-                what = ("no protection" if protection is None else
-                        f"its protection {type(protection).__name__} has no DP accounting")
-                ledger.record(ReleaseKind(f"VerticalModel follower {p!r}",
-                                          "features", EXAMPLE, non_private_event(),
-                                          f"its embedding is sent without a DP mechanism "
-                                          f"({what})"),
-                              units=None, count=int(counts[i]))
-        if counts[-1]:
-            ledger.record(ReleaseKind("VerticalModel leader", "labels", EXAMPLE,
-                                      non_private_event(),
-                                      "no label_dp: the gradients sent to the followers are "
-                                      "computed from the true labels"),
-                          units=None, count=int(counts[-1]))
-        return ledger
-
-    def _sum_losses(self, losses):
-        if not losses:
-            return None
-        return tf.add_n([self._aggregate_additional_loss(loss) for loss in losses])
+        ledgers = [follower_unprotected_ledger(p, self.protections.get(p),
+                                               self._halves[p].unprotected_count())
+                   for p in self._followers]
+        ledgers.append(leader_unprotected_ledger(self._leader_half.unprotected_count()))
+        return ReleaseLedger.merged(ledgers)
 
     def call(self, inputs: Any, training: bool | None = None) -> Any:
         features, ids = self._split_inputs(inputs)
@@ -605,74 +391,8 @@ class VerticalModel(keras.Model):
         differentiates its own.
         """
         del x, training
-        losses = []
-        if self._compile_loss is not None:
-            loss = self._compile_loss(y, y_pred, sample_weight)
-            if loss is not None:
-                losses.append(loss)
-        for loss in self._get_own_losses() + list(self.top.losses):
-            losses.append(self._aggregate_additional_loss(loss))
-        if not losses:
-            raise ValueError("No loss to compute. Provide a `loss` argument in `compile()`.")
-        return losses[0] if len(losses) == 1 else tf.add_n(losses)
-
-    def _privatize_labels(self, y, ids):
-        if self.label_dp is None or y is None:
-            return y
-        if ids is None and not self.label_dp.per_batch:
-            raise ValueError(
-                "VerticalModel(label_dp=LabelDPLayer(...)) randomizes each training label once, "
-                f"so it needs example ids: add an int64 {EXAMPLE_IDS_KEY!r} entry (shape "
-                "(batch,), unique per example) to the input dict, e.g. with "
-                "keras_fedpriv.federated.with_example_ids(x) (before shuffling). Alternatively "
-                "privatize the labels once before training with keras_fedpriv.privatize_labels "
-                "and pass label_dp=None, or use LabelDPLayer(per_batch=True) (fresh noise every "
-                "epoch: E epochs cost E * eps).")
-        return self.label_dp(y, example_ids=ids, training=True)
-
-    def _label_dp_sample_weight(self, y_train, sample_weight):
-        """With label_dp: refuse label-derived sample weights; class weights from y_train."""
-        if self.label_dp is None:
-            return sample_weight
-        if sample_weight is not None and not self._label_free_sample_weight:
-            raise ValueError(_SAMPLE_WEIGHT_REFUSAL)
-        if self._label_class_weight is None or y_train is None:
-            return sample_weight
-        mode, k = self.label_dp._resolved
-        keys = sorted(self._label_class_weight)
-        if keys[-1] >= k:
-            raise ValueError(f"VerticalModel.fit: `class_weight` has the class {keys[-1]} but the "
-                             f"labels have {k} classes; allowed keys: 0..{k - 1}.")
-        table = np.ones(k, np.float32)
-        for c, w in self._label_class_weight.items():
-            table[c] = w
-        if mode == "onehot":
-            classes = tf.argmax(y_train, axis=-1)
-        else:
-            classes = tf.cast(tf.round(tf.cast(tf.reshape(y_train, [-1]), tf.float32)), tf.int32)
-        weights = tf.gather(tf.constant(table), classes)
-        if sample_weight is None:
-            return weights
-        sample_weight = tf.convert_to_tensor(sample_weight)
-        return sample_weight * tf.reshape(tf.cast(weights, sample_weight.dtype),
-                                          tf.shape(sample_weight))
-
-    @staticmethod
-    def _validate_class_weight(class_weight):
-        if not isinstance(class_weight, dict) or not class_weight:
-            raise TypeError("VerticalModel.fit: `class_weight` must be a non-empty dict class "
-                            f"index -> weight; got {type(class_weight).__name__}.")
-        out = {}
-        for c, w in class_weight.items():
-            if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0:
-                raise ValueError(f"VerticalModel.fit: `class_weight` keys must be class indices "
-                                 f"(integers >= 0); got {c!r}.")
-            if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(float(w)) or w < 0:
-                raise ValueError(f"VerticalModel.fit: `class_weight[{int(c)}]` must be a finite "
-                                 f"real >= 0; got {w!r}.")
-            out[int(c)] = float(w)
-        return out
+        return leader_loss(self._compile_loss, y, y_pred, sample_weight,
+                           self._get_own_losses() + list(self.top.losses))
 
     def _input_flag_layers(self):
         layers = [self.label_dp] + [self.protections[p] for p in self._followers]
@@ -689,14 +409,11 @@ class VerticalModel(keras.Model):
 
     def _wire_bytes(self, party, sent):
         """(bytes up, bytes down) of one message of ``party`` (float64 scalars)."""
-        rows = tf.cast(_rows(sent), tf.float64)
-        coords = tf.cast(_coords(sent), tf.float64)
-        if _is_bit_protection(self.protections.get(party)):
-            up = rows * tf.math.ceil(coords / 8.0)
-        else:
-            up = rows * coords * float(sent.dtype.size)
-        down = rows * coords * float(sent.dtype.size)
-        return up, down
+        rows = tf.cast(_rows(sent), tf.int64)
+        coords = tf.cast(_coords(sent), tf.int64)
+        size = int(sent.dtype.size)
+        up = up_bytes(rows, coords, size, self._halves[party].spec.bits)
+        return tf.cast(up, tf.float64), tf.cast(rows * coords * size, tf.float64)
 
     def _count_traffic(self, sent, gradients_sent):
         total_up, total_down = [], []
@@ -723,43 +440,32 @@ class VerticalModel(keras.Model):
             with tape:
                 _, sent[p], losses = self._party_forward(p, features[p], training=True,
                                                          example_ids=ids)
-                local[p] = self._sum_losses(losses)
+                local[p] = sum_losses(losses)
                 local_scaled[p] = None if local[p] is None else scale(local[p])
             tapes[p] = tape
 
-        # 2. The leader: top on what arrived (no autograd history crosses the wire).
+        # 2. The leader: labels (label DP), top on what arrived (no autograd history
+        #    crosses the wire), loss, cut gradients.
+        leader = self._leader_half
         received = {p: tf.stop_gradient(sent[p]) for p in self._parties}
-        y_train = self._privatize_labels(y, ids)
-        if self.label_dp is None and not self.labels_privatized and y is not None:
-            self._count_unprotected(len(self._followers), _rows(tree.flatten(y)[0]))
-        sample_weight = self._label_dp_sample_weight(y_train, sample_weight)
-        top_vars = list(self.top.trainable_variables)
-        with tf.GradientTape() as leader_tape:
-            for t in received.values():
-                leader_tape.watch(t)
-            y_pred = self.top(self._combine(received), training=True)
-            loss = self._compute_loss(x=x, y=y_train, y_pred=y_pred,
-                                      sample_weight=sample_weight, training=True)
-            scaled_loss = scale(loss)
-        grads = leader_tape.gradient(scaled_loss, [received[p] for p in self._parties] + top_vars)
-        n = len(self._parties)
-        cut = {p: (g if g is not None else tf.zeros_like(received[p]))
-               for p, g in zip(self._parties, grads[:n])}
-        by_var = {}
-        for v, g in zip(top_vars, grads[n:]):
-            by_var[id(v)] = g
+        y_train = leader.privatize_labels(y, ids)
+        sample_weight = leader.label_sample_weight(
+            y_train, sample_weight, self._label_class_weight, self._label_free_sample_weight,
+            _SAMPLE_WEIGHT_REFUSAL)
+
+        def loss_fn(y_true, y_pred, weights):
+            return self._compute_loss(x=x, y=y_true, y_pred=y_pred, sample_weight=weights,
+                                      training=True)
+
+        loss, y_pred, cut, top_pairs = leader.top_backward(received, y_train, sample_weight,
+                                                           loss_fn, scale)
+        by_var = {id(v): g for g, v in top_pairs}
 
         # 3. Each party: its gradients from g_p alone (+ its own losses).
         for p in self._parties:
-            party_vars = [v for layer in self._party_layers(p) for v in layer.trainable_variables]
-            if not party_vars:
-                continue
-            targets, out_grads = [sent[p]], [cut[p]]
-            if local_scaled[p] is not None:
-                targets.append(local_scaled[p])
-                out_grads.append(tf.ones_like(local_scaled[p]))
-            for v, g in zip(party_vars, tapes[p].gradient(targets, party_vars,
-                                                          output_gradients=out_grads)):
+            half = self._halves[p]
+            grads = half.gradients(tapes[p], sent[p], cut[p], local_scaled[p])
+            for v, g in zip(half.trainable_variables, grads):
                 by_var[id(v)] = g
 
         # 4. One optimizer step (per-party optimizers in deployment; same math).
@@ -803,7 +509,7 @@ class VerticalModel(keras.Model):
             _, sent[p], losses = self._party_forward(p, features[p], training=False,
                                                      example_ids=ids)
             if losses:
-                total_local.append(self._sum_losses(losses))
+                total_local.append(sum_losses(losses))
         y_pred = self.top(self._combine(sent), training=False)
         loss = self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                   training=False)
@@ -849,7 +555,7 @@ class VerticalModel(keras.Model):
                 raise ValueError(_SAMPLE_WEIGHT_REFUSAL)
             class_weight = kwargs.pop("class_weight", None)
             if class_weight is not None:
-                class_weight = self._validate_class_weight(class_weight)
+                class_weight = validate_class_weight(class_weight, "VerticalModel.fit")
         if (class_weight, label_free_sample_weight) != \
                 (self._label_class_weight, self._label_free_sample_weight):
             self._label_class_weight = class_weight
@@ -882,7 +588,7 @@ class VerticalModel(keras.Model):
             return super().fit(x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
                                callbacks=callbacks, **kwargs)
         except tf.errors.InvalidArgumentError as error:
-            short = _label_assert_message(error)
+            short = label_assert_message(error)
             if short is None:
                 raise
             raise ValueError(f"VerticalModel.fit: {short}") from None
@@ -947,8 +653,7 @@ class VerticalModel(keras.Model):
         for p in self._followers:
             e, g = arrays["up"][p], arrays["down"][p]
             rows, coords = e.shape[0], int(np.prod(e.shape[1:]))
-            up = rows * (math.ceil(coords / 8) if _is_bit_protection(self.protections.get(p))
-                         else coords * e.dtype.itemsize)
+            up = up_bytes(rows, coords, e.dtype.itemsize, self._halves[p].spec.bits)
             parties[p] = PartyMessages(embeddings=e, gradients=g, bytes_up=int(up),
                                        bytes_down=int(rows * coords * g.dtype.itemsize))
         messages = StepMessages(
@@ -984,17 +689,10 @@ class VerticalModel(keras.Model):
         float dtype), ``"up_bytes_per_example"``, ``"down"`` and
         ``"down_bytes_per_example"``.
         """
-        out = {}
-        for p in self._followers:
-            spec = self._embedding_specs[p]
-            coords = int(np.prod(spec.shape[1:]))
-            size = tf.as_dtype(spec.dtype).size
-            bits = _is_bit_protection(self.protections.get(p))
-            out[p] = {"up": "1-bit packed" if bits else keras.backend.standardize_dtype(spec.dtype),
-                      "up_bytes_per_example": math.ceil(coords / 8) if bits else coords * size,
-                      "down": keras.backend.standardize_dtype(spec.dtype),
-                      "down_bytes_per_example": coords * size}
-        return out
+        return {p: {"up": "1-bit packed" if spec.bits else spec.dtype,
+                    "up_bytes_per_example": spec.bytes_up_per_example,
+                    "down": spec.dtype, "down_bytes_per_example": spec.bytes_down_per_example}
+                for p, spec in ((p, self._halves[p].spec) for p in self._followers)}
 
     def _check_party(self, party):
         if party not in self._parties:

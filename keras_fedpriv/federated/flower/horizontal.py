@@ -358,11 +358,12 @@ class FlowerRunResult:
         return self.ledger
 
 
-def _wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
+def _wait_for_nodes(grid: Grid, count: int, timeout: float, what: str = "clients") -> list[int]:
+    """The connected node ids once ``count`` are connected (`TimeoutError` after ``timeout``)."""
     deadline = time.monotonic() + timeout
     while len(nodes := sorted(grid.get_node_ids())) < count:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(nodes)} of the {count} clients needed connected "
+            raise TimeoutError(f"only {len(nodes)} of the {count} {what} needed connected "
                                f"within {timeout:g} s.")
         time.sleep(0.5)
     return nodes

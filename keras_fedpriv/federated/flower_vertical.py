@@ -1,0 +1,450 @@
+"""Vertical FL as Flower apps: the leader is the `ServerApp`, each follower a `ClientApp`.
+
+The leader drives (Flower's vertical pattern): for every batch it sends each
+follower one message with the batch's example ids (and the cut gradient of
+the follower's previous batch); the follower applies the gradient, answers
+with its protected embedding of the new batch; the leader checks the
+answers, steps, and keeps the new cut gradients for the next message. The
+apps are thin: the loop is `keras_fedpriv.federated.vertical_driver.run_leader`
+and the follower's side `serve_request`, exactly what `VerticalDriver` runs
+in one process, so given the same seeds and data both runtimes compute the
+same model.
+
+What crosses the wire (Flower ``Message`` contents):
+
+* leader -> follower (``"train"``: a training batch; ``"evaluate"``: an
+  inference batch for validation): ``"ids"`` (``{"ids": int64 (rows,)}``),
+  ``"gradient"`` (``{"gradient": float (rows, ...)}``, the cut gradient of
+  the follower's previous training batch) when there is one, and
+  ``"config"`` (epoch, step);
+* follower -> leader: ``"embedding"``: exactly the follower's wire arrays
+  (`encode_embedding`: ``{"bits": uint8 (rows, ceil(d / 8))}`` with an
+  `EmbeddingDPLayer`, else ``{"embedding": float}``), nothing else; or, when
+  it could not serve the request, ``"error"`` (`failure_reason`: what was
+  malformed, or only the error's type);
+* once, before training (``"query"``): the follower's party name and
+  `EmbeddingSpec`, which must match the leader's; at the end
+  (``"query.finish"``): nothing (the follower's ``on_finish`` runs).
+
+The leader checks every reply (`decode_embedding`: keys, dtype, shape,
+padding bits, finite floats); an error reply, a missing or malformed one is
+logged with its reason (never its data) and the batch is skipped, so
+nothing malformed is ever used. A follower checks the gradients it receives
+the same way (`decode_gradient`) and answers a malformed one with an error.
+
+A follower's state lives in its node's ``context.state`` between messages
+(Flower's Deployment Engine starts a process per message; the Simulation
+Engine may route a node's messages to different worker processes): its
+weights, optimizer, the local state of its layers (random counters, release
+counts and, for unseeded layers, its secret key: it stays on the party's own
+SuperNode) and the batch awaiting its gradient. A process keeps the built
+follower and reloads the state only when another process has moved on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import logging
+import os
+import re
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+try:
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+except ImportError as err:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "keras_fedpriv.federated.flower_vertical needs Flower: pip install "
+        "\"keras-fedpriv[flower]\" (flwr[simulation]>=1.41,<1.42).") from err
+
+from keras_fedpriv.federated.flower.horizontal import (  # noqa: E402
+    _wait_for_nodes,
+    message_nbytes,
+)
+from keras_fedpriv.federated.vertical_driver import (  # noqa: E402
+    FeatureTable,
+    FollowerRequest,
+    VerticalRunResult,
+    failure_reason,
+    run_leader,
+    serve_request,
+)
+from keras_fedpriv.federated.vertical_parties import (  # noqa: E402
+    EmbeddingSpec,
+    MalformedMessage,
+    VerticalFollower,
+    VerticalLeader,
+)
+from keras_fedpriv.federated.vertical_parties.party import validate_party_name  # noqa: E402
+from keras_fedpriv.mechanisms.validation import (  # noqa: E402
+    validate_positive_int,
+    validate_seed,
+)
+
+__all__ = ["vertical_client_app", "vertical_server_app"]
+
+logger = logging.getLogger("keras_fedpriv.flower")
+
+_STATE = "keras-fedpriv-vertical-state"
+_META = "keras-fedpriv-vertical-meta"
+
+
+@dataclasses.dataclass
+class _Cached:
+    follower: VerticalFollower
+    table: FeatureTable
+    version: int  # the node-state version this object holds (-1: reload)
+
+
+# One built follower per (run, node) in a process. The apps' closures reach it through
+# `_followers()`: an engine that pickles the app by value (Ray) would copy a dict they
+# referenced directly, and every message would build its follower again.
+_FOLLOWERS: dict[tuple[int, int], _Cached] = {}
+
+
+def _followers() -> dict[tuple[int, int], _Cached]:
+    return _FOLLOWERS
+
+
+def _call(fn: Callable[..., Any], *args: Any, context: Context) -> Any:
+    """``fn(*args, context=context)`` if ``fn`` declares ``context``, else ``fn(*args)``."""
+    try:
+        takes = "context" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        takes = False
+    return fn(*args, context=context) if takes else fn(*args)
+
+
+def _party_of(context: Context, parties: Sequence[str] | None) -> str:
+    config = context.node_config
+    if "party" in config:
+        return str(config["party"])
+    if parties is not None and "partition-id" in config:
+        i = int(config["partition-id"])
+        if not 0 <= i < len(parties):
+            raise ValueError(f"partition-id {i} has no party: `parties` has {len(parties)}.")
+        return parties[i]
+    raise ValueError("The SuperNode's node config must set 'party' (flower-supernode "
+                     "--node-config \"party='party_a'\"), or 'partition-id' with `parties` given "
+                     f"to vertical_client_app; got keys {sorted(config)}.")
+
+
+def _arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: a.numpy() for k, a in record.items()}
+
+
+def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
+                        data_fn: Callable[..., Any], *,
+                        parties: Sequence[str] | None = None,
+                        party_fn: Callable[[Context], str] | None = None,
+                        on_finish: Callable[..., None] | None = None) -> ClientApp:
+    """A Flower `ClientApp`: one follower of vertical FL.
+
+    Args:
+        follower_fn: ``follower_fn(party) -> VerticalFollower`` (with
+            ``context=`` if it declares that parameter): this party's half,
+            e.g. ``model_fn().split_parties().followers[party]``, or a
+            `VerticalFollower` built from the party's own bottom. Called once
+            per process and run.
+        data_fn: ``data_fn(party)`` (with ``context=`` if declared): the
+            party's features, an array whose rows are example ids
+            ``0 .. n-1``, or ``(example_ids, x)``. Include every example the
+            leader may ask for (training and validation).
+        parties: party names by ``partition-id`` (when the node config has
+            no ``party``).
+        party_fn: ``party_fn(context) -> party name``; default: the node
+            config's ``party``, else ``parties[partition-id]``.
+        on_finish: called as ``on_finish(follower)`` (with ``context=`` if
+            declared) in the follower's process when the leader ends the run.
+
+    Returns:
+        A `flwr.clientapp.ClientApp` answering the messages of
+        `vertical_server_app`.
+    """
+    if parties is not None:
+        parties = [validate_party_name(p, "vertical_client_app", "`parties`") for p in parties]
+    app = ClientApp()
+
+    def load(context: Context) -> _Cached:
+        key = (context.run_id, context.node_id)
+        version = int(context.state[_META]["version"]) if _META in context.state else 0
+        cache = _followers()
+        cached = cache.get(key)
+        if cached is not None and version == 0 and cached.version != 0:
+            # A node state that starts afresh, while this process kept a follower under the
+            # same (run, node) ids (a worker process reused by the engine for a new run).
+            cached = None
+        if cached is None:
+            party = party_fn(context) if party_fn is not None else _party_of(context, parties)
+            follower = _call(follower_fn, party, context=context)
+            if not isinstance(follower, VerticalFollower) or follower.name != party:
+                raise TypeError(f"follower_fn({party!r}) must return the VerticalFollower named "
+                                f"{party!r}; got {type(follower).__name__}.")
+            data = _call(data_fn, party, context=context)
+            table = (data if isinstance(data, FeatureTable) else
+                     FeatureTable(data[1], data[0]) if isinstance(data, tuple) else
+                     FeatureTable(data))
+            cached = cache[key] = _Cached(follower, table, 0)
+        if cached.version != version:
+            if _STATE in context.state:
+                cached.follower.load_state_dict(_arrays(context.state[_STATE]))
+            cached.version = version
+        return cached
+
+    def save(context: Context, cached: _Cached) -> None:
+        context.state[_STATE] = _record(cached.follower.state_dict())
+        cached.version += 1
+        context.state[_META] = ConfigRecord({"version": cached.version})
+
+    def serve(msg: Message, context: Context, training: bool) -> Message:
+        cached = load(context)
+        content = msg.content
+        config = content["config"] if "config" in content else {}
+        try:
+            request = FollowerRequest(
+                gradient=_arrays(content["gradient"]) if "gradient" in content else None,
+                example_ids=content["ids"]["ids"].numpy() if "ids" in content else None,
+                training=training, epoch=int(config.get("epoch", 0)),
+                step=int(config.get("step", 0)))
+            reply = RecordDict({"embedding": _record(
+                serve_request(cached.follower, request, cached.table))})
+        except Exception as error:
+            # Answered, not raised: the node state then keeps what did happen (a gradient
+            # applied, a release made), as in one process; the leader gets the reason only.
+            reason = failure_reason(error)
+            logger.warning("follower %r failed to serve a request: %s", cached.follower.name,
+                           reason)
+            logger.debug("follower %r: the error", cached.follower.name, exc_info=True)
+            reply = RecordDict({"error": ConfigRecord({"reason": reason})})
+        save(context, cached)
+        return Message(reply, reply_to=msg)
+
+    @app.query()
+    def hello(msg: Message, context: Context) -> Message:
+        follower = load(context).follower
+        return Message(RecordDict({"config": ConfigRecord(
+            {"party": follower.name, "spec": json.dumps(follower.spec.to_config())})}),
+            reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return serve(msg, context, True)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return serve(msg, context, False)
+
+    @app.query("finish")
+    def finish(msg: Message, context: Context) -> Message:
+        cached = load(context)
+        if on_finish is not None:
+            _call(on_finish, cached.follower, context=context)
+        return Message(RecordDict({"config": ConfigRecord({"party": cached.follower.name})}),
+                       reply_to=msg)
+
+    return app
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(reason: Any) -> str:
+    """The error's own message, one line: a follower's traceback is its own business."""
+    text = _ANSI.sub("", str(reason))
+    # a ClientApp exception, as the engine wraps it
+    match = re.search(r"occurred\. Message: *\n?(.+)", text)
+    line = match.group(1) if match else (text.strip().splitlines() or [""])[0]
+    return line.strip()[:200]
+
+
+def _introduce(grid: Grid, nodes: list[int], leader: VerticalLeader, timeout: float
+               ) -> dict[str, int]:
+    """Ask every node its party and spec; party -> node id (specs must match the leader's)."""
+    replies = grid.send_and_receive(
+        [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type="query")
+         for n in nodes], timeout=timeout)
+    node_of: dict[str, int] = {}
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            logger.warning("node %s did not introduce itself: %s", node,
+                           _first_line(reply.error.reason))
+            continue
+        config = reply.content["config"]
+        party = str(config["party"])
+        if party not in leader.follower_specs:
+            logger.warning("node %s is party %r, not a follower of this leader; ignored", node,
+                           party)
+            continue
+        if party in node_of:
+            logger.warning("two nodes claim party %r; using the first", party)
+            continue
+        try:
+            spec = EmbeddingSpec.from_config(json.loads(str(config["spec"])))
+        except (MalformedMessage, ValueError) as error:
+            raise RuntimeError(f"follower {party!r} announced an unreadable embedding spec: "
+                               f"{error}") from None
+        if spec != leader.follower_specs[party]:
+            raise RuntimeError(f"follower {party!r} sends {spec}, but the leader expects "
+                               f"{leader.follower_specs[party]}; both must be built from the "
+                               "same model.")
+        node_of[party] = node
+    missing = sorted(set(leader.follower_specs) - set(node_of))
+    if missing:
+        raise RuntimeError(f"the followers {missing} did not introduce themselves.")
+    return node_of
+
+
+def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Callable[..., Any],
+                        *, epochs: int = 1, batch_size: int = 32, seed: int | None = None,
+                        shuffle: bool = True, validation_fn: Callable[..., Any] | None = None,
+                        validation_batch_size: int = 256, round_timeout: float = 600.0,
+                        connect_timeout: float = 300.0,
+                        on_finish: Callable[[VerticalRunResult], None] | None = None
+                        ) -> ServerApp:
+    """A Flower `ServerApp`: the leader of vertical FL, which drives the run.
+
+    Run settings can be overridden per run with Flower's run config:
+    ``num-epochs``, ``batch-size``, ``round-timeout``; ``result-path`` (a
+    folder) makes the leader write ``history.json`` and ``leader.npz`` (its
+    weights) there at the end.
+
+    Args:
+        leader_fn: ``leader_fn()`` (with ``context=`` if declared) -> the
+            `VerticalLeader`, e.g. ``model_fn().split_parties(metrics=[...])
+            .leader``.
+        data_fn: ``data_fn()`` (with ``context=`` if declared) -> ``(example_ids,
+            x, y)``: the training examples' ids, the leader's own features
+            (None without a leader bottom) and the labels.
+        epochs: number of epochs.
+        batch_size: examples per step (one message to every follower).
+        seed: keys the batch order; None: fresh entropy.
+        shuffle: reshuffle every epoch.
+        validation_fn: None, or ``validation_fn()`` -> ``(example_ids, x, y)``
+            scored after every epoch (the followers send inference
+            embeddings of those ids).
+        validation_batch_size: examples per validation message.
+        round_timeout: seconds to wait for the replies of one message round.
+        connect_timeout: seconds to wait for the followers to connect.
+        on_finish: called with the `VerticalRunResult` at the end (in the
+            Simulation Engine this runs in the caller's process); its
+            history adds ``wire_bytes_up`` / ``wire_bytes_down`` (Flower's
+            message bytes) and ``epoch_time_s``.
+
+    Returns:
+        A `flwr.serverapp.ServerApp`.
+    """
+    epochs = validate_positive_int(epochs, "epochs")
+    batch_size = validate_positive_int(batch_size, "batch_size")
+    validation_batch_size = validate_positive_int(validation_batch_size, "validation_batch_size")
+    seed = validate_seed(seed)
+    if not isinstance(shuffle, bool):
+        raise TypeError(f"`shuffle` must be a bool; got {shuffle!r}.")
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run = context.run_config
+        n_epochs = validate_positive_int(int(run.get("num-epochs", epochs)), "num-epochs")
+        size = validate_positive_int(int(run.get("batch-size", batch_size)), "batch-size")
+        wait = float(run.get("round-timeout", round_timeout))
+        if not wait > 0:
+            raise ValueError(f"`round-timeout` must be > 0 seconds; got {wait!r}.")
+        leader = _call(leader_fn, context=context)
+        if not isinstance(leader, VerticalLeader):
+            raise TypeError(f"leader_fn must return a VerticalLeader; got "
+                            f"{type(leader).__name__}.")
+        ids, x, y = _call(data_fn, context=context)
+        validation = None
+        if validation_fn is not None:
+            v_ids, v_x, v_y = _call(validation_fn, context=context)
+            validation = (v_ids, v_y, v_x)
+        nodes = _wait_for_nodes(grid, len(leader.follower_specs), connect_timeout, what="followers")
+        node_of = _introduce(grid, nodes, leader, wait)
+        party_of = {n: p for p, n in node_of.items()}
+        traffic = {"up": 0, "down": 0}
+
+        def exchange(requests):
+            messages = []
+            for p, request in requests.items():
+                content = RecordDict({"config": ConfigRecord({"epoch": request.epoch,
+                                                              "step": request.step})})
+                if request.example_ids is not None:
+                    content["ids"] = _record({"ids": np.asarray(request.example_ids, np.int64)})
+                if request.gradient is not None:
+                    content["gradient"] = _record(request.gradient)
+                messages.append(Message(content, dst_node_id=node_of[p],
+                                        message_type="train" if request.training
+                                        else "evaluate"))
+            traffic["down"] += sum(message_nbytes(m) for m in messages)
+            out: dict[str, Any] = {}
+            for reply in grid.send_and_receive(messages, timeout=wait):
+                p = party_of.get(reply.metadata.src_node_id)
+                if p is None or p not in requests:
+                    logger.warning("a reply from node %s, which was not asked; ignored",
+                                   reply.metadata.src_node_id)
+                    continue
+                if reply.has_error():
+                    out[p] = f"error reply: {_first_line(reply.error.reason)}"
+                    continue
+                traffic["up"] += message_nbytes(reply)
+                if "error" in reply.content:
+                    reason = reply.content["error"].get("reason", "")
+                    out[p] = f"error reply: {_first_line(reason)}"
+                elif "embedding" not in reply.content:
+                    out[p] = "the reply has no 'embedding' record"
+                else:
+                    try:
+                        out[p] = _arrays(reply.content["embedding"])
+                    except Exception as error:  # an Array that does not decode
+                        out[p] = f"the reply's arrays do not decode ({type(error).__name__})"
+            return out
+
+        marks = {"up": 0, "down": 0, "time": time.perf_counter()}
+        extra: dict[str, list[float]] = {"wire_bytes_up": [], "wire_bytes_down": [],
+                                         "epoch_time_s": []}
+
+        def on_epoch_end(epoch, logs):
+            now = time.perf_counter()
+            extra["wire_bytes_up"].append(float(traffic["up"] - marks["up"]))
+            extra["wire_bytes_down"].append(float(traffic["down"] - marks["down"]))
+            extra["epoch_time_s"].append(now - marks["time"])
+            marks.update(up=traffic["up"], down=traffic["down"], time=now)
+
+        result = run_leader(leader, exchange, ids, y, x, epochs=n_epochs, batch_size=size,
+                            seed=seed, shuffle=shuffle, validation_data=validation,
+                            validation_batch_size=validation_batch_size,
+                            on_epoch_end=on_epoch_end)
+        result.history.update(extra)
+        for reply in grid.send_and_receive(
+                [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
+                         message_type="query.finish") for n in node_of.values()], timeout=wait):
+            if reply.has_error():
+                logger.warning("follower %r failed to finish: %s",
+                               party_of.get(reply.metadata.src_node_id),
+                               _first_line(reply.error.reason))
+        if run.get("result-path"):
+            _write_result(str(run["result-path"]), result)
+        if on_finish is not None:
+            on_finish(result)
+
+    return app
+
+
+def _write_result(folder: str, result: VerticalRunResult) -> None:
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "history.json"), "w") as f:
+        json.dump({"history": result.history, "rejected": result.rejected, "wire": result.wire},
+                  f)
+    np.savez(os.path.join(folder, "leader.npz"),
+             *[np.asarray(v.numpy()) for v in result.leader.trainable_variables])

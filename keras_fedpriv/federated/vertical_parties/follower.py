@@ -1,0 +1,305 @@
+"""`VerticalFollower`: a follower's half of vertical FL."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import tree
+
+from keras_fedpriv.federated.vertical_parties.party import (
+    PartyBottom,
+    _Counter,
+    _Pending,
+    _as_ids,
+    _as_numpy_features,
+    _make_optimizer,
+    _num_rows,
+    batch_signature,
+    follower_unprotected_ledger,
+    logger,
+    sum_losses,
+)
+from keras_fedpriv.federated.vertical_parties.wire import (
+    MalformedMessage,
+    decode_gradient,
+    encode_embedding,
+)
+from keras_fedpriv.layers.local_state import (
+    Snapshot,
+    load_local_state,
+    local_state,
+    restore,
+    snapshot,
+)
+from keras_fedpriv.mechanisms.ledger import ReleaseLedger
+
+__all__ = ["VerticalFollower"]
+
+
+class VerticalFollower(PartyBottom):
+    """A follower: its bottom model, its protection and its own optimizer.
+
+    ``embed`` computes and encodes what the follower sends for a batch and
+    records the release (in the protection's ledger, or as a release without
+    DP); ``apply_gradients`` takes the cut gradient the leader sent back and
+    updates the bottom (see the module docstring for how the gradient is
+    computed after the round trip).
+
+    Args:
+        name: the follower's party name (an identifier).
+        bottom: its built Keras model (or layer) over its features.
+        protection: its protection layer (`EmbeddingDPLayer`: packed bits on
+            the wire; any other Keras layer: floats), or None.
+        optimizer: its optimizer (a Keras optimizer or its name).
+
+    Example:
+        >>> parties = model.split_parties()          # a compiled VerticalModel
+        >>> follower = parties.followers["party_a"]
+        >>> message = follower.embed(xa[:32], example_ids=ids[:32])   # {"bits": uint8}
+        >>> follower.apply_gradients(gradient_from_leader)
+    """
+
+    def __init__(self, name: str, bottom: keras.layers.Layer,
+                 protection: keras.layers.Layer | None = None,
+                 optimizer: str | keras.optimizers.Optimizer | None = "adam", *,
+                 _counter: _Counter | None = None, _owner: str | None = None) -> None:
+        super().__init__(name, bottom, protection, sends=True, counter=_counter,
+                         owner=_owner or "VerticalFollower")
+        self._build_spec()
+        self.optimizer = _make_optimizer(optimizer, self._owner)
+        if self.trainable_variables:
+            self.optimizer.build(self.trainable_variables)
+        self._pending: _Pending | None = None
+        self._fns: dict[Any, Any] = {}
+
+    # -- traced pieces (one trace each: batch dimension None) --------------------------------
+    def _function(self, kind, has_ids):
+        """The traced ``"train"`` / ``"infer"`` forward pass or the ``"replay"``."""
+        key = (kind, has_ids)
+        if key in self._fns:
+            return self._fns[key]
+        signature = [batch_signature(self.input_spec)]
+        if has_ids:
+            signature.append(tf.TensorSpec((None,), tf.int64))
+        if kind == "replay":
+            signature.append(tf.TensorSpec((None,) + self.spec.shape, self.spec.dtype))
+
+            def fn(features, *rest):
+                ids = rest[0] if has_ids else None
+                return self._traced_replay(features, ids, rest[-1])
+        else:
+            training = kind == "train"
+
+            def fn(features, *rest):
+                ids = rest[0] if has_ids else None
+                return self.forward(features, ids, training=training)[1]
+
+        self._fns[key] = tf.function(fn, input_signature=signature)
+        return self._fns[key]
+
+    def _traced_replay(self, features, example_ids, cut):
+        scale = self.optimizer.scale_loss
+        with tf.GradientTape() as tape:
+            _, sent, losses = self.forward(features, example_ids, training=True, count=False)
+            local = sum_losses(losses)
+            local_scaled = None if local is None else scale(local)
+        grads = self.gradients(tape, sent, tf.cast(cut, sent.dtype), local_scaled)
+        grads = [tf.zeros_like(v) if g is None else g
+                 for g, v in zip(grads, self.trainable_variables)]
+        return sent, grads, (tf.zeros((), tf.float32) if local is None
+                             else tf.cast(local, tf.float32))
+
+    def _apply(self, grads):
+        if "apply" not in self._fns:
+            variables = self.trainable_variables
+
+            def apply(gradients):
+                self.optimizer.apply(gradients, variables)
+
+            self._fns["apply"] = tf.function(
+                apply, input_signature=[[tf.TensorSpec(v.shape, v.dtype) for v in variables]])
+        self._fns["apply"](grads)
+
+    # -- the protocol ----------------------------------------------------------------------
+    @property
+    def pending(self) -> bool:
+        """Whether a training batch awaits its cut gradient."""
+        return self._pending is not None
+
+    @property
+    def wire_format(self) -> dict[str, Any]:
+        """How this follower's messages are encoded and their size per example."""
+        s = self.spec
+        return {"up": "1-bit packed" if s.bits else s.dtype,
+                "up_bytes_per_example": s.bytes_up_per_example,
+                "down": s.dtype, "down_bytes_per_example": s.bytes_down_per_example}
+
+    def embed(self, x: Any, example_ids: Any = None, training: bool = True
+              ) -> dict[str, np.ndarray]:
+        """What the follower sends for a batch: its protected embedding, encoded.
+
+        The call is a release, recorded by the protection (per example id
+        when ``example_ids`` are given). With ``training=True`` the batch is
+        kept for `apply_gradients`; a batch still waiting is dropped (the
+        leader skipped it: its release stays recorded).
+
+        Args:
+            x: the follower's features of the batch (rows in the order of
+                ``example_ids``).
+            example_ids: None or integer ids, one per row.
+            training: True for a training step (the leader answers with a
+                gradient), False for inference.
+
+        Returns:
+            The wire arrays (`encode_embedding`): ``{"bits": uint8}`` with an
+            `EmbeddingDPLayer`, else ``{"embedding": float}``.
+        """
+        if not isinstance(training, bool):
+            raise TypeError(f"{self._owner}.embed: `training` must be a bool; got {training!r}.")
+        x = _as_numpy_features(self.input_spec, x, self._owner, self.name)
+        rows = _num_rows(x)
+        if rows is None:
+            raise ValueError(f"{self._owner}.embed: the feature arrays of party {self.name!r} "
+                             "have different numbers of rows.")
+        ids = _as_ids(example_ids, rows, f"{self._owner}.embed")
+        if self._pending is not None:
+            logger.debug("follower %r: a batch awaiting its gradient was dropped", self.name)
+            self._pending = None
+        before = snapshot(self.layers) if training else None
+        fn = self._function("train" if training else "infer", ids is not None)
+        sent = fn(x, ids) if ids is not None else fn(x)
+        self.check_input_errors()
+        sent = np.asarray(sent)
+        message = encode_embedding(sent, self.spec)
+        if training:
+            self._pending = _Pending(x, ids, sent, before)
+        return message
+
+    def discard(self) -> None:
+        """Forget the batch awaiting its gradient (its release stays recorded)."""
+        self._pending = None
+
+    def receive_gradient(self, arrays: Mapping[str, Any]) -> np.ndarray:
+        """A received gradient message, checked against the batch awaiting it.
+
+        Raises:
+            MalformedMessage: no batch awaits a gradient, or the arrays are not
+                a finite gradient of the embedding's dtype and shape.
+        """
+        if self._pending is None:
+            raise MalformedMessage(f"follower {self.name!r} received a gradient but no batch "
+                                   "awaits one.")
+        return decode_gradient(arrays, self.spec, int(self._pending.sent.shape[0]))
+
+    def apply_gradients(self, cut_gradient: Any) -> dict[str, float]:
+        """Update the bottom (and protection) from the cut gradient of the batch sent last.
+
+        Args:
+            cut_gradient: ``d loss / d embedding`` for the batch of the last
+                ``embed(training=True)``: an array of the embedding's shape
+                and dtype (or the wire arrays ``{"gradient": ...}``).
+
+        Returns:
+            ``{"local_loss": ...}``: the party's own losses (e.g. a VAE
+            bottom's KL term) on the batch; they stay with the follower.
+
+        Raises:
+            MalformedMessage: no batch awaits a gradient, or the gradient has
+                the wrong shape or dtype, or non-finite values.
+            RuntimeError: the recomputed message differs from the one sent
+                (the bottom or protection draws randomness outside the state
+                the follower keeps); nothing is updated.
+        """
+        if not isinstance(cut_gradient, Mapping):
+            cut_gradient = {"gradient": np.asarray(cut_gradient)}
+        gradient = self.receive_gradient(cut_gradient)
+        pending, self._pending = self._pending, None
+        after = snapshot(self.layers)
+        restore(self.layers, pending.state_before)
+        try:
+            fn = self._function("replay", pending.example_ids is not None)
+            args = [pending.features] + ([pending.example_ids]
+                                         if pending.example_ids is not None else [])
+            sent, grads, local = fn(*args, gradient)
+        finally:
+            restore(self.layers, after)
+        sent = np.asarray(sent)
+        same = (np.array_equal(sent, pending.sent) if self.spec.bits else
+                np.allclose(sent, pending.sent, rtol=1e-5, atol=1e-6))
+        if not same:
+            raise RuntimeError(f"follower {self.name!r}: the embedding recomputed for the gradient "
+                               "differs from the one sent; a layer draws randomness outside the "
+                               "party's state (use the package's protection layers or Keras "
+                               "layers with seed generators). Nothing was updated.")
+        if self.trainable_variables:
+            self._apply(grads)
+        return {"local_loss": float(local)}
+
+    # -- state across processes --------------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Everything the follower needs to go on in another process (its own secrets included).
+
+        The trainable weights, the optimizer's variables, the layers' local
+        state (`keras_fedpriv.layers.local_state`: random counters and keys,
+        release counts) and the batch awaiting its gradient. Keep it where the
+        party keeps its data (e.g. Flower's node state on its SuperNode).
+        """
+        out = {f"weights/{i}": np.array(v.numpy())
+               for i, v in enumerate(self.trainable_variables)}
+        out.update({f"optimizer/{i}": np.array(v.numpy())
+                    for i, v in enumerate(self.optimizer.variables)})
+        out.update({f"local/{k}": v for k, v in local_state(self.layers).items()})
+        if self._counter is not None:
+            out["unprotected"] = np.array([self._counter.value()], np.int64)
+        p = self._pending
+        if p is not None:
+            flat = tree.flatten(p.features)
+            out.update({f"pending/x/{i}": np.asarray(a) for i, a in enumerate(flat)})
+            out["pending/sent"] = np.asarray(p.sent)
+            if p.example_ids is not None:
+                out["pending/ids"] = p.example_ids
+            before = p.state_before
+            if isinstance(before, Snapshot):
+                before = before.to_state()
+            out.update({f"pending/before/{k}": v for k, v in before.items()})
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict` (taken from this follower or a copy built the same way)."""
+        try:
+            for i, v in enumerate(self.trainable_variables):
+                v.assign(np.reshape(state[f"weights/{i}"], v.shape))
+            for i, v in enumerate(self.optimizer.variables):
+                v.assign(np.reshape(state[f"optimizer/{i}"], v.shape))
+        except KeyError as error:
+            raise ValueError(f"{self._owner}.load_state_dict: the state lacks {error}; it was "
+                             "taken from a follower of another structure.") from None
+        load_local_state(self.layers, {k[len("local/"):]: v for k, v in state.items()
+                                       if k.startswith("local/")})
+        if self._counter is not None and "unprotected" in state:
+            var = self._counter.variable
+            value = var.numpy().copy()
+            value[self._counter.slot] = int(np.asarray(state["unprotected"]).reshape(-1)[0])
+            var.assign(value)
+        self._pending = None
+        if "pending/sent" in state:
+            n = len(tree.flatten(self.input_spec))
+            flat = [np.asarray(state[f"pending/x/{i}"]) for i in range(n)]
+            before = {k[len("pending/before/"):]: v for k, v in state.items()
+                      if k.startswith("pending/before/")}
+            ids = state.get("pending/ids")
+            self._pending = _Pending(tree.pack_sequence_as(self.input_spec, flat),
+                                     None if ids is None else np.asarray(ids, np.int64),
+                                     np.asarray(state["pending/sent"]), before)
+
+    # -- privacy ---------------------------------------------------------------------------
+    def privacy_ledger(self) -> ReleaseLedger:
+        """What this follower sent without a DP mechanism (its protection keeps the rest)."""
+        return follower_unprotected_ledger(self.name, self.protection, self.unprotected_count())
+
+    def privacy_protections(self) -> list[Any]:
+        """The follower's layers (its protection's ledger is found through them)."""
+        return self.layers

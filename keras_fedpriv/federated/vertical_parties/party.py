@@ -1,0 +1,447 @@
+"""One party's bottom model (and a follower's protection): the pieces every runtime runs.
+
+Shared by `VerticalModel` (inside its ``train_step``), `VerticalFollower` and
+`VerticalLeader`: party names and validation, copies of a protection layer per
+party, the party's forward pass and gradients from the cut gradient, the
+losses, and the record of what a party sends without a DP mechanism.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import logging
+import math
+import re
+from typing import Any, Callable, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import tree
+# No public equivalent (Keras 3.15): symbolic tracing of a party's forward pass without
+# building a model.
+from keras.src import backend as keras_backend
+
+from keras_fedpriv.federated.messages import EXAMPLE_IDS_KEY
+from keras_fedpriv.federated.vertical_parties.wire import EmbeddingSpec
+from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
+from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
+from keras_fedpriv.layers.secret_rng import SecretRandomMixin, _LocalVariable
+from keras_fedpriv.mechanisms.ledger import (
+    EXAMPLE,
+    ReleaseKind,
+    ReleaseLedger,
+    is_protection,
+    non_private_event,
+)
+
+
+__all__ = ["PartyBottom", "batch_signature", "bottom_input_spec", "copy_protection",
+           "derive_party_seed", "follower_unprotected_ledger", "is_bit_protection",
+           "label_assert_message", "leader_loss", "leader_unprotected_ledger", "rows_of",
+           "sum_losses", "takes_example_ids", "validate_class_weight", "validate_party_name"]
+
+logger = logging.getLogger("keras_fedpriv.vertical")
+
+PARTY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+def derive_party_seed(seed: int, party: str, bits: int = 64) -> int:
+    """The seed of ``party``'s copy of a seeded protection layer.
+
+    ``int.from_bytes(sha256(f"keras_fedpriv/party-seed/{seed}/{party}")[:8])``,
+    reduced to ``bits`` bits: deterministic, distinct per party, and no party's
+    seed reveals another's without the original seed.
+
+    Args:
+        seed: the seed of the layer given to `VerticalModel`.
+        party: the party's name.
+        bits: the width of the result (64 for keras_fedpriv layers, 31 for
+            Keras' own).
+
+    Returns:
+        A non-negative int below ``2 ** bits``.
+    """
+    digest = hashlib.sha256(f"keras_fedpriv/party-seed/{int(seed)}/{party}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % (2 ** bits)
+
+
+def validate_party_name(party: Any, owner: str, what: str = "party names") -> str:
+    """``party`` if it is an identifier and not the reserved ids key, else a ValueError."""
+    if not isinstance(party, str) or not PARTY_NAME.match(party):
+        raise ValueError(f"{owner}: {what} must be identifiers (a letter, then letters, digits "
+                         f"or '_'); got {party!r}.")
+    if party == EXAMPLE_IDS_KEY:
+        raise ValueError(f"{owner}: {EXAMPLE_IDS_KEY!r} is a reserved input key, not a valid "
+                         "party name.")
+    return party
+
+
+def copy_protection(layer: keras.layers.Layer, party: str, owner: str) -> keras.layers.Layer:
+    """``party``'s own copy of a protection layer, from its config (a seed becomes the party's)."""
+    config = dict(layer.get_config())
+    config["name"] = f"{layer.name}_{party}"
+    seed = config.get("seed")
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        bits = 64 if isinstance(layer, SecretRandomMixin) else 31
+        config["seed"] = derive_party_seed(seed, party, bits=bits)
+    try:
+        return type(layer).from_config(config)
+    except Exception as error:  # pragma: no cover - exotic layers
+        raise TypeError(f"{owner}: could not copy the `embedding_dp` layer {layer.name!r} for "
+                        f"party {party!r} from its config ({error}); pass a dict party -> layer "
+                        "instead.") from error
+
+
+def is_bit_protection(layer: Any) -> bool:
+    """Whether a protection's output is sent as packed bits (an `EmbeddingDPLayer`)."""
+    return isinstance(layer, EmbeddingDPLayer)
+
+
+def takes_example_ids(layer: Any) -> bool:
+    """Whether a layer's ``call`` accepts ``example_ids``."""
+    try:
+        return "example_ids" in inspect.signature(layer.call).parameters
+    except (TypeError, ValueError):  # pragma: no cover - exotic layers
+        return False
+
+
+def _spec_of(t):
+    return keras.KerasTensor(tuple(t.shape), dtype=t.dtype)
+
+
+def batch_signature(spec: Any) -> Any:
+    """The `tf.TensorSpec` (batch dimension None) of each KerasTensor of a structure."""
+    return tree.map_structure(
+        lambda t: tf.TensorSpec((None,) + tuple(t.shape[1:]),
+                                keras.backend.standardize_dtype(t.dtype)), spec)
+
+
+def bottom_input_spec(party: str, bottom: keras.layers.Layer, owner: str) -> Any:
+    """Symbolic inputs (KerasTensors, possibly nested) of a built bottom model."""
+    struct = getattr(bottom, "_inputs_struct", None)
+    if struct is not None:
+        return tree.map_structure(_spec_of, struct)
+    try:
+        inputs = bottom.inputs
+    except (AttributeError, ValueError):
+        inputs = None
+    if inputs:
+        return _spec_of(inputs[0]) if len(inputs) == 1 else [_spec_of(t) for t in inputs]
+    shapes = getattr(bottom, "_build_shapes_dict", None) or {}
+    if bottom.built and len(shapes) == 1:
+        shape = next(iter(shapes.values()))
+        if shape is not None and not isinstance(shape, dict):
+            return keras.KerasTensor(tuple(shape), dtype=bottom.input_dtype)
+    raise ValueError(f"{owner}: the bottom model of party {party!r} has no known input "
+                     "shape. Give it one: a functional model (keras.Input), a Sequential "
+                     "starting with keras.Input, or call bottom.build(input_shape) first.")
+
+
+_LABEL_ASSERT = re.compile(r"assertion failed: \[(LabelDPLayer\(mode=.*?); first bad row:\] "
+                           r"\[(\d+)\]")
+
+
+def label_assert_message(error: BaseException) -> str | None:
+    """The short text of a `LabelDPLayer` label check that failed in a traced step, or None.
+
+    The graph error carries the whole TensorFlow stack trace; the rule and the
+    first bad row of the batch are all the user needs.
+    """
+    match = _LABEL_ASSERT.search(str(getattr(error, "message", error)).replace("\\'", "'"))
+    if match is None:
+        return None
+    return (f"{match.group(1)}; row {match.group(2)} of a training batch breaks the rule "
+            "(the labels come from the dataset, so they were checked inside the training step).")
+
+
+def rows_of(t: Any) -> tf.Tensor:
+    """The batch size of a tensor, as a scalar tensor."""
+    return tf.shape(t)[0]
+
+
+def sum_losses(losses: Sequence[Any]) -> tf.Tensor | None:
+    """A party's own losses (``add_loss``, regularizers) as one scalar, as Keras adds them.
+
+    Each loss is cast to ``floatx`` if it is not floating and summed, then all are
+    added; None when there is none.
+    """
+    if not losses:
+        return None
+    out = []
+    for loss in losses:
+        if not keras.backend.is_float_dtype(loss.dtype):
+            loss = keras.ops.cast(loss, keras.backend.floatx())
+        out.append(keras.ops.sum(loss))
+    return tf.add_n(out)
+
+
+def leader_loss(compiled: Callable[..., Any] | None, y: Any, y_pred: Any, sample_weight: Any,
+                extra_losses: Sequence[Any]) -> tf.Tensor:
+    """The leader's loss: the compiled loss plus the top's own losses (`sum_losses` rule)."""
+    losses = []
+    if compiled is not None:
+        loss = compiled(y, y_pred, sample_weight)
+        if loss is not None:
+            losses.append(loss)
+    for loss in extra_losses:
+        losses.append(sum_losses([loss]))
+    if not losses:
+        raise ValueError("No loss to compute. Provide a `loss` argument in `compile()`.")
+    return losses[0] if len(losses) == 1 else tf.add_n(losses)
+
+
+def validate_class_weight(class_weight: Any, owner: str) -> dict[int, float]:
+    """``class_weight`` as a dict class index -> float weight, or a clear error."""
+    if not isinstance(class_weight, dict) or not class_weight:
+        raise TypeError(f"{owner}: `class_weight` must be a non-empty dict class "
+                        f"index -> weight; got {type(class_weight).__name__}.")
+    out = {}
+    for c, w in class_weight.items():
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0:
+            raise ValueError(f"{owner}: `class_weight` keys must be class indices "
+                             f"(integers >= 0); got {c!r}.")
+        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(float(w)) or w < 0:
+            raise ValueError(f"{owner}: `class_weight[{int(c)}]` must be a finite "
+                             f"real >= 0; got {w!r}.")
+        out[int(c)] = float(w)
+    return out
+
+
+class _Counter:
+    """One slot of an int64 counter variable: what a party sent without a DP mechanism.
+
+    A `VerticalModel` holds one variable with a slot per follower and one for
+    the leader; the halves it hands out count into their own slots.
+    """
+
+    def __init__(self, variable: tf.Variable | None = None, slot: int = 0) -> None:
+        if variable is None:
+            variable = _LocalVariable(np.zeros(1, np.int64), trainable=False,
+                                      name="unprotected_releases")
+            slot = 0
+        self.variable = variable
+        self.slot = int(slot)
+
+    def count(self, rows: Any) -> Any:
+        size = int(self.variable.shape[0])
+        update = tf.one_hot(self.slot, size, dtype=tf.int64)
+        return self.variable.assign_add(update * tf.cast(rows > 0, tf.int64))
+
+    def value(self) -> int:
+        return int(self.variable.numpy()[self.slot])
+
+
+def follower_unprotected_ledger(party: str, protection: Any, count: int) -> ReleaseLedger:
+    """The record of a follower's embeddings sent without a DP mechanism."""
+    ledger = ReleaseLedger()
+    if count:
+        what = ("no protection" if protection is None else
+                f"its protection {type(protection).__name__} has no DP accounting")
+        ledger.record(ReleaseKind(f"VerticalModel follower {party!r}", "features", EXAMPLE,
+                                  non_private_event(),
+                                  f"its embedding is sent without a DP mechanism ({what})"),
+                      units=None, count=int(count))
+    return ledger
+
+
+def leader_unprotected_ledger(count: int) -> ReleaseLedger:
+    """The record of training steps whose cut gradients come from the true labels."""
+    ledger = ReleaseLedger()
+    if count:
+        ledger.record(ReleaseKind("VerticalModel leader", "labels", EXAMPLE, non_private_event(),
+                                  "no label_dp: the gradients sent to the followers are "
+                                  "computed from the true labels"),
+                      units=None, count=int(count))
+    return ledger
+
+
+def _optimizer_copy(optimizer):
+    return keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+
+
+def _make_optimizer(optimizer, owner):
+    if optimizer is None:
+        raise ValueError(f"{owner}: `optimizer` is required (a Keras optimizer or its name).")
+    try:
+        return keras.optimizers.get(optimizer)
+    except (ValueError, TypeError) as error:
+        raise TypeError(f"{owner}: `optimizer` must be a Keras optimizer or its name; got "
+                        f"{optimizer!r} ({error}).") from None
+
+
+class PartyBottom:
+    """One party's bottom model and, for a follower, its protection: the graph pieces.
+
+    Args:
+        name: the party's name (an identifier).
+        bottom: the party's built Keras model (or layer) over its features.
+        protection: a follower's protection layer, or None.
+        sends: True for a follower (its embedding leaves it: sent without a
+            protection that keeps a ledger, it is recorded as a release
+            without DP); False for the leader's own bottom.
+        counter: where unprotected releases are counted (internal).
+        owner: the name used in error messages.
+    """
+
+    def __init__(self, name: str, bottom: keras.layers.Layer,
+                 protection: keras.layers.Layer | None = None, sends: bool = True,
+                 counter: _Counter | None = None, owner: str | None = None) -> None:
+        owner = owner or type(self).__name__
+        self._owner = owner
+        self.name = validate_party_name(name, owner, "party names")
+        if not isinstance(bottom, keras.layers.Layer):
+            raise TypeError(f"{owner}: `bottoms[{name!r}]` must be a Keras model or layer; got "
+                            f"{type(bottom).__name__}.")
+        if protection is not None and not isinstance(protection, keras.layers.Layer):
+            raise TypeError(f"{owner}: `embedding_dp[{name!r}]` must be a Keras layer or None; "
+                            f"got {type(protection).__name__}.")
+        if protection is not None and not sends:
+            raise ValueError(f"{owner}: `embedding_dp[{name!r}]`: {name!r} is the leader, whose "
+                             "embedding never leaves it; only followers are protected.")
+        self.bottom = bottom
+        self.protection = protection
+        self.sends = bool(sends)
+        self._counter = counter if counter is not None else (_Counter() if sends else None)
+        if not bottom.built:
+            raise ValueError(f"{owner}: the bottom model of party {name!r} is not built. "
+                             "Give it an input (keras.Input / functional model / Sequential "
+                             "starting with keras.Input) or call bottom.build(shape) first.")
+        self.input_spec = bottom_input_spec(name, bottom, owner)
+
+    def _build_spec(self):
+        """Trace the forward pass symbolically: the embedding's KerasTensor, checked."""
+        spec = keras_backend.compute_output_spec(
+            lambda f: self.forward(f, training=False, count=False)[1], self.input_spec)
+        return self._check_spec(spec)
+
+    def _check_spec(self, spec):
+        p, owner = self.name, self._owner
+        if not isinstance(spec, keras.KerasTensor) or len(spec.shape) < 2:
+            raise ValueError(f"{owner}: party {p!r} must produce one embedding tensor "
+                             f"of rank >= 2 (batch, ...); got {spec!r}.")
+        if not keras.backend.is_float_dtype(spec.dtype):
+            raise ValueError(f"{owner}: party {p!r} produces a {spec.dtype} embedding; "
+                             "embeddings must be floating point (gradients flow back).")
+        if any(d is None for d in spec.shape[1:]):
+            raise ValueError(f"{owner}: party {p!r} embedding shape {spec.shape} must "
+                             "be fully known apart from the batch dimension.")
+        self.embedding_tensor = spec
+        self.spec = EmbeddingSpec(tuple(int(d) for d in spec.shape[1:]),
+                                  keras.backend.standardize_dtype(spec.dtype),
+                                  self.sends and is_bit_protection(self.protection))
+        return spec
+
+    @property
+    def layers(self) -> list[keras.layers.Layer]:
+        """The party's layers: its bottom and its protection (if any)."""
+        return [self.bottom] + ([self.protection] if self.protection is not None else [])
+
+    @property
+    def trainable_variables(self) -> list[Any]:
+        """The party's trainable variables (bottom, then protection)."""
+        return [v for layer in self.layers for v in layer.trainable_variables]
+
+    def forward(self, features: Any, example_ids: Any = None, training: bool = False,
+                count: bool = True) -> tuple[Any, Any, list[Any]]:
+        """The party's forward pass: ``(raw embedding, what it sends, its own losses)``.
+
+        A follower's message is a release: its protection records it (with
+        ``example_ids`` when it takes them); without a protection that keeps
+        a ledger, the party's counter records it as a release without DP.
+
+        Args:
+            features: the party's features (a tensor or the bottom's input
+                structure).
+            example_ids: None or int tensor (batch,).
+            training: the bottom's and protection's training flag.
+            count: False when the pass is a replay of one already counted.
+
+        Returns:
+            ``(z, sent, losses)``: the bottom's output, the protected message
+            (``z`` without protection; the leader's own embedding is never
+            protected) and the ``add_loss`` / regularizer losses of the
+            party's layers.
+        """
+        z = self.bottom(features, training=training)
+        losses = list(self.bottom.losses)
+        protection = self.protection
+        if self.sends and count and not is_protection(protection):
+            self._counter.count(rows_of(z))
+        if protection is None:
+            return z, z, losses
+        if example_ids is not None and tf.as_dtype(example_ids.dtype).is_integer and \
+                takes_example_ids(protection):
+            sent = protection(z, training=training, example_ids=example_ids)
+        else:
+            sent = protection(z, training=training)
+        return z, sent, losses + list(protection.losses)
+
+    def gradients(self, tape: tf.GradientTape, sent: Any, cut: Any,
+                  local_scaled: Any = None) -> list[Any]:
+        """The party's gradients from the cut gradient alone (plus its own losses).
+
+        ``tape.gradient(sent, variables, output_gradients=cut)``, plus the
+        gradient of the party's own (scaled) losses.
+
+        Returns:
+            One gradient (or None) per `trainable_variables` entry.
+        """
+        variables = self.trainable_variables
+        if not variables:
+            return []
+        targets, out_grads = [sent], [cut]
+        if local_scaled is not None:
+            targets.append(local_scaled)
+            out_grads.append(tf.ones_like(local_scaled))
+        return list(tape.gradient(targets, variables, output_gradients=out_grads))
+
+    def unprotected_count(self) -> int:
+        """How many calls sent this party's embedding without a DP mechanism."""
+        return 0 if self._counter is None else self._counter.value()
+
+    def check_input_errors(self) -> None:
+        """Raise if the protection met invalid inputs in a compiled (XLA) call."""
+        if isinstance(self.protection, InputErrorFlagMixin):
+            self.protection.check_input_errors()
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A follower's batch awaiting its cut gradient."""
+
+    features: Any
+    example_ids: np.ndarray | None
+    sent: np.ndarray
+    state_before: Any  # a local_state Snapshot, or its numpy form from a node state
+
+
+def _as_numpy_features(spec, x, owner, party):
+    def convert(s, a):
+        return np.asarray(a, dtype=keras.backend.standardize_dtype(s.dtype))
+
+    try:
+        return tree.map_structure(convert, spec, x)
+    except (ValueError, TypeError) as error:
+        raise TypeError(f"{owner}: the features of party {party!r} do not match its bottom "
+                        f"model's inputs ({type(error).__name__}).") from None
+
+
+def _num_rows(x):
+    sizes = {int(np.shape(a)[0]) for a in tree.flatten(x)}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _as_ids(example_ids, rows, owner):
+    if example_ids is None:
+        return None
+    ids = np.asarray(example_ids)
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"{owner}: `example_ids` must be integers; got dtype {ids.dtype}.")
+    ids = ids.reshape(-1).astype(np.int64)
+    if ids.size != rows:
+        raise ValueError(f"{owner}: `example_ids` has {ids.size} entries for {rows} rows of "
+                         "features; give one id per row.")
+    return ids

@@ -1,0 +1,176 @@
+"""The vertical-FL wire format: what a follower sends, what the leader sends back, and the checks.
+
+A follower's message is its protected embedding of a batch: packed bits when
+its protection outputs exactly 0.0 / 1.0 (`EmbeddingDPLayer`), else the float
+embedding. The leader's answer is the cut gradient, floats of the
+embedding's shape. Every received message is decoded with its check:
+anything that is not what the sender's `EmbeddingSpec` promises is a
+`MalformedMessage` whose text names what is wrong, never a value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+__all__ = ["EmbeddingSpec", "MalformedMessage", "decode_embedding", "decode_gradient",
+           "encode_embedding", "encode_gradient", "up_bytes"]
+
+
+class MalformedMessage(ValueError):
+    """A received vertical-FL message that is not what the protocol promises (never used)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingSpec:
+    """What one follower sends per example, and how.
+
+    Attributes:
+        shape: the embedding's shape without the batch dimension.
+        dtype: its float dtype (also the dtype of the cut gradient sent back).
+        bits: True when the follower's protection outputs exactly 0.0 / 1.0
+            (`EmbeddingDPLayer`): the message is then packed, 8 coordinates a
+            byte; else the float embedding is sent.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    bits: bool
+
+    @property
+    def coordinates(self) -> int:
+        """Coordinates per example (the product of ``shape``)."""
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one float coordinate."""
+        return int(np.dtype(self.dtype).itemsize)
+
+    @property
+    def bytes_up_per_example(self) -> int:
+        """Bytes sent to the leader per example: ``ceil(d / 8)`` packed, else ``d * itemsize``."""
+        return up_bytes(1, self.coordinates, self.itemsize, self.bits)
+
+    @property
+    def bytes_down_per_example(self) -> int:
+        """Bytes of the cut gradient per example: ``d * itemsize``."""
+        return self.coordinates * self.itemsize
+
+    def to_config(self) -> dict[str, Any]:
+        """A JSON-safe dict (what a follower announces to the leader)."""
+        return {"shape": [int(d) for d in self.shape], "dtype": self.dtype, "bits": self.bits}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> EmbeddingSpec:
+        """The spec of `to_config`; a `MalformedMessage` if it is not one."""
+        try:
+            shape = tuple(int(d) for d in config["shape"])
+            dtype = str(config["dtype"])
+            bits = config["bits"]
+        except (KeyError, TypeError, ValueError) as error:
+            raise MalformedMessage(f"an embedding spec needs 'shape', 'dtype' and 'bits' "
+                                   f"({type(error).__name__}).") from None
+        if not isinstance(bits, bool) or any(d < 1 for d in shape) or \
+                np.dtype(dtype).kind != "f":
+            raise MalformedMessage("an embedding spec needs positive dimensions, a float dtype "
+                                   "and a bool 'bits'.")
+        return cls(shape, dtype, bits)
+
+
+def up_bytes(rows: Any, coordinates: Any, itemsize: int, bits: bool) -> Any:
+    """Bytes of an embedding message of ``rows`` rows (ints or integer tensors)."""
+    return rows * ((coordinates + 7) // 8) if bits else rows * coordinates * itemsize
+
+
+def encode_embedding(sent: Any, spec: EmbeddingSpec) -> dict[str, np.ndarray]:
+    """The wire arrays of a follower's message.
+
+    Args:
+        sent: what the follower's protection output, shape (rows,) + spec.shape.
+        spec: the follower's `EmbeddingSpec`.
+
+    Returns:
+        ``{"bits": uint8 (rows, ceil(d / 8))}`` (`numpy.packbits` of each row,
+        big-endian, zero padding) when ``spec.bits``, else
+        ``{"embedding": <spec.dtype> (rows,) + shape}``.
+
+    Raises:
+        ValueError: a packed message whose values are not exactly 0.0 / 1.0.
+    """
+    a = np.asarray(sent)
+    if spec.bits:
+        flat = a.reshape(a.shape[0], -1)
+        if not np.all((flat == 0) | (flat == 1)):
+            raise ValueError("encode_embedding: a packed message holds values other than 0.0 and "
+                             "1.0; the protection must output bits.")
+        return {"bits": np.packbits(flat.astype(bool), axis=1)}
+    return {"embedding": np.ascontiguousarray(a.astype(spec.dtype, copy=False))}
+
+
+def _wire_array(arrays, key, owner):
+    if not isinstance(arrays, Mapping):
+        raise MalformedMessage(f"{owner} must be a mapping of named arrays; got "
+                               f"{type(arrays).__name__}.")
+    if set(arrays) != {key}:
+        raise MalformedMessage(f"{owner} must hold exactly the array {key!r}; got "
+                               f"{sorted(map(str, arrays))}.")
+    a = arrays[key]
+    if not isinstance(a, np.ndarray):
+        raise MalformedMessage(f"{owner} array {key!r} must be a numpy array; got "
+                               f"{type(a).__name__}.")
+    return a
+
+
+def decode_embedding(arrays: Mapping[str, Any], spec: EmbeddingSpec, rows: int) -> np.ndarray:
+    """A received follower message as the embedding the leader's top takes, checked.
+
+    Args:
+        arrays: the wire arrays (`encode_embedding`'s output).
+        spec: the sender's `EmbeddingSpec`, as the leader expects it.
+        rows: the number of examples the leader asked for.
+
+    Returns:
+        A ``spec.dtype`` array of shape ``(rows,) + spec.shape``.
+
+    Raises:
+        MalformedMessage: other keys, dtype or shape than promised, nonzero
+            padding bits, or non-finite floats. The reason never holds values.
+    """
+    if spec.bits:
+        a = _wire_array(arrays, "bits", "an embedding message")
+        width = (spec.coordinates + 7) // 8
+        if a.dtype != np.uint8 or a.shape != (rows, width):
+            raise MalformedMessage(f"embedding message 'bits' must be uint8 of shape "
+                                   f"({rows}, {width}); got {a.dtype} {a.shape}.")
+        spare = 8 * width - spec.coordinates
+        if spare and np.any(a[:, -1] & np.uint8((1 << spare) - 1)):
+            raise MalformedMessage(f"embedding message 'bits' has nonzero padding bits (the last "
+                                   f"{spare} bits of every row must be 0).")
+        bits = np.unpackbits(a, axis=1, count=spec.coordinates)
+        return bits.reshape((rows,) + spec.shape).astype(spec.dtype)
+    a = _wire_array(arrays, "embedding", "an embedding message")
+    if a.dtype != np.dtype(spec.dtype) or a.shape != (rows,) + spec.shape:
+        raise MalformedMessage(f"embedding message 'embedding' must be {spec.dtype} of shape "
+                               f"{(rows,) + spec.shape}; got {a.dtype} {a.shape}.")
+    if not np.isfinite(a).all():
+        raise MalformedMessage("embedding message 'embedding' has non-finite values.")
+    return a
+
+
+def encode_gradient(gradient: Any, spec: EmbeddingSpec) -> dict[str, np.ndarray]:
+    """The wire arrays of a cut gradient: ``{"gradient": <spec.dtype> (rows,) + shape}``."""
+    return {"gradient": np.ascontiguousarray(np.asarray(gradient).astype(spec.dtype, copy=False))}
+
+
+def decode_gradient(arrays: Mapping[str, Any], spec: EmbeddingSpec, rows: int) -> np.ndarray:
+    """A received cut gradient, checked (`MalformedMessage`: keys, dtype, shape, non-finite)."""
+    a = _wire_array(arrays, "gradient", "a gradient message")
+    if a.dtype != np.dtype(spec.dtype) or a.shape != (rows,) + spec.shape:
+        raise MalformedMessage(f"gradient message must be {spec.dtype} of shape "
+                               f"{(rows,) + spec.shape}; got {a.dtype} {a.shape}.")
+    if not np.isfinite(a).all():
+        raise MalformedMessage("gradient message has non-finite values.")
+    return a

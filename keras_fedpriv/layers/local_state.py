@@ -1,0 +1,190 @@
+"""Snapshot and restore the state a party's layers change when they are called.
+
+A call of a layer may change more than its output: a protection layer
+advances its random counter and its release counts, a ``Dropout`` or
+``GaussianNoise`` layer its Keras seed generator, a ``BatchNormalization``
+layer its moving statistics. `local_state` copies all of that (never the
+trainable weights) into numpy arrays, and `load_local_state` puts it back.
+
+Two uses in vertical FL:
+
+* a follower that computes its gradients after the leader answered runs
+  its forward pass again from the state it had before it sent its
+  embedding: the same random counters give the same noise, so the
+  recomputed message is the one that was sent (and is checked to be); the
+  state after the first pass is then restored, so the second pass is
+  neither a new draw nor a new release;
+* a follower whose process does not live across messages (Flower's
+  Deployment Engine starts one per message) keeps its state in its node's
+  own storage between messages.
+
+The secret key of a randomized layer is part of the state (the noise cannot
+be replayed without it): keep a snapshot where the party keeps its key, on
+the party's own machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["Snapshot", "load_local_state", "local_state", "restore", "snapshot"]
+
+# Local (non-Keras) variables of the package's layers, by attribute name.
+_LOCAL_ATTRS = ("rng_key", "rng_counter", "release_totals", "input_errors")
+
+
+def _sublayers(layers):
+    seen, out = set(), []
+    for layer in layers:
+        if layer is None:
+            continue
+        for sub in layer._flatten_layers(include_self=True, recursive=True):
+            if id(sub) not in seen:
+                seen.add(id(sub))
+                out.append(sub)
+    return out
+
+
+def _keras_state_variables(layers):
+    seen, out = set(), []
+    for layer in layers:
+        if layer is None:
+            continue
+        for v in layer.variables:
+            if not v.trainable and id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+    return out
+
+
+def _entries(layers):
+    """``([(name, variable)], [(j, layer with per-example counts)])`` of ``layers``."""
+    layers = list(layers)
+    out = [(f"keras/{i}", v) for i, v in enumerate(_keras_state_variables(layers))]
+    counted = []
+    for j, sub in enumerate(_sublayers(layers)):
+        for attr in _LOCAL_ATTRS:
+            var = getattr(sub, attr, None)
+            if isinstance(var, tf.Variable):
+                out.append((f"{j}/{attr}", var))
+        key_use = getattr(sub, "_key_use", None)
+        if key_use is not None:
+            out.append((f"{j}/key_used", key_use.variable))
+        if hasattr(sub, "_release_id_counts_nonzero"):
+            counted.append((j, sub))
+    return out, counted
+
+
+def _value(variable):
+    return variable.value if isinstance(variable, keras.Variable) else variable.read_value()
+
+
+def _sparse(counts):
+    ids = np.flatnonzero(counts)
+    return ids.astype(np.int64), counts[ids].astype(np.int64)
+
+
+def local_state(layers: Iterable[Any]) -> dict[str, np.ndarray]:
+    """Everything but the trainable weights that calling ``layers`` may change.
+
+    Args:
+        layers: Keras layers or models (None entries are skipped); their
+            sublayers are included.
+
+    Returns:
+        A dict name -> numpy array: the non-trainable Keras variables
+        (``keras/<i>``: moving statistics, seed-generator states) and the
+        local variables of the package's layers (``<j>/rng_key``,
+        ``<j>/rng_counter``, ``<j>/release_totals``, ``<j>/input_errors``,
+        ``<j>/key_used``, and the per-example release counts as
+        ``<j>/release_id_slots`` + ``<j>/release_id_values``, nonzero only).
+        Names depend only on the layers' structure, so a copy of the same
+        layers built elsewhere loads the state.
+    """
+    entries, counted = _entries(layers)
+    out = {name: np.array(_value(v)) for name, v in entries}
+    for j, sub in counted:
+        ids, counts = sub._release_id_counts_nonzero()
+        out[f"{j}/release_id_slots"] = ids.astype(np.int64)
+        out[f"{j}/release_id_values"] = counts.astype(np.int64)
+    return out
+
+
+def load_local_state(layers: Iterable[Any], state: dict[str, Any]) -> None:
+    """Restore what `local_state` returned for the same layers.
+
+    Arrays are reshaped to their variables' shapes (a transport that turns
+    scalars into shape (1,) arrays is fine).
+
+    Args:
+        layers: the layers given to `local_state` (or copies of them with
+            the same structure).
+        state: its result.
+
+    Raises:
+        ValueError: the state does not fit the layers (another structure).
+    """
+    entries, counted = _entries(layers)
+    for name, v in entries:
+        if name not in state:
+            raise ValueError(f"load_local_state: the state has no {name!r}; it was taken from "
+                             "layers of another structure.")
+        v.assign(np.reshape(state[name], v.shape))
+    for j, sub in counted:
+        if f"{j}/release_id_slots" not in state:
+            continue
+        ids = np.asarray(state[f"{j}/release_id_slots"], np.int64).reshape(-1)
+        values = np.asarray(state[f"{j}/release_id_values"], np.int64).reshape(-1)
+        if ids.size or sub._release_id_counts is not None:
+            counts = np.zeros(sub._id_count_variable().shape, np.int32)
+            counts[ids] = values
+            sub._id_count_variable().assign(counts)
+
+
+class Snapshot:
+    """`local_state` kept as tensors in memory (no copy to the host): see `snapshot`."""
+
+    def __init__(self, values: dict[str, Any], counts: dict[int, Any]) -> None:
+        self.values = values
+        self.counts = counts
+
+    def to_state(self) -> dict[str, np.ndarray]:
+        """The same snapshot in `local_state`'s format (numpy; per-example counts sparse)."""
+        out = {name: np.array(t) for name, t in self.values.items()}
+        for j, t in self.counts.items():
+            ids, counts = _sparse(np.asarray(t)) if t is not None else (
+                np.zeros(0, np.int64), np.zeros(0, np.int64))
+            out[f"{j}/release_id_slots"], out[f"{j}/release_id_values"] = ids, counts
+        return out
+
+
+def snapshot(layers: Iterable[Any]) -> Snapshot:
+    """A fast in-memory `local_state` of ``layers`` (tensors; later updates do not change it).
+
+    Returns:
+        A `Snapshot` for `restore` (``.to_state()`` gives `local_state`'s format).
+    """
+    entries, counted = _entries(layers)
+    counts = {j: (None if sub._release_id_counts is None
+                  else sub._release_id_counts.read_value()) for j, sub in counted}
+    return Snapshot({name: tf.identity(_value(v)) for name, v in entries}, counts)
+
+
+def restore(layers: Iterable[Any], state: Snapshot | dict[str, Any]) -> None:
+    """Put back a `snapshot` (or a `local_state` dict) of the same layers."""
+    if not isinstance(state, Snapshot):
+        load_local_state(layers, state)
+        return
+    entries, counted = _entries(layers)
+    for name, v in entries:
+        v.assign(state.values[name])
+    for j, sub in counted:
+        t = state.counts.get(j)
+        if t is not None:
+            sub._id_count_variable().assign(t)
+        elif sub._release_id_counts is not None:
+            sub._release_id_counts.assign(tf.zeros_like(sub._release_id_counts))

@@ -1,0 +1,196 @@
+"""Vertical FL on Flower's Simulation Engine gives what `VerticalDriver` gives in one process.
+
+A leader (ServerApp: labels with LabelDP, its own bottom, the top) and two followers
+(ClientApps: a bottom with EmbeddingDP each) on the bundled breast-cancer data. Also: what a
+follower sends is packed bits only, and malformed or failed replies are never used.
+"""
+
+import logging
+import os
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.simulation import run_simulation  # noqa: E402
+
+import keras_fedpriv as kf  # noqa: E402
+from keras_fedpriv.datasets import breast_cancer_vertical  # noqa: E402
+from keras_fedpriv.federated import VerticalModel  # noqa: E402
+from keras_fedpriv.federated.flower_vertical import (  # noqa: E402
+    vertical_client_app,
+    vertical_server_app,
+)
+from keras_fedpriv.federated.vertical_driver import VerticalDriver  # noqa: E402
+from keras_fedpriv.privacy import privacy_report  # noqa: E402
+
+pytestmark = [pytest.mark.flower, pytest.mark.timeout(600)]
+
+BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
+ROOT = Path(__file__).resolve().parents[1]
+COLUMNS = {"f1": slice(0, 8), "f2": slice(8, 15)}
+XA, XB, Y, XA_T, XB_T, Y_T = breast_cancer_vertical()
+N = len(Y)
+IDS, IDS_T = np.arange(N), np.arange(N, N + len(Y_T))
+FEATURES = np.concatenate([XA, XA_T])  # the followers hold every row, train and test
+RUN = {"epochs": 2, "batch_size": 64, "seed": 1}
+
+
+def model_fn():
+    """The same model in every process: leader 'lead' with its own bottom, followers f1, f2.
+
+    Seeded initializers: the ServerApp builds its model in a thread of the Simulation Engine,
+    where the global random state (``keras.utils.set_random_seed``) is shared with the engine's
+    own threads."""
+    seeds = iter(range(100))
+
+    def dense(units, **kwargs):
+        init = keras.initializers.GlorotUniform(seed=next(seeds))
+        return keras.layers.Dense(units, kernel_initializer=init, **kwargs)
+
+    def bottom(k, name):
+        return keras.Sequential([keras.Input((k,)), dense(8, activation="relu"), dense(4)],
+                                name=name)
+
+    bottoms = {"f1": bottom(8, "b1"), "f2": bottom(7, "b2"), "lead": bottom(15, "b3")}
+    top = keras.Sequential([keras.Input((12,)), dense(8, activation="relu"),
+                            dense(1, activation="sigmoid")])
+    model = VerticalModel(bottoms, top, leader="lead",
+                          embedding_dp=kf.EmbeddingDPLayer(eps=4.0, seed=3),
+                          label_dp=kf.LabelDPLayer(eps=2.0, seed=4))
+    model.compile(keras.optimizers.Adam(0.01), "binary_crossentropy")
+    return model
+
+
+def leader_fn():
+    return model_fn().split_parties(metrics=[keras.metrics.AUC(name="auc")]).leader
+
+
+def follower_data(party):
+    return FEATURES[:, COLUMNS[party]]
+
+
+def _tampering(follower):
+    """f2 answers the training batch holding example 5 with int16 'bits', the one holding
+    example 300 with one row short, and fails on the one holding example 150 (keyed by the
+    batch's ids, so every process and runtime tampers the same batches)."""
+    if follower.name != "f2":
+        return follower
+    embed = follower.embed
+
+    def tampered(x, example_ids=None, training=True):
+        if training and 150 in example_ids:
+            raise RuntimeError("a follower crash quoting its data: 0.123456")
+        message = embed(x, example_ids, training)
+        if training and 5 in example_ids:
+            return {"bits": message["bits"].astype(np.int16)}
+        if training and 300 in example_ids:
+            return {"bits": message["bits"][:-1]}
+        return message
+
+    follower.embed = tampered
+    return follower
+
+
+def _save_follower(folder):
+    def on_finish(follower):
+        np.savez(os.path.join(folder, f"{follower.name}.npz"),
+                 *[v.numpy() for v in follower.trainable_variables],
+                 follower.protection.release_totals.numpy())
+    return on_finish
+
+
+def _run_on_flower(tmp_path, monkeypatch, tamper=False, shuffle=True):
+    # the Simulation Engine's worker processes import this checkout's package
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    out = {}
+
+    def make_follower(party):
+        follower = model_fn().split_parties().followers[party]
+        return _tampering(follower) if tamper else follower
+
+    client = vertical_client_app(make_follower, follower_data, parties=["f1", "f2"],
+                                 on_finish=_save_follower(str(tmp_path)))
+    server = vertical_server_app(leader_fn, lambda: (IDS, XB, Y), shuffle=shuffle,
+                                 validation_fn=lambda: (IDS_T, XB_T, Y_T),
+                                 on_finish=lambda r: out.update(result=r), **RUN)
+    run_simulation(server_app=server, client_app=client, num_supernodes=2,
+                   backend_config=BACKEND)
+    return out["result"]
+
+
+def _run_in_process(tamper=False, shuffle=True):
+    parties = model_fn().split_parties(metrics=[keras.metrics.AUC(name="auc")])
+    if tamper:
+        _tampering(parties.followers["f2"])
+    driver = VerticalDriver(parties, {p: follower_data(p) for p in COLUMNS})
+    result = driver.fit(Y, example_ids=IDS, x=XB, shuffle=shuffle,
+                        validation_data=(IDS_T, Y_T, XB_T), **RUN)
+    return parties, result
+
+
+def _assert_same_model(flower, local, parties, folder):
+    # two runtimes, two processes: a tolerance, never exact equality
+    for a, b in zip(flower.leader.trainable_variables, local.leader.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    for p, follower in parties.followers.items():
+        saved = np.load(os.path.join(folder, f"{p}.npz"))
+        arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        for a, v in zip(arrays[:-1], follower.trainable_variables):
+            np.testing.assert_allclose(a, v.numpy(), rtol=1e-5, atol=1e-6)
+        # each follower recorded its own releases, the same count in both runtimes
+        np.testing.assert_array_equal(arrays[-1], follower.protection.release_totals.numpy())
+    for key in ("loss", "val_loss", "val_auc", "steps", "skipped", "bytes_up", "bytes_down"):
+        np.testing.assert_allclose(flower.history[key], local.history[key], rtol=1e-5,
+                                   err_msg=key)
+
+
+def test_vertical_on_flower_matches_the_in_process_driver(tmp_path, monkeypatch):
+    flower = _run_on_flower(tmp_path, monkeypatch)
+    parties, local = _run_in_process()
+    _assert_same_model(flower, local, parties, str(tmp_path))
+    # the model improves
+    assert flower.history["loss"][-1] < flower.history["loss"][0]
+    assert flower.history["val_auc"][-1] > 0.9
+    assert flower.rejected == [] and flower.history["skipped"] == [0.0, 0.0]
+    # each follower's message is what EmbeddingDP promises: packed bits only, one uint8 byte
+    # per example for a 4-coordinate embedding; Flower's framing is the rest of the wire
+    assert flower.wire == {p: {"keys": ["bits"], "dtype": "uint8", "bytes_per_example": 1}
+                           for p in COLUMNS}
+    assert flower.history["bytes_up_f1"] == [float(N)] * 2
+    assert flower.history["bytes_down_f1"] == [N * 4 * 4.0] * 2
+    assert all(w > b for w, b in zip(flower.history["wire_bytes_up"],
+                                     flower.history["bytes_up"]))
+    # the leader's ledger: its labels, released once per example by LabelDP
+    assert privacy_report(flower.leader, delta=1e-5).epsilon == pytest.approx(
+        privacy_report(local.leader, delta=1e-5).epsilon)
+    assert privacy_report(flower.leader, delta=1e-5, protects="labels").epsilon == \
+        pytest.approx(kf.LabelDPLayer(eps=2.0).epsilon, rel=1e-3)
+
+
+def test_malformed_and_failed_replies_on_flower_are_refused_as_in_process(tmp_path, monkeypatch,
+                                                                          caplog):
+    logger = logging.getLogger("keras_fedpriv.vertical")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="keras_fedpriv.vertical"):
+            flower = _run_on_flower(tmp_path, monkeypatch, tamper=True, shuffle=False)
+    finally:
+        logger.removeHandler(caplog.handler)
+    parties, local = _run_in_process(tamper=True, shuffle=False)
+    # batches 0 (ids 0-63), 2 (128-191) and 4 (256-319) of both epochs were refused
+    reasons = {(e, s): r for e, s, p, r in flower.rejected if p == "f2"}
+    assert sorted(reasons) == [(e, s) for e in (0, 1) for s in (0, 2, 4)]
+    assert {p for _, _, p, _ in flower.rejected} == {"f2"}
+    assert "uint8" in reasons[(0, 0)] and "shape" in reasons[(0, 4)]
+    assert reasons[(0, 2)] == "error reply: RuntimeError (details stay with the follower)"
+    assert "0.123456" not in str(flower.rejected)  # a follower's error text stays with it
+    assert flower.rejected == local.rejected
+    assert flower.history["skipped"] == [3.0, 3.0]
+    assert "the reply of follower 'f2' was not used" in caplog.text
+    # nothing refused was used: both runtimes skipped the same batches and agree
+    _assert_same_model(flower, local, parties, str(tmp_path))
