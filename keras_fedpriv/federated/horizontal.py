@@ -34,7 +34,6 @@ from keras_fedpriv.federated.horizontal_parties import (
     HorizontalServer,
     LocalTrainer,
     batch_norm_statistics,
-    shuffle_order,
 )
 from keras_fedpriv.federated.uploads import SignDSUpload, as_upload
 from keras_fedpriv.mechanisms.ledger import (
@@ -215,15 +214,8 @@ class HorizontalFL:
             local training loss.
         """
         _, parties = self._parties()
-        party = parties[client]
-        order = shuffle_order(self._seed, client, round, party.num_examples, local_epochs)
-        bn_start = [v.numpy() for v in self._bn_vars]
-        if self.batch_norm == "local" and party._own_bn is not None:
-            bn_start = party._own_bn
-        delta, loss, bn_end = party.trainer.train(global_weights, party.x, party.y, order,
-                                                  bn_start)
-        if self.batch_norm == "local":
-            party._own_bn = bn_end
+        delta, loss, _ = parties[client].train(global_weights, round, local_epochs,
+                                               [v.numpy() for v in self._bn_vars])
         return delta, loss
 
     # ------------------------------------------------------------------- fit

@@ -216,6 +216,25 @@ class HorizontalClient:
         """The client's number of training examples."""
         return len(self.x)
 
+    def train(self, global_weights: Sequence[ArrayLike], round: int,  # noqa: A002
+              local_epochs: int = 1, global_bn: Sequence[ArrayLike] = ()
+              ) -> tuple[np.ndarray, float, list[np.ndarray]]:
+        """Local training only (nothing encoded, uploaded or recorded).
+
+        Returns:
+            ``(update, loss, bn_end)`` as `LocalTrainer.train`; with
+            ``batch_norm="local"`` the client keeps ``bn_end`` for its next
+            round.
+        """
+        order = shuffle_order(self.seed, self.client_id, round, self.num_examples, local_epochs)
+        bn_start = list(global_bn)
+        if self.batch_norm == "local" and self._own_bn is not None:
+            bn_start = self._own_bn
+        delta, loss, bn_end = self.trainer.train(global_weights, self.x, self.y, order, bn_start)
+        if self.batch_norm == "local":
+            self._own_bn = bn_end
+        return delta, loss, bn_end
+
     def fit(self, global_weights: Sequence[ArrayLike], round: int,  # noqa: A002
             local_epochs: int = 1, global_bn: Sequence[ArrayLike] = (),
             magrr_cut: float | None = None, record: Any = None) -> ClientResult:
@@ -236,13 +255,7 @@ class HorizontalClient:
         Returns:
             A `ClientResult`.
         """
-        order = shuffle_order(self.seed, self.client_id, round, self.num_examples, local_epochs)
-        bn_start = list(global_bn)
-        if self.batch_norm == "local" and self._own_bn is not None:
-            bn_start = self._own_bn
-        delta, loss, bn_end = self.trainer.train(global_weights, self.x, self.y, order, bn_start)
-        if self.batch_norm == "local":
-            self._own_bn = bn_end
+        delta, loss, bn_end = self.train(global_weights, round, local_epochs, global_bn)
         if record is not None:
             upload = record(delta, self.num_examples)
         else:
