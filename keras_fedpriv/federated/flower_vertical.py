@@ -44,18 +44,16 @@ follower and reloads the state only when another process has moved on.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import logging
 import os
-import re
 import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 try:
-    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
 except ImportError as err:  # pragma: no cover - depends on the installed extras
@@ -64,9 +62,14 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
         "\"keras-fedpriv[flower]\" (flwr[simulation]>=1.41,<1.42).") from err
 
 from keras_fedpriv.federated.flower.horizontal import (  # noqa: E402
+    _arrays as _checked_arrays,
+    _call,
+    _first_line,
+    _record,
     _wait_for_nodes,
     message_nbytes,
 )
+from keras_fedpriv.federated.uploads import MalformedUpload  # noqa: E402
 from keras_fedpriv.federated.vertical_driver import (  # noqa: E402
     FeatureTable,
     FollowerRequest,
@@ -112,15 +115,6 @@ def _followers() -> dict[tuple[int, int], _Cached]:
     return _FOLLOWERS
 
 
-def _call(fn: Callable[..., Any], *args: Any, context: Context) -> Any:
-    """``fn(*args, context=context)`` if ``fn`` declares ``context``, else ``fn(*args)``."""
-    try:
-        takes = "context" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
-        takes = False
-    return fn(*args, context=context) if takes else fn(*args)
-
-
 def _party_of(context: Context, parties: Sequence[str] | None) -> str:
     config = context.node_config
     if "party" in config:
@@ -136,11 +130,8 @@ def _party_of(context: Context, parties: Sequence[str] | None) -> str:
 
 
 def _arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """A record from this party's own node state (trusted: no size bound)."""
     return {k: a.numpy() for k, a in record.items()}
-
-
-def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
 
 def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
@@ -253,18 +244,6 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
                        reply_to=msg)
 
     return app
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _first_line(reason: Any) -> str:
-    """The error's own message, one line: a follower's traceback is its own business."""
-    text = _ANSI.sub("", str(reason))
-    # a ClientApp exception, as the engine wraps it
-    match = re.search(r"occurred\. Message: *\n?(.+)", text)
-    line = match.group(1) if match else (text.strip().splitlines() or [""])[0]
-    return line.strip()[:200]
 
 
 def _introduce(grid: Grid, nodes: list[int], leader: VerticalLeader, timeout: float
@@ -404,8 +383,15 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                 elif "embedding" not in reply.content:
                     out[p] = "the reply has no 'embedding' record"
                 else:
+                    rows = len(requests[p].example_ids if requests[p].example_ids is not
+                               None else [])
+                    # checked before anything is deserialized: numpy arrays only, and no more
+                    # bytes than a float64 embedding of the rows asked for
+                    limit = 8 * max(rows, 1) * leader.follower_specs[p].coordinates + 4096
                     try:
-                        out[p] = _arrays(reply.content["embedding"])
+                        out[p] = _checked_arrays(reply.content["embedding"], "embedding", limit)
+                    except MalformedUpload as error:
+                        out[p] = f"malformed reply: {error}"
                     except Exception as error:  # an Array that does not decode
                         out[p] = f"the reply's arrays do not decode ({type(error).__name__})"
             return out

@@ -41,6 +41,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import re
 import time
 from typing import Any, Callable, Sequence
 
@@ -104,13 +105,30 @@ def _default_client_id(context: Context) -> int:
                      f"to horizontal_client_app; got keys {sorted(config)}.")
 
 
-def _build_upload(upload_fn: Callable[..., Any], context: Context) -> Any:
-    """``upload_fn(context=context)`` if it declares a ``context`` parameter, else ``upload_fn()``."""
+def _call(fn: Callable[..., Any], *args: Any, context: Context) -> Any:
+    """``fn(*args, context=context)`` if ``fn`` declares ``context``, else ``fn(*args)``."""
     try:
-        takes_context = "context" in inspect.signature(upload_fn).parameters
+        takes = "context" in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
-        takes_context = False
-    return as_upload(upload_fn(context=context) if takes_context else upload_fn())
+        takes = False
+    return fn(*args, context=context) if takes else fn(*args)
+
+
+def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    """Named numpy arrays as a Flower ArrayRecord."""
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(reason: Any) -> str:
+    """An error reply's own message, one line: a client's traceback is its own business."""
+    text = _ANSI.sub("", str(reason))
+    # a ClientApp exception, as the engine wraps it
+    match = re.search(r"occurred\. Message: *\n?(.+)", text)
+    line = match.group(1) if match else (text.strip().splitlines() or [""])[0]
+    return line.strip()[:200]
 
 
 def _stateful(upload: Any) -> list[Any]:
@@ -254,7 +272,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             from keras_fedpriv.callbacks.magrr import MagRR
 
             magrr = MagRR(eps_rr=eps_rr, seed=seed)
-        party = HorizontalClient(trainer, (x, y), _build_upload(upload_fn, context),
+        party = HorizontalClient(trainer, (x, y), as_upload(_call(upload_fn, context=context)),
                                  client_id_fn(context),
                                  seed=seed, batch_norm=batch_norm, magrr=magrr)
         party.laplace = None
@@ -295,7 +313,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             _save_state(context, party)
         except Exception:  # noqa: BLE001 - the reason stays on the client
             return _client_error(msg, "evaluate")
-        return Message(RecordDict({"report": ArrayRecord({"report": Array(noisy)}),
+        return Message(RecordDict({"report": _record({"report": noisy}),
                                    "config": ConfigRecord({"client-id": party.client_id})}),
                        reply_to=msg)
 
@@ -319,9 +337,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         rnd = validate_positive_int(config["round"], "round", minimum=0)
         result = party.fit(weights, rnd, epochs, bn, magrr_cut=cut)
         _save_state(context, party)
-        content = RecordDict({"upload": ArrayRecord(
-            {k: Array(np.ascontiguousarray(v)) for k, v in
-             party.upload.to_wire(result.upload).items()})})
+        content = RecordDict({"upload": _record(party.upload.to_wire(result.upload))})
         meta: dict[str, Any] = {"client-id": party.client_id}
         if result.magrr_report is not None:
             meta["magrr-report"] = int(result.magrr_report)
@@ -454,7 +470,7 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         if not wait > 0:
             raise ValueError(f"`round-timeout` must be > 0 seconds; got {wait!r}.")
         model = model_fn()
-        upload = _build_upload(upload_fn, context)
+        upload = as_upload(_call(upload_fn, context=context))
         magrr_ = magrr
         if callable(magrr) and not hasattr(magrr, "server_update"):
             magrr_ = magrr(context)
@@ -525,9 +541,7 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
                 node = reply.metadata.src_node_id
                 cid = client_of.get(node)
                 if reply.has_error():
-                    # the first line only: a client's traceback is its own business
-                    first = str(reply.error.reason).strip().splitlines() or [""]
-                    reason = f"error reply: {first[0][:200]}"
+                    reason = f"error reply: {_first_line(reply.error.reason)}"
                 else:
                     up += message_nbytes(reply)
                     reason = None
