@@ -308,7 +308,7 @@ def _good_content(server):
     (lambda c: c.__delitem__("config"), "exactly the records"),
 ])
 def test_the_server_parses_a_malicious_reply_without_deserializing_or_crashing(tamper, match):
-    from keras_fedpriv.federated.flower.horizontal import _parse_reply
+    from keras_fedpriv.federated.flower.strategy import _parse_reply
 
     server = _server()
     content = _good_content(server)
@@ -321,7 +321,7 @@ def test_the_server_parses_a_malicious_reply_without_deserializing_or_crashing(t
 def test_a_client_id_claimed_twice_or_missing_takes_no_part():
     from flwr.app import ConfigRecord, RecordDict
 
-    from keras_fedpriv.federated.flower.horizontal import _client_ids
+    from keras_fedpriv.federated.flower.strategy import _client_ids
 
     def claim(node, cid):
         return _Reply(RecordDict({"config": ConfigRecord({} if cid is None else
@@ -357,7 +357,7 @@ def test_the_example_client_takes_its_scheme_from_its_own_node_config_not_the_ru
 def test_the_server_drops_a_malformed_laplace_report(report, match):
     from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-    from keras_fedpriv.federated.flower.horizontal import _parse_report
+    from keras_fedpriv.federated.flower.strategy import _parse_report
 
     good = RecordDict({"report": ArrayRecord({"report": Array(np.zeros((3, 10)))}),
                        "config": ConfigRecord({"client-id": 0})})

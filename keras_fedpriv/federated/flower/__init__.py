@@ -10,6 +10,8 @@ processes):
 
 * `horizontal_client_app` / `horizontal_server_app`: horizontal FL with
   FedAvg, SignDS (+ MagRR) or the Gaussian upload.
+* `HorizontalStrategy`: the server half as a Flower ``Strategy``, for a
+  user's own ``ServerApp`` (``strategy.start(grid, ...)``).
 
 See ``docs/flower.md``.
 """
@@ -29,5 +31,6 @@ from keras_fedpriv.federated.flower.horizontal import (  # noqa: E402
     horizontal_server_app,
     message_nbytes,
 )
+from keras_fedpriv.federated.flower.strategy import HorizontalStrategy  # noqa: E402
 
-__all__ = ["FlowerRunResult", "horizontal_client_app", "horizontal_server_app", "message_nbytes"]
+__all__ = ["FlowerRunResult", "HorizontalStrategy", "horizontal_client_app", "horizontal_server_app", "message_nbytes"]

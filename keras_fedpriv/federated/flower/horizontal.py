@@ -37,37 +37,34 @@ In a real deployment leave seeds None (fresh OS entropy per release).
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import json
-import logging
-import re
-import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import keras
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from keras_fedpriv.federated.horizontal_parties import (
-    HorizontalClient,
-    HorizontalServer,
-    LocalTrainer,
+from keras_fedpriv.federated.flower.common import (  # noqa: F401 - shared with flower_vertical
+    _arrays,
+    _call,
+    _first_line,
+    _record,
+    _wait_for_nodes,
+    logger,
+    message_nbytes,
 )
-from keras_fedpriv.federated.uploads import MalformedUpload, as_upload
-from keras_fedpriv.mechanisms.ledger import (
-    CLIENT,
-    ReleaseKind,
-    ReleaseLedger,
-    non_private_event,
+from keras_fedpriv.federated.flower.strategy import (  # noqa: F401 - FlowerRunResult is public here
+    FlowerRunResult,
+    HorizontalStrategy,
+    _write_result,
 )
+from keras_fedpriv.federated.horizontal_parties import HorizontalClient, LocalTrainer
+from keras_fedpriv.federated.uploads import as_upload
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 
 __all__ = ["FlowerRunResult", "horizontal_client_app", "horizontal_server_app", "message_nbytes"]
-
-logger = logging.getLogger("keras_fedpriv.flower")
 
 # One model and one traced training function per (run, model builder) in a process: the
 # Simulation Engine runs many virtual clients in one worker process, and tracing per client
@@ -84,17 +81,6 @@ def _caches() -> tuple[dict[Any, Any], dict[Any, Any]]:
     return _TRAINERS, _CLIENTS
 
 
-def message_nbytes(message: Message) -> int:
-    """The size of a Flower message as Flower serializes it (protobuf bytes).
-
-    What Flower sends for the message, content and metadata, before the
-    transport's own framing (HTTP/gRPC headers, TLS).
-    """
-    from flwr.common.serde import message_to_proto
-
-    return len(message_to_proto(message).SerializeToString())
-
-
 def _default_client_id(context: Context) -> int:
     config = context.node_config
     for key in ("client-id", "partition-id"):
@@ -103,32 +89,6 @@ def _default_client_id(context: Context) -> int:
     raise ValueError("The SuperNode's node config must set 'client-id' or 'partition-id' "
                      "(flower-supernode --node-config \"partition-id=0\"), or pass client_id_fn "
                      f"to horizontal_client_app; got keys {sorted(config)}.")
-
-
-def _call(fn: Callable[..., Any], *args: Any, context: Context) -> Any:
-    """``fn(*args, context=context)`` if ``fn`` declares ``context``, else ``fn(*args)``."""
-    try:
-        takes = "context" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
-        takes = False
-    return fn(*args, context=context) if takes else fn(*args)
-
-
-def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    """Named numpy arrays as a Flower ArrayRecord."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _first_line(reason: Any) -> str:
-    """An error reply's own message, one line: a client's traceback is its own business."""
-    text = _ANSI.sub("", str(reason))
-    # a ClientApp exception, as the engine wraps it
-    match = re.search(r"occurred\. Message: *\n?(.+)", text)
-    line = match.group(1) if match else (text.strip().splitlines() or [""])[0]
-    return line.strip()[:200]
 
 
 def _stateful(upload: Any) -> list[Any]:
@@ -350,41 +310,6 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
     return app
 
 
-@dataclasses.dataclass
-class FlowerRunResult:
-    """What a `horizontal_server_app` run leaves to its ``on_finish``.
-
-    Attributes:
-        model: the global Keras model after the last round.
-        history: per-round logs (``val_*`` metrics, ``global_lr``, the
-            number of good and dropped replies, bytes on the wire).
-        ledger: the server's release ledger: a release per client asked to
-            train, per client id (`keras_fedpriv.privacy.privacy_report` accepts it).
-        rejected: ``(round, client id or node id, reason)`` of every dropped
-            reply.
-    """
-
-    model: keras.Model
-    history: dict[str, list[float]]
-    ledger: ReleaseLedger
-    rejected: list[tuple[int, int, str]]
-
-    def privacy_ledger(self) -> ReleaseLedger:
-        """The server's release ledger (so a result is a protection to `privacy_report`)."""
-        return self.ledger
-
-
-def _wait_for_nodes(grid: Grid, count: int, timeout: float, what: str = "clients") -> list[int]:
-    """The connected node ids once ``count`` are connected (`TimeoutError` after ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while len(nodes := sorted(grid.get_node_ids())) < count:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(nodes)} of the {count} {what} needed connected "
-                               f"within {timeout:g} s.")
-        time.sleep(0.5)
-    return nodes
-
-
 def horizontal_server_app(model_fn: Callable[[], keras.Model],
                           upload_fn: Callable[[], Any] = lambda: "fedavg", *,
                           rounds: int = 3, clients_per_round: int = 2, local_epochs: int = 1,
@@ -463,138 +388,23 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
                                           "clients-per-round")
         epochs = validate_positive_int(int(run.get("local-epochs", local_epochs)), "local-epochs")
         need = validate_positive_int(int(run.get("min-replies", min_replies)), "min-replies")
-        if need > per_round:
-            raise ValueError(f"run config 'min-replies'={need} is more than "
-                             f"'clients-per-round'={per_round}: no round could count.")
         wait = float(run.get("round-timeout", round_timeout))
         if not wait > 0:
             raise ValueError(f"`round-timeout` must be > 0 seconds; got {wait!r}.")
         model = model_fn()
-        upload = as_upload(_call(upload_fn, context=context))
         magrr_ = magrr
         if callable(magrr) and not hasattr(magrr, "server_update"):
             magrr_ = magrr(context)
-        server = HorizontalServer(model, upload, seed=seed, batch_norm=batch_norm, magrr=magrr_)
         laplace = laplace_eval
         if callable(laplace) and not hasattr(laplace, "receive_reports"):
             laplace = laplace(context)
-        if laplace is not None:
-            laplace.set_model(model)
-        ledger = ReleaseLedger()
-        upload_event = getattr(upload, "dp_event", lambda: None)() or non_private_event()
-        upload_kind = ReleaseKind(f"{type(upload).__name__} upload (received by the server)",
-                                  "client data", CLIENT, upload_event,
-                                  "counted for every client asked to train, when asked")
-        clear_kind = ReleaseKind("BatchNormalization statistics and data size (received)",
-                                 "client data", CLIENT, non_private_event(),
-                                 "batch_norm='average': sent in the clear")
-        unexpected_kind = ReleaseKind("unexpected reply content (received)", "client data",
-                                      CLIENT, non_private_event(),
-                                      "a reply carrying more than the protocol releases")
-        magrr_kind = None if magrr_ is None else ReleaseKind(
-            "MagRR report (received)", "client data", CLIENT, magrr_.dp_event(1),
-            "one randomized-response bit per round a client takes part in")
-
-        nodes = _wait_for_nodes(grid, max(num_clients, per_round), connect_timeout)
-        replies = grid.send_and_receive(
-            [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
-                     message_type="query") for n in nodes], timeout=wait)
-        node_of = _client_ids(replies)
-
-        history: dict[str, list[float]] = {}
-        rejected: list[tuple[int, int, str]] = []
-        for rnd in range(n_rounds):
-            started = time.perf_counter()
-            # sample among the clients still connected (a crashed node drops out)
-            connected = set(grid.get_node_ids())
-            available = [c for c, n in node_of.items() if n in connected]
-            if len(available) < need:
-                # asking would spend the clients' privacy on a round that cannot count
-                raise RuntimeError(f"round {rnd}: {len(available)} clients are connected, fewer "
-                                   f"than min_replies={need}.")
-            chosen = server.sample(available, min(per_round, len(available)))
-            # a client that is asked releases when it answers, whether or not its reply
-            # arrives in time or parses: count it now
-            ledger.record(upload_kind, chosen)
-            if magrr_kind is not None:
-                ledger.record(magrr_kind, chosen)
-            if server.bn_variables and batch_norm == "average":
-                ledger.record(clear_kind, chosen)
-            weights = server.global_weights()
-            bn = server.global_batch_norm()
-            config: dict[str, Any] = {"round": rnd, "local-epochs": epochs}
-            cut = server.magrr_cut()
-            if cut is not None:
-                config["magrr-cut"] = float(cut)
-            content = RecordDict({"weights": ArrayRecord(numpy_ndarrays=weights),
-                                  "config": ConfigRecord(config)})
-            if bn:
-                content["batch-norm"] = ArrayRecord(numpy_ndarrays=bn)
-            messages = [Message(content, dst_node_id=node_of[c], message_type="train")
-                        for c in chosen]
-            down = sum(message_nbytes(m) for m in messages)
-            replies = list(grid.send_and_receive(messages, timeout=wait))
-            client_of = {node_of[c]: c for c in chosen}
-            good = {}
-            up = 0
-            for reply in replies:
-                node = reply.metadata.src_node_id
-                cid = client_of.get(node)
-                if reply.has_error():
-                    reason = f"error reply: {_first_line(reply.error.reason)}"
-                else:
-                    up += message_nbytes(reply)
-                    reason = None
-                    if cid is None:
-                        reason = "a reply from a node that was not asked"
-                    else:
-                        try:
-                            good[cid] = _parse_reply(reply, server, magrr_kind is not None,
-                                                     batch_norm)
-                        except MalformedUpload as err:
-                            reason = f"malformed upload: {err}"
-                        except Exception as err:  # noqa: BLE001 - no reply may stop the server
-                            reason = f"malformed upload: could not be read ({type(err).__name__})"
-                        if reason is not None and _extra_content(reply, magrr_kind is not None,
-                                                                 batch_norm, server):
-                            # it sent more than the protocol releases: count that too
-                            ledger.record(unexpected_kind, [cid])
-                if reason is not None:
-                    who = cid if cid is not None else node
-                    logger.warning("round %d: dropped the reply of client %s: %s", rnd, who,
-                                   reason)
-                    rejected.append((rnd, who, reason))
-            logs: dict[str, float] = {"replies": float(len(good)),
-                                      "dropped": float(len(replies) - len(good)
-                                                       + len(chosen) - len(replies)),
-                                      "wire_bytes_down": float(down),
-                                      "wire_bytes_up": float(up)}
-            if len(good) >= need:
-                order = sorted(good)
-                parsed = [good[c] for c in order]
-                logs.update(server.step(
-                    [p["upload"] for p in parsed],
-                    magrr_reports=[p["magrr"] for p in parsed] if magrr_ is not None else None,
-                    num_examples=[p["num_examples"] for p in parsed],
-                    batch_norm=[p["batch_norm"] for p in parsed] if bn else None))
-                logs["payload_bytes_up"] = float(sum(p["upload"].nbytes for p in parsed))
-            else:
-                logger.warning("round %d: %d good replies, fewer than min_replies=%d; the global "
-                               "model is unchanged", rnd, len(good), need)
-            if validation_data is not None:
-                vx, vy = validation_data
-                scores = model.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
-                logs.update({f"val_{k}": float(v) for k, v in scores.items()})
-            logs["round_time_s"] = time.perf_counter() - started
-            if laplace is not None and laplace._due(rnd):
-                logs.update(_laplace_round(grid, laplace, server, chosen, node_of, rnd, wait,
-                                           ledger, rejected))
-            if magrr_ is not None:
-                logs.update(magrr_.log_values())
-            for k, v in logs.items():
-                history.setdefault(k, []).append(float(v))
-            logger.info("round %d: %s", rnd, {k: round(v, 4) for k, v in logs.items()})
-        result = FlowerRunResult(model, history, ledger, rejected)
+        strategy = HorizontalStrategy(
+            model, _call(upload_fn, context=context), clients_per_round=per_round,
+            local_epochs=epochs, num_clients=num_clients, min_replies=need, seed=seed,
+            batch_norm=batch_norm, magrr=magrr_, laplace_eval=laplace,
+            validation_data=validation_data, connect_timeout=connect_timeout)
+        strategy.start(grid, strategy.initial_arrays(), num_rounds=n_rounds, timeout=wait)
+        result = strategy.run_result()
         if run.get("result-path"):
             _write_result(str(run["result-path"]), result)
         if on_finish is not None:
@@ -603,166 +413,4 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
     return app
 
 
-def _client_ids(replies: Sequence[Message]) -> dict[int, int]:
-    """Client id -> node id from the query replies; an id two nodes claim is dropped."""
-    claims: dict[int, list[int]] = {}
-    for reply in replies:
-        node = reply.metadata.src_node_id
-        if reply.has_error():
-            logger.warning("node %s did not answer the query", node)
-            continue
-        try:
-            cid = reply.content["config"]["client-id"]
-        except Exception:  # noqa: BLE001 - a malformed answer is no answer
-            cid = None
-        if isinstance(cid, bool) or not isinstance(cid, int) or cid < 0:
-            logger.warning("node %s answered the query without a valid client id", node)
-            continue
-        claims.setdefault(cid, []).append(node)
-    node_of = {}
-    for cid, nodes in claims.items():
-        if len(nodes) > 1:
-            logger.warning("%d nodes claim client id %d; none of them takes part", len(nodes),
-                           cid)
-            continue
-        node_of[cid] = nodes[0]
-    return node_of
-
-
-def _arrays(record: Any, what: str, max_bytes: int) -> dict[str, np.ndarray]:
-    """A received ArrayRecord's arrays, checked before anything is deserialized."""
-    if not isinstance(record, ArrayRecord):
-        raise MalformedUpload(f"{what!r} must be an ArrayRecord; got {type(record).__name__}.")
-    total = 0
-    for key, array in record.items():
-        if getattr(array, "stype", None) != "numpy.ndarray":
-            raise MalformedUpload(f"{what!r} array {key!r} is not a numpy array.")
-        total += len(array.data)
-        if total > max_bytes:
-            raise MalformedUpload(f"{what!r} holds more than the {max_bytes} bytes the protocol "
-                                  "sends.")
-    return {str(k): a.numpy() for k, a in record.items()}
-
-
-def _extra_content(reply: Message, with_magrr: bool, batch_norm: str,
-                   server: HorizontalServer) -> bool:
-    """Whether a reply carries content the protocol does not release (counted if so)."""
-    try:
-        content = reply.content
-        meta = content["config"] if "config" in content else {}
-        expected_bn = bool(server.bn_variables) and batch_norm == "average"
-        return (set(content.keys()) - {"upload", "config"} - ({"batch-norm"} if expected_bn
-                                                              else set())) != set() or \
-            (set(meta.keys()) - {"client-id"} - ({"magrr-report"} if with_magrr else set())
-             - ({"num-examples"} if expected_bn else set())) != set()
-    except Exception:  # noqa: BLE001 - unreadable: count it
-        return True
-
-
-def _parse_reply(reply: Message, server: HorizontalServer, with_magrr: bool,
-                 batch_norm: str) -> dict[str, Any]:
-    """One reply's upload, MagRR bit and BN statistics, checked (`MalformedUpload` if not)."""
-    content = reply.content
-    expected_bn = bool(server.bn_variables) and batch_norm == "average"
-    keys = {"upload", "config"} | ({"batch-norm"} if expected_bn else set())
-    if set(content.keys()) != keys:
-        raise MalformedUpload(f"the reply must hold exactly the records {sorted(keys)}; got "
-                              f"{sorted(map(str, content.keys()))}.")
-    meta = content["config"]
-    if not isinstance(meta, ConfigRecord):
-        raise MalformedUpload("'config' must be a ConfigRecord.")
-    meta_keys = {"client-id"} | ({"magrr-report"} if with_magrr else set()) | \
-        ({"num-examples"} if expected_bn else set())
-    if set(meta.keys()) != meta_keys:
-        raise MalformedUpload(f"'config' must hold exactly {sorted(meta_keys)}; got "
-                              f"{sorted(map(str, meta.keys()))}.")
-    # a generous bound: twice a dense float64 update plus headers
-    arrays = _arrays(content["upload"], "upload", 16 * server.dim + 4096)
-    out: dict[str, Any] = {"upload": server.receive(arrays), "magrr": None, "num_examples": 1,
-                           "batch_norm": None}
-    if with_magrr:
-        bit = meta["magrr-report"]
-        if isinstance(bit, bool) or not isinstance(bit, int) or bit not in (0, 1):
-            raise MalformedUpload("'magrr-report' must be 0 or 1.")
-        out["magrr"] = bit
-    if expected_bn:
-        bn_size = sum(int(np.prod(v.shape)) for v in server.bn_variables)
-        stats = _arrays(content["batch-norm"], "batch-norm", 16 * bn_size + 4096)
-        out["batch_norm"] = server.check_batch_norm(list(stats.values()))
-        n = meta["num-examples"]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise MalformedUpload("'num-examples' must be an integer >= 1.")
-        out["num_examples"] = n
-    return out
-
-
-def _laplace_round(grid: Grid, laplace: Any, server: HorizontalServer, chosen: Sequence[int],
-                   node_of: dict[int, int], rnd: int, wait: float, ledger: ReleaseLedger,
-                   rejected: list[tuple[int, int, str]]) -> dict[str, float]:
-    """The round's clients evaluate the new global model under Laplace noise; the server scores."""
-    started = time.perf_counter()
-    content = RecordDict({"weights": ArrayRecord(numpy_ndarrays=server.global_weights())})
-    bn = server.global_batch_norm()
-    if bn:
-        content["batch-norm"] = ArrayRecord(numpy_ndarrays=bn)
-    messages = [Message(content, dst_node_id=node_of[c], message_type="evaluate")
-                for c in chosen]
-    width = int(server.model.compute_output_shape((1,) + tuple(
-        server.model.inputs[0].shape[1:]))[-1]) if getattr(server.model, "inputs", None) \
-        else None
-    if laplace.num_classes is None:
-        laplace.num_classes = width  # K, for the release's event (the clients' output length)
-    ledger.record(laplace._release_kind(), list(chosen))  # asked: counted
-    client_of = {node_of[c]: c for c in chosen}
-    reports = {}
-    for reply in grid.send_and_receive(messages, timeout=wait):
-        cid = client_of.get(reply.metadata.src_node_id)
-        reason = None
-        if cid is None:
-            reason = "a reply from a node that was not asked"
-        elif reply.has_error():
-            reason = "error reply to 'evaluate'"
-        else:
-            try:
-                reports[cid] = _parse_report(reply, width)
-            except MalformedUpload as err:
-                reason = f"malformed report: {err}"
-            except Exception as err:  # noqa: BLE001 - no reply may stop the server
-                reason = f"malformed report: could not be read ({type(err).__name__})"
-        if reason is not None:
-            who = cid if cid is not None else reply.metadata.src_node_id
-            logger.warning("round %d: dropped the evaluation of client %s: %s", rnd, who, reason)
-            rejected.append((rnd, who, reason))
-    if not reports:
-        return dict.fromkeys(laplace.log_keys(), float("nan"))
-    return laplace.receive_reports([(c, reports[c], None) for c in sorted(reports)], started)
-
-
-def _parse_report(reply: Message, width: int | None) -> np.ndarray:
-    """A client's LaplaceEvaluation report, checked (`MalformedUpload` if not as promised)."""
-    if set(reply.content.keys()) != {"report", "config"}:
-        raise MalformedUpload("the reply must hold exactly 'report' and 'config'.")
-    rows = _arrays(reply.content["report"], "report", 8 * 10**8)
-    if set(rows) != {"report"}:
-        raise MalformedUpload("'report' must hold exactly the array 'report'.")
-    noisy = rows["report"]
-    if noisy.dtype != np.float64 or noisy.ndim != 2 or len(noisy) == 0 or (
-            width is not None and noisy.shape[1] != width):
-        raise MalformedUpload(f"the report must be a non-empty float64 array of shape "
-                              f"(n, {width}); got {noisy.dtype} {noisy.shape}.")
-    if not np.isfinite(noisy).all():
-        raise MalformedUpload("the report holds NaN or infinity.")
-    return noisy
-
-
-def _write_result(folder: str, result: FlowerRunResult) -> None:
-    import os
-
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "history.json"), "w") as f:
-        json.dump({"history": result.history, "rejected": result.rejected}, f)
-    with open(os.path.join(folder, "ledger.json"), "w") as f:
-        json.dump(result.ledger.to_dict(), f)
-    np.savez(os.path.join(folder, "weights.npz"),
-             *[np.asarray(w) for w in result.model.get_weights()])
 

@@ -1,0 +1,86 @@
+"""What the Flower apps share: message sizes, records, error lines, waiting for nodes.
+
+Private helpers of `keras_fedpriv.federated.flower` and
+`keras_fedpriv.federated.flower_vertical`; `message_nbytes` is public.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import time
+from typing import Any, Callable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.serverapp import Grid
+
+from keras_fedpriv.federated.uploads import MalformedUpload
+
+__all__ = ["message_nbytes"]
+
+logger = logging.getLogger("keras_fedpriv.flower")
+
+
+def message_nbytes(message: Message) -> int:
+    """The size of a Flower message as Flower serializes it (protobuf bytes).
+
+    What Flower sends for the message, content and metadata, before the
+    transport's own framing (HTTP/gRPC headers, TLS).
+    """
+    from flwr.common.serde import message_to_proto
+
+    return len(message_to_proto(message).SerializeToString())
+
+
+def _call(fn: Callable[..., Any], *args: Any, context: Context) -> Any:
+    """``fn(*args, context=context)`` if ``fn`` declares ``context``, else ``fn(*args)``."""
+    try:
+        takes = "context" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        takes = False
+    return fn(*args, context=context) if takes else fn(*args)
+
+
+def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    """Named numpy arrays as a Flower ArrayRecord."""
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(reason: Any) -> str:
+    """An error reply's own message, one line: a client's traceback is its own business."""
+    text = _ANSI.sub("", str(reason))
+    # a ClientApp exception, as the engine wraps it
+    match = re.search(r"occurred\. Message: *\n?(.+)", text)
+    line = match.group(1) if match else (text.strip().splitlines() or [""])[0]
+    return line.strip()[:200]
+
+
+def _wait_for_nodes(grid: Grid, count: int, timeout: float, what: str = "clients") -> list[int]:
+    """The connected node ids once ``count`` are connected (`TimeoutError` after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while len(nodes := sorted(grid.get_node_ids())) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(nodes)} of the {count} {what} needed connected "
+                               f"within {timeout:g} s.")
+        time.sleep(0.5)
+    return nodes
+
+
+def _arrays(record: Any, what: str, max_bytes: int) -> dict[str, np.ndarray]:
+    """A received ArrayRecord's arrays, checked before anything is deserialized."""
+    if not isinstance(record, ArrayRecord):
+        raise MalformedUpload(f"{what!r} must be an ArrayRecord; got {type(record).__name__}.")
+    total = 0
+    for key, array in record.items():
+        if getattr(array, "stype", None) != "numpy.ndarray":
+            raise MalformedUpload(f"{what!r} array {key!r} is not a numpy array.")
+        total += len(array.data)
+        if total > max_bytes:
+            raise MalformedUpload(f"{what!r} holds more than the {max_bytes} bytes the protocol "
+                                  "sends.")
+    return {str(k): a.numpy() for k, a in record.items()}

@@ -1,0 +1,195 @@
+"""`HorizontalStrategy`: keras-fedpriv's server half as a Flower Strategy in a user's own app."""
+
+import logging
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict  # noqa: E402
+from flwr.serverapp import ServerApp  # noqa: E402
+from flwr.simulation import run_simulation  # noqa: E402
+
+from keras_fedpriv.callbacks import MagRR  # noqa: E402
+from keras_fedpriv.datasets import digits_clients  # noqa: E402
+from keras_fedpriv.federated import HorizontalFL  # noqa: E402
+from keras_fedpriv.federated.flower import HorizontalStrategy, horizontal_client_app  # noqa: E402
+from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
+from keras_fedpriv.privacy import privacy_report  # noqa: E402
+
+pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
+
+APP = pathlib.Path(__file__).resolve().parent / "flower_app"
+
+
+def model_fn():
+    sys.path.insert(0, str(APP))
+    try:
+        from kfp_test_app.apps import model_fn as build
+    finally:
+        sys.path.remove(str(APP))
+    return build()
+
+
+def _signds():
+    return SignDSEncoder(k=0.2, eps=10.0, seed=5)
+
+
+def test_a_users_own_server_app_runs_the_strategy_like_the_in_process_run():
+    clients, val = digits_clients(3, seed=0)
+    out = {}
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context):
+        strategy = HorizontalStrategy(model_fn(), _signds(), clients_per_round=2, num_clients=3,
+                                      seed=1, magrr=MagRR(eps_rr=3.0, seed=1),
+                                      validation_data=val)
+        result = strategy.start(grid, strategy.initial_arrays(), num_rounds=3, timeout=120,
+                                train_config=ConfigRecord({"local-epochs": 2}))
+        out.update(strategy=strategy, result=result)
+
+    client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
+                                   _signds, seed=1, magrr_eps=3.0)
+    run_simulation(server_app=app, client_app=client, num_supernodes=3,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    strategy, result = out["strategy"], out["result"]
+
+    model = model_fn()
+    fl = HorizontalFL(model, clients, upload=_signds(), seed=1)
+    hist = fl.fit(rounds=3, clients_per_round=2, local_epochs=2, validation_data=val, verbose=0,
+                  callbacks=[MagRR(eps_rr=3.0, seed=1)])
+    for a, b in zip(model.get_weights(), strategy.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    # Flower's own Result holds the final global weights and the per-round metrics
+    for a, b in zip(model.trainable_weights, result.arrays.to_numpy_ndarrays()):
+        np.testing.assert_allclose(np.asarray(a), b, atol=1e-6)
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
+    np.testing.assert_allclose([result.train_metrics_clientapp[r]["global_lr"] for r in (1, 2, 3)],
+                               hist.history["global_lr"])
+    assert strategy.history["replies"] == [2.0, 2.0, 2.0]
+    assert privacy_report(strategy, delta=1e-5).epsilon == pytest.approx(
+        privacy_report(fl, delta=1e-5).epsilon, rel=1e-9)
+
+
+# ------------------------------------------------------- the four steps with a stand-in Grid
+@pytest.fixture
+def in_a_run(monkeypatch):
+    """Flower builds a Message only inside a run: a stand-in run id for these tests."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
+
+
+class _Grid:
+    """A Grid stand-in: three connected nodes that answer queries with their client ids."""
+
+    def __init__(self, nodes=(10, 11, 12)):
+        self.nodes = list(nodes)
+
+    def get_node_ids(self):
+        return self.nodes
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = []
+        for i, m in enumerate(messages):
+            replies.append(_Reply(RecordDict({"config": ConfigRecord(
+                {"client-id": self.nodes.index(m.metadata.dst_node_id)})}),
+                m.metadata.dst_node_id))
+        return replies
+
+
+class _Reply:
+    def __init__(self, content, node, error=None):
+        self.content = content
+
+        class _Meta:
+            src_node_id = node
+
+        self.metadata = _Meta()
+        self._error = error
+
+    def has_error(self):
+        return self._error is not None
+
+    @property
+    def error(self):
+        class _E:
+            reason = self._error
+
+        return _E()
+
+
+def _strategy(**kw):
+    return HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, num_clients=3, seed=0,
+                              **kw)
+
+
+def test_configure_train_counts_the_asked_clients_and_sends_only_the_protocols_config(in_a_run):
+    strategy = _strategy()
+    messages = list(strategy.configure_train(1, strategy.initial_arrays(),
+                                             ConfigRecord({"lr-note": 1.5}), _Grid()))
+    assert len(messages) == 2
+    assert {m.metadata.message_type for m in messages} == {"train"}
+    config = messages[0].content["config"]
+    assert config["round"] == 0 and config["local-epochs"] == 1 and config["lr-note"] == 1.5
+    assert set(messages[0].content.keys()) == {"weights", "config"}
+    # asked is counted, before any reply
+    ledger = strategy.privacy_ledger()
+    assert [(ledger.units_seen(k), ledger.total(k)) for k in ledger.kinds] == [(2, 1)]
+
+
+def test_the_strategy_takes_the_weights_flower_hands_it_and_refuses_wrong_ones(in_a_run):
+    strategy = _strategy()
+    arrays = [np.full_like(w, 0.5) for w in strategy.initial_arrays().to_numpy_ndarrays()]
+    msgs = list(strategy.configure_train(1, ArrayRecord(numpy_ndarrays=arrays), ConfigRecord(),
+                                         _Grid()))
+    sent = msgs[0].content["weights"].to_numpy_ndarrays()
+    assert all(np.all(w == 0.5) for w in sent)
+    with pytest.raises(ValueError, match="`arrays` must hold the model's 4 trainable weights"):
+        strategy.configure_train(2, ArrayRecord(numpy_ndarrays=arrays[:2]), ConfigRecord(),
+                                 _Grid())
+
+
+def test_too_few_good_replies_leave_the_model_unchanged_and_return_no_arrays(caplog, in_a_run):
+    strategy = _strategy(min_replies=2)
+    before = [w.copy() for w in strategy.model.get_weights()]
+    messages = list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(),
+                                             _Grid()))
+    stray = Message(RecordDict({"config": ConfigRecord({"client-id": 0})}), dst_node_id=1,
+                    message_type="train")
+    stray.metadata.__dict__["_src_node_id"] = 99  # a node that was not asked
+    replies = [_Reply(None, messages[0].metadata.dst_node_id, error="boom\nsecret trace"), stray]
+    with caplog.at_level(logging.WARNING, logger="keras_fedpriv.flower"):
+        arrays, metrics = strategy.aggregate_train(1, replies)
+    assert arrays is None
+    assert metrics["replies"] == 0.0 and metrics["dropped"] == 2.0
+    for a, b in zip(before, strategy.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    reasons = [r for _, _, r in strategy.rejected]
+    assert reasons[0] == "error reply: boom" and "secret trace" not in caplog.text
+    assert reasons[1] == "a reply from a node that was not asked"
+    assert "fewer than min_replies=2" in caplog.text
+
+
+def test_steps_out_of_order_and_bad_settings_are_refused(in_a_run):
+    strategy = _strategy()
+    with pytest.raises(ValueError, match="without its configure_train"):
+        strategy.aggregate_train(1, [])
+    with pytest.raises(ValueError, match="server_round"):
+        strategy.configure_train(0, strategy.initial_arrays(), ConfigRecord(), _Grid())
+    with pytest.raises(ValueError, match="min_replies"):
+        _strategy(min_replies=3)
+    with pytest.raises(TypeError, match="`magrr` must be a MagRR"):
+        _strategy(magrr=3.0)
+    with pytest.raises(ValueError, match="batch_norm"):
+        _strategy(batch_norm="mean")
+    # no Laplace evaluation: Flower's evaluate step sends nothing
+    assert list(strategy.configure_evaluate(1, strategy.initial_arrays(), ConfigRecord(),
+                                            _Grid())) == []
+    assert strategy.aggregate_evaluate(1, []) is None
