@@ -110,7 +110,44 @@ def test_signds_with_magrr_on_flower_matches_the_in_process_run():
     assert np.isfinite(server_eps)
 
 
-class _Tampered:
+def test_a_client_with_a_budget_refuses_the_reply_that_would_go_over_it(tmp_path, caplog):
+    import json
+
+    x, y = _digits()
+    clients = partition(x[:900], y[:900], 3, seed=0)
+
+    def upload_fn():
+        return SignDSEncoder(k=0.2, eps=10.0, seed=5)
+
+    out = {}
+    # one SignDS release is eps 10; a second would compose to about 20 > 12
+    client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
+                                   upload_fn, seed=1, max_epsilon=12.0,
+                                   budget_path=lambda ctx: str(
+                                       tmp_path / f"client-{ctx.node_config['partition-id']}.json"))
+    server = horizontal_server_app(model_fn, upload_fn, rounds=3, clients_per_round=3,
+                                   num_clients=3, seed=1, on_finish=lambda r: out.update(result=r))
+    with caplog.at_level(logging.WARNING, logger="keras_fedpriv.flower"):
+        _simulate(client, server, 3)
+    result = out["result"]
+    assert result.history["replies"] == [3.0, 0.0, 0.0]
+    reasons = {r for _, _, r in result.rejected}
+    assert reasons == {"error reply: the client's privacy budget is spent; it refused the "
+                       "'train' message"}
+    # the model is the one the first round made: nothing after it was released
+    model = model_fn()
+    HorizontalFL(model, clients, upload=upload_fn(), seed=1).fit(rounds=1, clients_per_round=3,
+                                                                 verbose=0)
+    for a, b in zip(model.get_weights(), result.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    # each client's own file holds the one release it sent, for the next run's budget
+    for i in range(3):
+        runs = json.loads((tmp_path / f"client-{i}.json").read_text())["runs"]
+        (ledger,) = runs.values()
+        assert [sum(k["units"].values()) for k in ledger["kinds"]] == [1]
+
+
+
     """A client's upload scheme that sends something other than the scheme promises."""
 
     def __init__(self, inner, how):

@@ -4,6 +4,9 @@
   protection reachable from a model, History, optimizer or run with
   dp-accounting (PLD via `MixedPLDAccountant`, or RDP), for the worst unit;
   `EpsilonLogger` logs the composed eps into the training history.
+* `PrivacyBudget`: a party's own cap on its composed eps over this run and
+  past ones (a ledger file on its machine); `BudgetExhausted` when a
+  release would go over it.
 * `plan_epsilon` / `plan_noise_multiplier`: the per-release eps or noise
   that meets a target (eps, delta) for a planned number of releases.
 * `audit` and one auditor per mechanism (`audit_binary_rr`, ...,
@@ -28,6 +31,7 @@ from keras_fedpriv.privacy.audit import (
     clopper_pearson,
     eps_lower_bound,
 )
+from keras_fedpriv.privacy.budget import BudgetExhausted, PrivacyBudget
 from keras_fedpriv.privacy.deldp import DELDPReport, deldp, max_pairwise_distance
 from keras_fedpriv.privacy.accountant import MixedPLDAccountant
 from keras_fedpriv.privacy.planning import plan_epsilon, plan_noise_multiplier, planned_epsilon
@@ -44,7 +48,8 @@ from keras_fedpriv.privacy.report import (
 
 __all__ = ["AuditResult", "audit", "audit_binary_rr", "audit_embedding_dp_layer", "audit_kary_rr",
            "audit_label_dp_layer", "audit_laplace", "audit_magrr", "audit_quantize_rr",
-           "audit_signds", "clopper_pearson", "eps_lower_bound",
+           "audit_signds", "clopper_pearson", "eps_lower_bound", "BudgetExhausted",
+           "PrivacyBudget",
            "DELDPReport", "EpsilonLogger", "MixedPLDAccountant", "PrivacyReport", "Release",
            "compose_epsilon", "deldp", "find_protections", "max_pairwise_distance",
            "plan_epsilon", "plan_noise_multiplier", "planned_epsilon", "privacy_ledger",

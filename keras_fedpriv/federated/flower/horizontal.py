@@ -63,6 +63,8 @@ from keras_fedpriv.federated.flower.strategy import (  # noqa: F401 - FlowerRunR
 from keras_fedpriv.federated.horizontal_parties import HorizontalClient, LocalTrainer
 from keras_fedpriv.federated.uploads import as_upload
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
+from keras_fedpriv.privacy.budget import BudgetExhausted, PrivacyBudget
+from keras_fedpriv.privacy.report import privacy_ledger
 
 __all__ = ["FlowerRunResult", "horizontal_client_app", "horizontal_server_app", "message_nbytes"]
 
@@ -133,12 +135,17 @@ def _load_state(context: Context, client: HorizontalClient) -> None:
         client._own_bn = context.state["keras-fedpriv-bn"].to_numpy_ndarrays()
 
 
-def _client_error(msg: Message, what: str) -> Message:
+def _client_error(msg: Message, what: str, budget: bool = False) -> Message:
     """An error reply that says nothing of the client's data (the details stay in its log).
 
     Flower would otherwise send ``str(exception)`` to the server, and a Keras or
     TensorFlow error can quote the client's labels or features.
     """
+    if budget:
+        logger.warning("the client refused a %r message: its privacy budget is spent", what)
+        return Message(error=Error(code=2, reason=f"the client's privacy budget is spent; it "
+                                                  f"refused the {what!r} message"),
+                       reply_to=msg)
     logger.exception("the client failed to answer a %r message", what)
     return Message(error=Error(code=1, reason=f"the client failed to answer a {what!r} message "
                                               "(details in the client's own log)"),
@@ -152,7 +159,10 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                           batch_norm: str = "average", magrr_eps: float | None = None,
                           laplace_eval_fn: Callable[[Context], Any] | None = None,
                           client_id_fn: Callable[[Context], int] = _default_client_id,
-                          max_local_epochs: int = 100) -> ClientApp:
+                          max_local_epochs: int = 100, max_epsilon: float | None = None,
+                          budget_delta: float = 1e-5,
+                          budget_path: str | Callable[[Context], str] | None = None
+                          ) -> ClientApp:
     """A Flower `ClientApp` that trains a horizontal-FL client and uploads through a scheme.
 
     Args:
@@ -185,6 +195,18 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             model outputs plus Laplace noise; None: the client refuses them.
         max_local_epochs: the most local epochs per round this client
             accepts from the server (a bound on the work a server can ask).
+        max_epsilon: None or a cap on the eps (at ``budget_delta``) that this
+            client's releases compose to, over this run and, with
+            ``budget_path``, past runs (`keras_fedpriv.privacy.PrivacyBudget`):
+            a reply that would go over it is not sent (the server gets an
+            error reply saying the budget is spent). The node config key
+            ``max-epsilon`` sets it too; with both, the smaller counts.
+        budget_delta: the delta of that composed eps.
+        budget_path: None, or a JSON file on the client's machine that keeps
+            the client's release ledger of every run, or
+            ``budget_path(context)`` returning one (one file per client;
+            the node config key ``privacy-budget-path`` takes precedence).
+            Without it the budget covers this run only.
 
     Choose the upload scheme, its eps and MagRR's in client code or from
     ``context.node_config`` (set by the client's operator with
@@ -201,7 +223,36 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
     seed = validate_seed(seed)
     if batch_norm not in ("average", "local"):
         raise ValueError(f"`batch_norm` must be 'average' or 'local'; got {batch_norm!r}.")
+    if max_epsilon is not None:
+        PrivacyBudget(max_epsilon, budget_delta)  # checks the arguments now
     app = ClientApp()
+
+    def budget(context: Context) -> PrivacyBudget | None:
+        """The client's budget: its own code's and its operator's node config, the stricter."""
+        caps = [c for c in (max_epsilon, context.node_config.get("max-epsilon")) if c is not None]
+        if not caps:
+            return None
+        path = context.node_config.get("privacy-budget-path")
+        if path is None:
+            path = budget_path(context) if callable(budget_path) else budget_path
+        return PrivacyBudget(min(float(c) for c in caps), budget_delta,
+                             path=str(path) if path else None)
+
+    def spend(context: Context, party: HorizontalClient, sending: bool) -> None:
+        """Check the client's budget with what it is about to send (and then record it)."""
+        cap = budget(context)
+        if cap is None:
+            return
+        ledger = privacy_ledger([party.upload, party.magrr, party.laplace])
+        try:
+            cap.check(ledger, run_id=context.run_id)
+        except BudgetExhausted:
+            # the refused message's noise draws and records are dropped with the cached copy:
+            # the client's truth stays what context.state holds
+            _caches()[1].pop((context.run_id, context.node_id), None)
+            raise
+        if sending:
+            cap.save(ledger, run_id=context.run_id)
 
     def client(context: Context) -> HorizontalClient:
         trainers, clients = _caches()
@@ -268,9 +319,13 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                 for v, w in zip(party.trainer.bn_variables,
                                 msg.content["batch-norm"].to_numpy_ndarrays()):
                     v.assign(w)
+            spend(context, party, sending=False)
             outputs = party.laplace.client_outputs(model, party.x)
             noisy, _ = party.laplace.report_outputs(outputs, party.client_id)
+            spend(context, party, sending=True)
             _save_state(context, party)
+        except BudgetExhausted:
+            return _client_error(msg, "evaluate", budget=True)
         except Exception:  # noqa: BLE001 - the reason stays on the client
             return _client_error(msg, "evaluate")
         return Message(RecordDict({"report": _record({"report": noisy}),
@@ -281,6 +336,8 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
     def train(msg: Message, context: Context) -> Message:
         try:
             return _train(msg, context)
+        except BudgetExhausted:
+            return _client_error(msg, "train", budget=True)
         except Exception:  # noqa: BLE001 - the reason stays on the client
             return _client_error(msg, "train")
 
@@ -295,7 +352,9 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             raise ValueError(f"the server asked for {epochs} local epochs; this client accepts "
                              f"at most max_local_epochs={max_local_epochs}.")
         rnd = validate_positive_int(config["round"], "round", minimum=0)
+        spend(context, party, sending=False)  # already over: refuse before training
         result = party.fit(weights, rnd, epochs, bn, magrr_cut=cut)
+        spend(context, party, sending=True)
         _save_state(context, party)
         content = RecordDict({"upload": _record(party.upload.to_wire(result.upload))})
         meta: dict[str, Any] = {"client-id": party.client_id}
