@@ -18,7 +18,7 @@ import time
 import keras
 import numpy as np
 
-from keras_fedpriv.callbacks.magrr import MagRR
+from keras_fedpriv.federated.magrr import MagRR
 from keras_fedpriv.datasets import digits_clients
 from keras_fedpriv.federated.horizontal import HorizontalFL
 from keras_fedpriv.federated.uploads import GaussianUpload, SignDSUpload

@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 
 from keras_fedpriv import mechanisms as M
-from keras_fedpriv.callbacks.laplace_eval import LaplaceEvaluation
-from keras_fedpriv.callbacks.magrr import MagRR
+from keras_fedpriv.federated.laplace_eval import LaplaceEvaluation
+from keras_fedpriv.federated.magrr import MagRR
 from keras_fedpriv.federated.uploads import GaussianUpload
 from keras_fedpriv.mechanisms import random as R
 from keras_fedpriv.mechanisms.laplace import laplace, laplace_grid

@@ -12,7 +12,7 @@ from sklearn.datasets import load_digits
 from sklearn.metrics import calinski_harabasz_score, davies_bouldin_score, silhouette_score
 
 from keras_fedpriv.callbacks import LaplaceEvaluation
-from keras_fedpriv.callbacks import laplace_eval as laplace_eval_module
+from keras_fedpriv.federated import laplace_eval as laplace_eval_module
 from keras_fedpriv.federated import HorizontalFL, partition
 from stats import SIGMAS
 

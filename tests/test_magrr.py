@@ -9,7 +9,7 @@ import pytest
 from dp_accounting import pld
 
 from keras_fedpriv.callbacks import MagRR
-from keras_fedpriv.callbacks.magrr import debiased_ones
+from keras_fedpriv.federated.magrr import debiased_ones
 from keras_fedpriv.mechanisms import flip_probability
 from stats import SIGMAS, assert_rate, assert_rejects
 

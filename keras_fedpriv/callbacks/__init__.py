@@ -1,5 +1,10 @@
 """Keras callbacks for federated training.
 
+Both are protocol objects that live with their protocol in
+`keras_fedpriv.federated` (a client side that releases, a server side that
+estimates); as callbacks they plug into ``HorizontalFL.fit`` and
+``model.fit``, and the federated drivers run their rounds.
+
 * `MagRR`: server-side estimation of the global step size of sign-based
   (SignDS) client updates from one randomized-response bit per client and
   round (MindSpore Federated's SignDS design).
@@ -9,7 +14,7 @@
   design).
 """
 
-from keras_fedpriv.callbacks.laplace_eval import LaplaceEvaluation
-from keras_fedpriv.callbacks.magrr import MagRR
+from keras_fedpriv.federated.laplace_eval import LaplaceEvaluation
+from keras_fedpriv.federated.magrr import MagRR
 
 __all__ = ["LaplaceEvaluation", "MagRR"]

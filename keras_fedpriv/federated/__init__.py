@@ -6,10 +6,15 @@ driver `VerticalDriver` (docs/vertical.md).
 Horizontal FL: `HorizontalFL`, client partitioning and the upload schemes
 (docs/horizontal.md); the protocol's halves `HorizontalClient` and
 `HorizontalServer`, which `HorizontalFL` and the Flower apps of
-`keras_fedpriv.federated.flower` drive (docs/flower.md).
+`keras_fedpriv.federated.flower` drive (docs/flower.md); the protocols' server
+estimates with a client side each, `MagRR` (SignDS's step size) and
+`LaplaceEvaluation` (clustering scores of noisy outputs), which are also
+Keras callbacks (`keras_fedpriv.callbacks`).
 """
 
 from keras_fedpriv.federated.horizontal import HorizontalFL
+from keras_fedpriv.federated.laplace_eval import LaplaceEvaluation
+from keras_fedpriv.federated.magrr import MagRR
 from keras_fedpriv.federated.horizontal_parties import (
     HorizontalClient,
     HorizontalServer,
@@ -43,7 +48,7 @@ from keras_fedpriv.federated.vertical_parties import (
 
 __all__ = ["EXAMPLE_IDS_KEY", "ClientUpload", "EvaluationData", "FedAvgUpload",
            "GaussianUpload", "HorizontalClient", "HorizontalFL", "HorizontalServer",
-           "LocalTrainer", "MalformedUpload", "MessageCallback", "MessageRecorder",
+           "LaplaceEvaluation", "LocalTrainer", "MagRR", "MalformedUpload", "MessageCallback", "MessageRecorder",
            "PartyMessages", "SignDSUpload", "StepMessages", "VerticalDriver",
            "VerticalFollower", "VerticalLeader", "VerticalModel", "VerticalParties",
            "VerticalRunResult", "derive_party_seed", "partition", "partition_indices",

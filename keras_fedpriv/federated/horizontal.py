@@ -35,6 +35,8 @@ from keras_fedpriv.federated.horizontal_parties import (
     LocalTrainer,
     batch_norm_statistics,
 )
+from keras_fedpriv.federated.laplace_eval import LaplaceEvaluation
+from keras_fedpriv.federated.magrr import MagRR
 from keras_fedpriv.federated.uploads import SignDSUpload, as_upload
 from keras_fedpriv.mechanisms.ledger import (
     CLIENT,
@@ -234,13 +236,13 @@ class HorizontalFL:
                 every round; logs ``val_<metric>``.
             callbacks: Keras callbacks. A `keras_fedpriv.callbacks.MagRR`
                 among them sets SignDS's global learning rate every round. A
-                callback with a method ``on_federated_round(fl, round,
+                `keras_fedpriv.callbacks.LaplaceEvaluation` makes the round's
+                clients evaluate the new global model (this driver runs it).
+                Any callback with a method ``on_federated_round(fl, round,
                 client_ids, logs)`` gets it called after aggregation and
                 evaluation, before ``on_epoch_end``, with this object and the
-                ids of the round's clients (their data: ``fl.clients[i]``);
-                `LaplaceEvaluation` uses it to run inference on the clients.
-                ``on_federated_train_begin(fl)``, if a callback has it, is
-                called before ``on_train_begin``.
+                ids of the round's clients; ``on_federated_train_begin(fl)``,
+                if a callback has it, is called before ``on_train_begin``.
             verbose: 0 silent, 1 a progress bar over rounds.
             initial_round: round to start at (to resume).
 
@@ -278,6 +280,9 @@ class HorizontalFL:
             party.magrr = magrr  # in one process the clients share the MagRR object
         tv = list(model.trainable_variables)
         dim = server.dim
+        laplaces = [c for c in callbacks if isinstance(c, LaplaceEvaluation)]
+        for laplace in laplaces:
+            laplace.begin_federated_run()
         for callback in callbacks:
             hook = getattr(callback, "on_federated_train_begin", None)
             if hook is not None:
@@ -325,6 +330,9 @@ class HorizontalFL:
                 vx, vy = validation_data
                 scores = model.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
                 logs.update({f"val_{k}": float(v) for k, v in scores.items()})
+            for laplace in laplaces:  # the round's clients evaluate the new global model
+                logs.update(laplace.evaluate_round(
+                    model, rnd, {int(c): self.clients[int(c)][0] for c in chosen}))
             for callback in callbacks:
                 hook = getattr(callback, "on_federated_round", None)
                 if hook is not None:
@@ -373,8 +381,6 @@ class HorizontalFL:
         return self._ledger
 
     def _find_magrr(self, callbacks):
-        from keras_fedpriv.callbacks.magrr import MagRR
-
         found = [c for c in callbacks if isinstance(c, MagRR)]
         if not found:
             return None

@@ -666,7 +666,7 @@ def audit_magrr(eps, num_trials=DEFAULT_TRIALS, seed=None, confidence=0.95):
 
     Claimed: ``eps`` = ``eps_rr`` per client and round.
     """
-    from keras_fedpriv.callbacks.magrr import MagRR
+    from keras_fedpriv.federated.magrr import MagRR
 
     eps = validate_eps(eps, "eps", lower_open=True)
     seed = validate_seed(seed)

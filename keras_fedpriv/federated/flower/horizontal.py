@@ -280,7 +280,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         magrr = None
         eps_rr = magrr_eps(context) if callable(magrr_eps) else magrr_eps
         if eps_rr is not None:
-            from keras_fedpriv.callbacks.magrr import MagRR
+            from keras_fedpriv.federated.magrr import MagRR
 
             magrr = MagRR(eps_rr=eps_rr, seed=seed)
         party = HorizontalClient(trainer, (x, y), as_upload(_call(upload_fn, context=context)),

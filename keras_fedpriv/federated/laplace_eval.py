@@ -224,10 +224,10 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
 
     **When it runs.** With ``model.fit``: in ``on_epoch_end``, on
     ``eval_data`` (required: a clear error at ``on_train_begin`` otherwise).
-    With `HorizontalFL.fit`: in its ``on_federated_round`` hook (after
-    aggregation and validation, before ``on_epoch_end``), on ``eval_data``
-    if given, else on the round's participating clients' own training
-    inputs ``fl.clients[i][0]``. On epochs that are not evaluated every
+    With `HorizontalFL.fit` (and the Flower apps): the driver calls
+    `evaluate_round` after aggregation and validation, before
+    ``on_epoch_end``, on ``eval_data`` if given, else on the round's
+    participating clients' own training inputs. On epochs that are not evaluated every
     logged key is NaN, so ``History`` lists stay aligned with epochs.
 
     Args:
@@ -406,8 +406,8 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
 
     # --- Keras callback ----------------------------------------------------
 
-    def on_federated_train_begin(self, fl: Any) -> None:
-        """`HorizontalFL` hook, called before ``on_train_begin``: the run is federated."""
+    def begin_federated_run(self) -> None:
+        """Called by a federated driver (`HorizontalFL`) before ``on_train_begin``."""
         self._federated_run = True
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
@@ -424,21 +424,30 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     def _due(self, epoch):
         return (int(epoch) + 1) % self.every_n_epochs == 0
 
-    def on_federated_round(self, fl: Any, round: int, client_ids: Sequence[int],  # noqa: A002
-                           logs: dict[str, Any] | None = None) -> None:
-        """`HorizontalFL` hook: evaluate this round (if due) and write the logs."""
+    def evaluate_round(self, model: keras.Model, round: int,  # noqa: A002
+                       client_inputs: Mapping[int, ArrayLike]) -> dict[str, float]:
+        """A federated round's evaluation, if due (the driver calls it; empty dict if not).
+
+        Args:
+            model: the new global model.
+            round: the round (0-based; due every ``every_n_epochs``-th).
+            client_inputs: ``{client id: its inputs}`` of the round's clients;
+                used when the evaluation has no ``eval_data`` of its own.
+
+        Returns:
+            The logged scores (``laplace_*``), or ``{}`` when not due.
+        """
         if not self._due(round):
-            return
+            return {}
         if self._clients is None:
-            ids = [int(i) for i in client_ids]
-            inputs = [fl.clients[i][0] for i in ids]
+            ids = [int(i) for i in client_inputs]
+            inputs = [client_inputs[i] for i in client_inputs]
         else:
             ids = list(range(len(self._clients)))
             inputs = self._clients
-        scores = self.evaluate(inputs, ids, model=fl.model)
+        scores = self.evaluate(inputs, ids, model=model)
         self._evaluated_epoch = int(round)
-        if isinstance(logs, dict):
-            logs.update(scores)
+        return scores
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Evaluate (unless `on_federated_round` already did) and write the logs."""
@@ -447,7 +456,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         elif self._due(epoch):
             if self._clients is None:
                 raise ValueError(
-                    "LaplaceEvaluation(eval_data=None) got no on_federated_round call for "
+                    "LaplaceEvaluation(eval_data=None) got no federated round for "
                     f"epoch {epoch}: without eval_data it only works with HorizontalFL.fit.")
             values = self.evaluate(self._clients, list(range(len(self._clients))))
         else:
