@@ -147,7 +147,7 @@ def test_a_client_with_a_budget_refuses_the_reply_that_would_go_over_it(tmp_path
         assert [sum(k["units"].values()) for k in ledger["kinds"]] == [1]
 
 
-
+class _Tampered:
     """A client's upload scheme that sends something other than the scheme promises."""
 
     def __init__(self, inner, how):
