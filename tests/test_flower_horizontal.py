@@ -5,7 +5,6 @@ Also: the server drops what is malformed, and counts what it received.
 
 import json
 import logging
-import pathlib
 import sys
 
 import numpy as np
@@ -30,9 +29,10 @@ from keras_fedpriv.federated.uploads import (  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
+from flower_stubs import APP, Reply, model_fn  # noqa: E402
+
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
 
-APP = pathlib.Path(__file__).resolve().parent / "flower_app"
 BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 
 
@@ -41,16 +41,6 @@ def _digits():
 
     d = load_digits()
     return (d.data / 16.0).astype("float32"), d.target.astype("int32")
-
-
-def model_fn():
-    # the seeded Deployment Engine test app's model (the same initial weights everywhere)
-    sys.path.insert(0, str(APP))
-    try:
-        from kfp_test_app.apps import model_fn as build
-    finally:
-        sys.path.remove(str(APP))
-    return build()
 
 
 def _simulate(client_app, server_app, num_supernodes):
@@ -306,20 +296,6 @@ def test_a_clients_state_is_reloaded_on_every_message_so_no_worker_replays_noise
     assert state["releases_by_unit"] == {"0": 3}
 
 
-class _Reply:
-    def __init__(self, content, node=1, error=False):
-        self.content = content
-
-        class _Meta:
-            src_node_id = node
-
-        self.metadata = _Meta()
-        self._error = error
-
-    def has_error(self):
-        return self._error
-
-
 def _server():
     from keras_fedpriv.federated.horizontal_parties import HorizontalServer
 
@@ -349,10 +325,10 @@ def test_the_server_parses_a_malicious_reply_without_deserializing_or_crashing(t
 
     server = _server()
     content = _good_content(server)
-    assert _parse_reply(_Reply(content), server, False, "average")["upload"].nbytes > 0
+    assert _parse_reply(Reply(content), server, False, "average")["upload"].nbytes > 0
     tamper(content)
     with pytest.raises(MalformedUpload, match=match):
-        _parse_reply(_Reply(content), server, False, "average")
+        _parse_reply(Reply(content), server, False, "average")
 
 
 def test_a_client_id_claimed_twice_or_missing_takes_no_part():
@@ -361,11 +337,11 @@ def test_a_client_id_claimed_twice_or_missing_takes_no_part():
     from keras_fedpriv.federated.flower.strategy import _client_ids
 
     def claim(node, cid):
-        return _Reply(RecordDict({"config": ConfigRecord({} if cid is None else
+        return Reply(RecordDict({"config": ConfigRecord({} if cid is None else
                                                          {"client-id": cid})}), node)
 
     replies = [claim(10, 0), claim(11, 1), claim(12, 1), claim(13, None), claim(14, -2),
-               claim(15, "x"), _Reply(None, 16, error=True)]
+               claim(15, "x"), Reply(None, 16, error=True)]
     assert _client_ids(replies) == {0: 10}
 
 
@@ -398,8 +374,8 @@ def test_the_server_drops_a_malformed_laplace_report(report, match):
 
     good = RecordDict({"report": ArrayRecord({"report": Array(np.zeros((3, 10)))}),
                        "config": ConfigRecord({"client-id": 0})})
-    assert _parse_report(_Reply(good), 10).shape == (3, 10)
+    assert _parse_report(Reply(good), 10).shape == (3, 10)
     bad = RecordDict({"report": ArrayRecord({"report": Array(report)}),
                       "config": ConfigRecord({"client-id": 0})})
     with pytest.raises(MalformedUpload, match=match):
-        _parse_report(_Reply(bad), 10)
+        _parse_report(Reply(bad), 10)

@@ -1,8 +1,6 @@
 """`HorizontalStrategy`: keras-fedpriv's server half as a Flower Strategy in a user's own app."""
 
 import logging
-import pathlib
-import sys
 
 import numpy as np
 import pytest
@@ -20,18 +18,10 @@ from keras_fedpriv.federated.flower import HorizontalStrategy, horizontal_client
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
+from flower_stubs import Reply, model_fn  # noqa: E402
+
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
 
-APP = pathlib.Path(__file__).resolve().parent / "flower_app"
-
-
-def model_fn():
-    sys.path.insert(0, str(APP))
-    try:
-        from kfp_test_app.apps import model_fn as build
-    finally:
-        sys.path.remove(str(APP))
-    return build()
 
 
 def _signds():
@@ -98,31 +88,10 @@ class _Grid:
     def send_and_receive(self, messages, timeout=None):
         replies = []
         for i, m in enumerate(messages):
-            replies.append(_Reply(RecordDict({"config": ConfigRecord(
+            replies.append(Reply(RecordDict({"config": ConfigRecord(
                 {"client-id": self.nodes.index(m.metadata.dst_node_id)})}),
                 m.metadata.dst_node_id))
         return replies
-
-
-class _Reply:
-    def __init__(self, content, node, error=None):
-        self.content = content
-
-        class _Meta:
-            src_node_id = node
-
-        self.metadata = _Meta()
-        self._error = error
-
-    def has_error(self):
-        return self._error is not None
-
-    @property
-    def error(self):
-        class _E:
-            reason = self._error
-
-        return _E()
 
 
 def _strategy(**kw):
@@ -164,7 +133,7 @@ def test_too_few_good_replies_leave_the_model_unchanged_and_return_no_arrays(cap
     stray = Message(RecordDict({"config": ConfigRecord({"client-id": 0})}), dst_node_id=1,
                     message_type="train")
     stray.metadata.__dict__["_src_node_id"] = 99  # a node that was not asked
-    replies = [_Reply(None, messages[0].metadata.dst_node_id, error="boom\nsecret trace"), stray]
+    replies = [Reply(None, messages[0].metadata.dst_node_id, error="boom\nsecret trace"), stray]
     with caplog.at_level(logging.WARNING, logger="keras_fedpriv.flower"):
         arrays, metrics = strategy.aggregate_train(1, replies)
     assert arrays is None
