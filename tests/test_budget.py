@@ -83,3 +83,14 @@ def test_an_unreadable_budget_file_refuses_every_release(tmp_path, content):
 def test_bad_budget_arguments_are_named(kwargs, error, match):
     with pytest.raises(error, match=match):
         PrivacyBudget(**kwargs)
+
+
+def test_per_record_budgets_cap_the_busiest_record_not_the_sum():
+    ledger = ReleaseLedger()
+    ledger.record(KIND, [0, 1, 2, 3], count=2)  # four records, two releases each
+    two = privacy_report(_Holder(_ledger(2)), delta=1e-5).epsilon
+    eight = privacy_report(_Holder(_ledger(8)), delta=1e-5).epsilon
+    assert PrivacyBudget(50.0, per_record=True).check(ledger) == pytest.approx(two)
+    assert PrivacyBudget(50.0).check(ledger) == pytest.approx(eight)  # one person's data
+    with pytest.raises(TypeError, match="per_record"):
+        PrivacyBudget(1.0, per_record="yes")

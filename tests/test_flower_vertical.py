@@ -194,3 +194,35 @@ def test_malformed_and_failed_replies_on_flower_are_refused_as_in_process(tmp_pa
     assert "the reply of follower 'f2' was not used" in caplog.text
     # nothing refused was used: both runtimes skipped the same batches and agree
     _assert_same_model(flower, local, parties, str(tmp_path))
+
+
+def test_a_follower_with_a_budget_refuses_the_embeddings_that_would_go_over_it(tmp_path,
+                                                                               monkeypatch):
+    import json
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    from keras_fedpriv.mechanisms.events import pure_epsilon
+
+    one = pure_epsilon(kf.EmbeddingDPLayer(eps=4.0).dp_event(4))  # one 4-coordinate release
+    out = {}
+    # every example may be embedded once: the second epoch's embeddings are refused
+    client = vertical_client_app(lambda party: model_fn().split_parties().followers[party],
+                                 follower_data, parties=["f1", "f2"], max_epsilon=1.5 * one,
+                                 budget_path=lambda ctx: str(
+                                     tmp_path / f"follower-{ctx.node_config['partition-id']}"
+                                                ".json"))
+    server = vertical_server_app(leader_fn, lambda: (IDS, XB, Y), shuffle=False,
+                                 on_finish=lambda r: out.update(result=r), **RUN)
+    run_simulation(server_app=server, client_app=client, num_supernodes=2,
+                   backend_config=BACKEND)
+    result = out["result"]
+    batches = -(-N // RUN["batch_size"])
+    assert result.history["skipped"] == [0.0, float(batches)]
+    reasons = {r for _, _, _, r in result.rejected}
+    assert reasons == {"error reply: BudgetExhausted: the follower's privacy budget is spent"}
+    # each follower's own file: every training example released once, none twice
+    for i in range(2):
+        (ledger,) = json.loads((tmp_path / f"follower-{i}.json").read_text())["runs"].values()
+        counts = [c for k in ledger["kinds"] for c in k["units"].values()]
+        assert len(counts) == N and set(counts) == {1}

@@ -70,6 +70,8 @@ from keras_fedpriv.federated.flower.horizontal import (  # noqa: E402
     message_nbytes,
 )
 from keras_fedpriv.federated.uploads import MalformedUpload  # noqa: E402
+from keras_fedpriv.privacy.budget import BudgetExhausted, PrivacyBudget  # noqa: E402
+from keras_fedpriv.privacy.report import privacy_ledger  # noqa: E402
 from keras_fedpriv.federated.vertical_driver import (  # noqa: E402
     FeatureTable,
     FollowerRequest,
@@ -138,7 +140,10 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
                         data_fn: Callable[..., Any], *,
                         parties: Sequence[str] | None = None,
                         party_fn: Callable[[Context], str] | None = None,
-                        on_finish: Callable[..., None] | None = None) -> ClientApp:
+                        on_finish: Callable[..., None] | None = None,
+                        max_epsilon: float | None = None, budget_delta: float = 1e-5,
+                        budget_path: str | Callable[[Context], str] | None = None
+                        ) -> ClientApp:
     """A Flower `ClientApp`: one follower of vertical FL.
 
     Args:
@@ -157,6 +162,19 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
             config's ``party``, else ``parties[partition-id]``.
         on_finish: called as ``on_finish(follower)`` (with ``context=`` if
             declared) in the follower's process when the leader ends the run.
+        max_epsilon: None or a cap on the eps (at ``budget_delta``) that the
+            follower's releases compose to for its busiest example, over this
+            run and, with ``budget_path``, past runs
+            (`keras_fedpriv.privacy.PrivacyBudget` with ``per_record=True``:
+            example ids must mean the same rows in every run). An embedding
+            that would go over it is not sent: the leader gets an error
+            reason instead, and the follower's state stays as it was before
+            the request. The node config key ``max-epsilon`` sets it too;
+            with both, the smaller counts.
+        budget_delta: the delta of that composed eps.
+        budget_path: None, a JSON file on the follower's machine keeping the
+            ledger of every run, or ``budget_path(context)`` returning one
+            (node config key ``privacy-budget-path`` takes precedence).
 
     Returns:
         A `flwr.clientapp.ClientApp` answering the messages of
@@ -164,7 +182,19 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
     """
     if parties is not None:
         parties = [validate_party_name(p, "vertical_client_app", "`parties`") for p in parties]
+    if max_epsilon is not None:
+        PrivacyBudget(max_epsilon, budget_delta)  # checks the arguments now
     app = ClientApp()
+
+    def budget(context: Context) -> PrivacyBudget | None:
+        caps = [c for c in (max_epsilon, context.node_config.get("max-epsilon")) if c is not None]
+        if not caps:
+            return None
+        path = context.node_config.get("privacy-budget-path")
+        if path is None:
+            path = budget_path(context) if callable(budget_path) else budget_path
+        return PrivacyBudget(min(float(c) for c in caps), budget_delta,
+                             path=str(path) if path else None, per_record=True)
 
     def load(context: Context) -> _Cached:
         key = (context.run_id, context.node_id)
@@ -209,6 +239,20 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
                 step=int(config.get("step", 0)))
             reply = RecordDict({"embedding": _record(
                 serve_request(cached.follower, request, cached.table))})
+            cap = budget(context)
+            if cap is not None:
+                ledger = privacy_ledger(cached.follower)
+                cap.check(ledger, run_id=context.run_id)
+                cap.save(ledger, run_id=context.run_id)
+        except BudgetExhausted:
+            # not sent: the follower goes back to the state before this request (the node
+            # state still holds it), so the refused release is neither counted nor replayed
+            logger.warning("follower %r refused a request: its privacy budget is spent",
+                           cached.follower.name)
+            _followers().pop((context.run_id, context.node_id), None)
+            return Message(RecordDict({"error": ConfigRecord(
+                {"reason": "BudgetExhausted: the follower's privacy budget is spent"})}),
+                reply_to=msg)
         except Exception as error:
             # Answered, not raised: the node state then keeps what did happen (a gradient
             # applied, a release made), as in one process; the leader gets the reason only.

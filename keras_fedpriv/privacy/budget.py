@@ -7,9 +7,12 @@ releases with the current one, and refuses a release that would take the
 composed eps over the cap: the party checks *before* its message leaves, so
 what it refuses is never released.
 
-All releases in the file are about the party's own data, so the budget counts
-them as releases about one unit (the sum over the ids the ledgers used: a
-client whose id changed between runs is still one person's data).
+Two ways to count. A horizontal-FL client's releases are all about its own
+data, so by default the budget counts them as releases about one unit (the
+sum over the ids the ledgers used: a client whose id changed between runs is
+still one person's data). A vertical-FL party's releases are about records
+(example ids that stay the same across runs): with ``per_record=True`` the cap
+holds for the busiest record.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ class PrivacyBudget:
             machine that keeps every run's ledger (created if missing; the
             party must keep it, and never share it between two parties).
         accountant: ``"pld"`` (default) or ``"rdp"``.
+        per_record: False (default): every release is about the party's one
+            person; True: releases are about records (the ledgers' unit ids,
+            the same ids in every run) and the cap is on the busiest record.
 
     Example:
         >>> budget = PrivacyBudget(8.0, path="/var/lib/client/privacy.json")
@@ -65,13 +71,16 @@ class PrivacyBudget:
     """
 
     def __init__(self, max_epsilon: float, delta: float = 1e-5, path: str | None = None,
-                 accountant: str = "pld") -> None:
+                 accountant: str = "pld", per_record: bool = False) -> None:
         self.max_epsilon = validate_eps(max_epsilon, "max_epsilon", lower_open=True)
         self.delta = validate_real(delta, "delta", low=0, low_open=True, high=1, high_open=True)
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"`path` must be None or a file path; got {type(path).__name__}.")
         if accountant not in ("pld", "rdp"):
             raise ValueError(f"`accountant` must be 'pld' or 'rdp'; got {accountant!r}.")
+        if not isinstance(per_record, bool):
+            raise TypeError(f"`per_record` must be a bool; got {per_record!r}.")
+        self.per_record = per_record
         self.path = None if path is None else os.fspath(path)
         self.accountant = accountant
 
@@ -94,16 +103,20 @@ class PrivacyBudget:
         return runs
 
     def past(self, run_id: Any = None) -> ReleaseLedger:
-        """The ledger of every run in the file except ``run_id``, about one unit."""
+        """The ledger of every run in the file except ``run_id`` (about one unit, unless
+        ``per_record``)."""
         runs = self._runs()
-        return _one_unit(ReleaseLedger.merged(ReleaseLedger.from_dict(v)
-                                              for k, v in runs.items() if k != str(run_id)))
+        return self._units(ReleaseLedger.merged(ReleaseLedger.from_dict(v)
+                                                for k, v in runs.items() if k != str(run_id)))
+
+    def _units(self, ledger: ReleaseLedger) -> ReleaseLedger:
+        return ledger if self.per_record else _one_unit(ledger)
 
     def epsilon(self, ledger: ReleaseLedger, run_id: Any = None) -> float:
         """The composed eps of the past runs plus ``ledger`` (this run's releases so far)."""
         from keras_fedpriv.privacy.report import privacy_report
 
-        total = self.past(run_id).merge(_one_unit(ledger))
+        total = self.past(run_id).merge(self._units(ledger))
         if not len(total):
             return 0.0
         return privacy_report(_Holder(total), delta=self.delta,
