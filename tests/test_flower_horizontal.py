@@ -20,6 +20,7 @@ from keras_fedpriv.federated.flower import (  # noqa: E402
     horizontal_client_app,
     horizontal_server_app,
 )
+from keras_fedpriv.federated.malformed import MalformedMessage  # noqa: E402
 from keras_fedpriv.federated.uploads import (  # noqa: E402
     FedAvgUpload,
     GaussianUpload,
@@ -327,7 +328,7 @@ def test_the_server_parses_a_malicious_reply_without_deserializing_or_crashing(t
     content = _good_content(server)
     assert _parse_reply(Reply(content), server, False, "average")["upload"].nbytes > 0
     tamper(content)
-    with pytest.raises(MalformedUpload, match=match):
+    with pytest.raises(MalformedMessage, match=match):
         _parse_reply(Reply(content), server, False, "average")
 
 
@@ -377,5 +378,5 @@ def test_the_server_drops_a_malformed_laplace_report(report, match):
     assert _parse_report(Reply(good), 10).shape == (3, 10)
     bad = RecordDict({"report": ArrayRecord({"report": Array(report)}),
                       "config": ConfigRecord({"client-id": 0})})
-    with pytest.raises(MalformedUpload, match=match):
+    with pytest.raises(MalformedMessage, match=match):
         _parse_report(Reply(bad), 10)

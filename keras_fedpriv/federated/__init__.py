@@ -20,6 +20,7 @@ from keras_fedpriv.federated.horizontal_parties import (
     HorizontalServer,
     LocalTrainer,
 )
+from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.federated.messages import (
     EXAMPLE_IDS_KEY,
     EvaluationData,
@@ -48,7 +49,7 @@ from keras_fedpriv.federated.vertical_parties import (
 
 __all__ = ["EXAMPLE_IDS_KEY", "ClientUpload", "EvaluationData", "FedAvgUpload",
            "GaussianUpload", "HorizontalClient", "HorizontalFL", "HorizontalServer",
-           "LaplaceEvaluation", "LocalTrainer", "MagRR", "MalformedUpload", "MessageCallback", "MessageRecorder",
+           "LaplaceEvaluation", "LocalTrainer", "MagRR", "MalformedMessage", "MalformedUpload", "MessageCallback", "MessageRecorder",
            "PartyMessages", "SignDSUpload", "StepMessages", "VerticalDriver",
            "VerticalFollower", "VerticalLeader", "VerticalModel", "VerticalParties",
            "VerticalRunResult", "derive_party_seed", "partition", "partition_indices",

@@ -69,7 +69,6 @@ from keras_fedpriv.federated.flower.horizontal import (  # noqa: E402
     _wait_for_nodes,
     message_nbytes,
 )
-from keras_fedpriv.federated.uploads import MalformedUpload  # noqa: E402
 from keras_fedpriv.privacy.budget import BudgetExhausted, PrivacyBudget  # noqa: E402
 from keras_fedpriv.privacy.report import privacy_ledger  # noqa: E402
 from keras_fedpriv.federated.vertical_driver import (  # noqa: E402
@@ -434,7 +433,7 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                     limit = 8 * max(rows, 1) * leader.follower_specs[p].coordinates + 4096
                     try:
                         out[p] = _checked_arrays(reply.content["embedding"], "embedding", limit)
-                    except MalformedUpload as error:
+                    except MalformedMessage as error:
                         out[p] = f"malformed reply: {error}"
                     except Exception as error:  # an Array that does not decode
                         out[p] = f"the reply's arrays do not decode ({type(error).__name__})"

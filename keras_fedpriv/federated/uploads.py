@@ -37,6 +37,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event, gaussian_mechanism
+from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, non_private_event
 from keras_fedpriv.mechanisms.random import SeededReleases
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_seed
@@ -47,7 +48,7 @@ __all__ = ["ClientUpload", "FedAvgUpload", "GaussianUpload", "MalformedUpload", 
            "as_upload"]
 
 
-class MalformedUpload(ValueError):
+class MalformedUpload(MalformedMessage):
     """A received upload that does not have the shape its scheme promises (never aggregated)."""
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.serverapp import Grid
 
-from keras_fedpriv.federated.uploads import MalformedUpload
+from keras_fedpriv.federated.malformed import MalformedMessage
 
 __all__ = ["message_nbytes"]
 
@@ -74,13 +74,13 @@ def _wait_for_nodes(grid: Grid, count: int, timeout: float, what: str = "clients
 def _arrays(record: Any, what: str, max_bytes: int) -> dict[str, np.ndarray]:
     """A received ArrayRecord's arrays, checked before anything is deserialized."""
     if not isinstance(record, ArrayRecord):
-        raise MalformedUpload(f"{what!r} must be an ArrayRecord; got {type(record).__name__}.")
+        raise MalformedMessage(f"{what!r} must be an ArrayRecord; got {type(record).__name__}.")
     total = 0
     for key, array in record.items():
         if getattr(array, "stype", None) != "numpy.ndarray":
-            raise MalformedUpload(f"{what!r} array {key!r} is not a numpy array.")
+            raise MalformedMessage(f"{what!r} array {key!r} is not a numpy array.")
         total += len(array.data)
         if total > max_bytes:
-            raise MalformedUpload(f"{what!r} holds more than the {max_bytes} bytes the protocol "
+            raise MalformedMessage(f"{what!r} holds more than the {max_bytes} bytes the protocol "
                                   "sends.")
     return {str(k): a.numpy() for k, a in record.items()}

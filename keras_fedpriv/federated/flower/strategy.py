@@ -32,6 +32,7 @@ from keras_fedpriv.federated.flower.common import (
     message_nbytes,
 )
 from keras_fedpriv.federated.horizontal_parties import HorizontalServer
+from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.federated.uploads import MalformedUpload, as_upload
 from keras_fedpriv.mechanisms.ledger import (
     CLIENT,
@@ -294,7 +295,7 @@ class HorizontalStrategy(Strategy):
                     try:
                         good[cid] = _parse_reply(reply, self.server, with_magrr,
                                                  self.batch_norm)
-                    except MalformedUpload as err:
+                    except MalformedMessage as err:
                         reason = f"malformed upload: {err}"
                     except Exception as err:  # noqa: BLE001 - no reply may stop the server
                         reason = f"malformed upload: could not be read ({type(err).__name__})"
@@ -377,7 +378,7 @@ class HorizontalStrategy(Strategy):
             else:
                 try:
                     reports[cid] = _parse_report(reply, state["width"])
-                except MalformedUpload as err:
+                except MalformedMessage as err:
                     reason = f"malformed report: {err}"
                 except Exception as err:  # noqa: BLE001 - no reply may stop the server
                     reason = f"malformed report: could not be read ({type(err).__name__})"
@@ -443,7 +444,7 @@ def _extra_content(reply: Message, with_magrr: bool, batch_norm: str,
 
 def _parse_reply(reply: Message, server: HorizontalServer, with_magrr: bool,
                  batch_norm: str) -> dict[str, Any]:
-    """One reply's upload, MagRR bit and BN statistics, checked (`MalformedUpload` if not)."""
+    """One reply's upload, MagRR bit and BN statistics, checked (a `MalformedMessage` if not)."""
     content = reply.content
     expected_bn = bool(server.bn_variables) and batch_norm == "average"
     keys = {"upload", "config"} | ({"batch-norm"} if expected_bn else set())

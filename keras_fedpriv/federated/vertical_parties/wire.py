@@ -15,12 +15,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from keras_fedpriv.federated.malformed import MalformedMessage
+
 __all__ = ["EmbeddingSpec", "MalformedMessage", "decode_embedding", "decode_gradient",
            "encode_embedding", "encode_gradient", "up_bytes"]
-
-
-class MalformedMessage(ValueError):
-    """A received vertical-FL message that is not what the protocol promises (never used)."""
 
 
 @dataclasses.dataclass(frozen=True)
