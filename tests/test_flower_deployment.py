@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from keras_fedpriv.datasets import breast_cancer_vertical  # noqa: E402
 from keras_fedpriv.federated import HorizontalFL  # noqa: E402
 from keras_fedpriv.federated.flower.loopback import LoopbackDeployment, _listening  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
@@ -143,3 +144,34 @@ def _children_cmdlines(deployment, index):
         except (OSError, ProcessLookupError):
             continue
     return " ".join(out)
+
+
+VERTICAL = pathlib.Path(__file__).resolve().parents[1] / "examples" / "flower_vertical"
+
+
+def test_a_leader_and_two_followers_train_the_vertical_example_as_separate_processes(tmp_path):
+    """The vertical example app on the Deployment Engine: the ServerApp is the leader (labels +
+    LabelDP), two SuperNodes are the followers (EmbeddingDP bits)."""
+    nodes = [{"party": "f1"}, {"party": "f2"}]
+    with LoopbackDeployment(2, node_configs=nodes) as deployment:
+        done = deployment.run(VERTICAL, {"num-epochs": 2, "batch-size": 200,
+                                         "result-path": str(tmp_path)}, timeout=360)
+        pids = deployment.alive()
+    alive, listening = _gone(deployment, pids)
+    assert alive == [] and listening == []
+    assert done.returncode == 0, done.stdout[-3000:]
+    out = json.loads((tmp_path / "history.json").read_text())
+    h = out["history"]
+    assert out["rejected"] == [] and h["skipped"] == [0.0, 0.0]
+    assert h["loss"][-1] < h["loss"][0]  # the model learned
+    assert h["val_auc"][-1] > 0.9
+    # each follower sent what EmbeddingDP promises: packed bits, one byte per example of its
+    # 4-coordinate embedding, for every training example once an epoch; Flower's messages
+    # carry more (ids, framing)
+    n = len(breast_cancer_vertical()[2])  # the leader's training labels
+    assert out["wire"] == {p: {"keys": ["bits"], "dtype": "uint8", "bytes_per_example": 1}
+                           for p in ("f1", "f2")}
+    assert h["bytes_up_f1"] == h["bytes_up_f2"] == [float(n)] * 2
+    assert all(w > b for w, b in zip(h["wire_bytes_up"], h["bytes_up"]))
+    # the leader's report: its labels released once per example
+    assert "LabelDPLayer" in done.stdout and "run status: finished:completed" in done.stdout

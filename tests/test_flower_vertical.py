@@ -226,3 +226,44 @@ def test_a_follower_with_a_budget_refuses_the_embeddings_that_would_go_over_it(t
         (ledger,) = json.loads((tmp_path / f"follower-{i}.json").read_text())["runs"].values()
         counts = [c for k in ledger["kinds"] for c in k["units"].values()]
         assert len(counts) == N and set(counts) == {1}
+
+
+@pytest.mark.parametrize("example", ["flower_horizontal", "flower_vertical"])
+def test_the_example_apps_components_are_the_flower_apps_they_name(example, monkeypatch):
+    """Each example's pyproject names a ServerApp and a ClientApp that import and exist."""
+    import importlib
+    import sys
+    import tomllib
+
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import ServerApp
+
+    folder = ROOT / "examples" / example
+    config = tomllib.loads((folder / "pyproject.toml").read_text())
+    components = config["tool"]["flwr"]["app"]["components"]
+    monkeypatch.syspath_prepend(str(folder))
+    for key, kind in (("serverapp", ServerApp), ("clientapp", ClientApp)):
+        module, _, name = components[key].partition(":")
+        app = getattr(importlib.import_module(module), name)
+        assert isinstance(app, kind), components[key]
+    for module in [m for m in sys.modules if m.startswith(example)]:
+        del sys.modules[module]
+    assert (folder / "run_loopback.py").exists()
+
+
+def test_the_vertical_example_keeps_each_partys_secrets_unseeded():
+    """The example draws every protection's key from OS entropy: no seed in any party."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "examples" / "flower_vertical"))
+    try:
+        from flower_vertical import task
+    finally:
+        sys.path.pop(0)
+    parties = task.model_fn().split_parties()
+    assert parties.leader.label_dp.seed is None
+    assert all(f.protection.seed is None for f in parties.followers.values())
+    # each follower's columns are its own, and together the follower block
+    cols = sorted(i for s in task.FOLLOWERS.values() for i in range(15)[s])
+    assert cols == list(range(15))
+    assert task.follower_features("f1").shape[1] == 8

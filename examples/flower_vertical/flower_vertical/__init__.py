@@ -1,0 +1,1 @@
+"""keras-fedpriv on Flower: vertical FL with LabelDP (leader) and EmbeddingDP (followers)."""
