@@ -41,7 +41,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import _report  # noqa: E402
 from keras_fedpriv.callbacks import MagRR  # noqa: E402
 from keras_fedpriv.datasets import digits_clients as load_digits_clients  # noqa: E402
-from keras_fedpriv.demo_horizontal import build_mlp  # noqa: E402
+from keras_fedpriv.datasets import digits_mlp  # noqa: E402
 from keras_fedpriv.federated import GaussianUpload, HorizontalFL, SignDSUpload  # noqa: E402
 from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
@@ -65,7 +65,7 @@ def digits_split(iid=True, seed=0):
 
 def make_model(seed=0):
     keras.utils.set_random_seed(seed)
-    return build_mlp(LOCAL_LR)
+    return digits_mlp(LOCAL_LR)
 
 
 def configs():

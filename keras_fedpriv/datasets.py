@@ -3,7 +3,8 @@
 * `breast_cancer_vertical`: vertical FL, two parties holding different features of the
   same patients (the leader also holds the labels).
 * `digits_clients`: horizontal FL, the digits split among many clients (IID or with
-  Dirichlet label skew) plus a held-out test set.
+  Dirichlet label skew) plus a held-out test set; `digits_mlp` is the model the
+  horizontal demo and benchmarks train on it.
 
 The demos, the benchmarks, the examples and the tests take their data from here.
 
@@ -19,7 +20,7 @@ import numpy as np
 from keras_fedpriv.federated.partition import partition
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_real
 
-__all__ = ["breast_cancer_vertical", "digits_clients"]
+__all__ = ["breast_cancer_vertical", "digits_clients", "digits_mlp"]
 
 
 def breast_cancer_vertical(num_follower_features=15, test_size=0.3, split_seed=42):
@@ -81,3 +82,23 @@ def digits_clients(num_clients=100, alpha=None, seed=None, test_size=0.2):
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=test_size, stratify=y,
                                               random_state=0)
     return partition(x_tr, y_tr, num_clients, alpha=alpha, seed=seed), (x_te, y_te)
+
+
+def digits_mlp(learning_rate: float = 0.05):
+    """The MLP 64-128-10 (logits) for `digits_clients`, compiled with SGD (the local optimizer).
+
+    Args:
+        learning_rate: SGD's learning rate, > 0.
+
+    Returns:
+        A compiled `keras.Sequential` with an ``accuracy`` metric.
+    """
+    import keras
+
+    learning_rate = validate_real(learning_rate, "learning_rate", low=0, low_open=True)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
+                              keras.layers.Dense(10)])
+    model.compile(keras.optimizers.SGD(learning_rate),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model

@@ -19,15 +19,14 @@ import keras
 import numpy as np
 
 from keras_fedpriv.federated.magrr import MagRR
-from keras_fedpriv.datasets import digits_clients
+from keras_fedpriv.datasets import digits_clients, digits_mlp
 from keras_fedpriv.federated.horizontal import HorizontalFL
 from keras_fedpriv.federated.uploads import GaussianUpload, SignDSUpload
 from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon
 from keras_fedpriv.optimizers.signds import SignDSEncoder
 from keras_fedpriv.text_table import text_table
 
-__all__ = ["DEFAULT_ROUNDS", "QUICK_ROUNDS", "build_mlp", "format_horizontal_table",
-           "load_digits_clients", "run_horizontal_demo"]
+__all__ = ["DEFAULT_ROUNDS", "QUICK_ROUNDS", "format_horizontal_table", "run_horizontal_demo"]
 
 DEFAULT_ROUNDS = 30
 QUICK_ROUNDS = 5
@@ -57,21 +56,6 @@ def _configs(seed):
         ("Gaussian", f"{gauss_eps:.0f}*", lambda: (GaussianUpload(1.0, 1.0, seed=sub(5)), []),
          "update: clipped to 1, + N(0, 1) noise"),
     ]
-
-
-def load_digits_clients(num_clients=NUM_CLIENTS, alpha=None, seed=None):
-    """The demo's data: `keras_fedpriv.datasets.digits_clients` (20% test split)."""
-    return digits_clients(num_clients, alpha=alpha, seed=seed)
-
-
-def build_mlp(learning_rate=LOCAL_LR):
-    """The MLP 64-128-10 (logits) compiled with SGD, the clients' local optimizer."""
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
-                              keras.layers.Dense(10)])
-    model.compile(keras.optimizers.SGD(learning_rate),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-    return model
 
 
 def format_horizontal_table(rows):
@@ -105,7 +89,7 @@ def run_horizontal_demo(rounds=None, seed=None, quick=False, out=sys.stdout):
         if out is not None:
             print(text, file=out, flush=True)
 
-    clients, (x_te, y_te) = load_digits_clients(seed=seed)
+    clients, (x_te, y_te) = digits_clients(NUM_CLIENTS, seed=seed)
     configs = _configs(seed)
     if quick:
         configs = configs[:3]
@@ -118,7 +102,7 @@ def run_horizontal_demo(rounds=None, seed=None, quick=False, out=sys.stdout):
         t0 = time.perf_counter()
         if seed is not None:
             keras.utils.set_random_seed(seed + 100 + i)
-        model = build_mlp()
+        model = digits_mlp(LOCAL_LR)
         upload, callbacks = make()
         fl = HorizontalFL(model, clients, upload=upload, seed=None if seed is None else seed + i)
         h = fl.fit(rounds, CLIENTS_PER_ROUND, LOCAL_EPOCHS, validation_data=(x_te, y_te),

@@ -33,3 +33,15 @@ def test_digits_clients_split():
 def test_breast_cancer_vertical_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         datasets.breast_cancer_vertical(**kwargs)
+
+
+def test_digits_mlp_is_the_compiled_model_for_digits_clients():
+    from keras_fedpriv.datasets import digits_clients, digits_mlp
+
+    clients, (x_test, y_test) = digits_clients(4, seed=0)
+    model = digits_mlp(0.1)
+    assert model.count_params() == 64 * 128 + 128 + 128 * 10 + 10
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.1)
+    assert model.predict(x_test[:3], verbose=0).shape == (3, 10)
+    with pytest.raises(ValueError, match="learning_rate"):
+        digits_mlp(0.0)
