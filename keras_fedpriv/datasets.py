@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from keras_fedpriv.federated.partition import partition
@@ -23,7 +25,8 @@ from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_
 __all__ = ["breast_cancer_vertical", "digits_clients", "digits_mlp"]
 
 
-def breast_cancer_vertical(num_follower_features=15, test_size=0.3, split_seed=42):
+def breast_cancer_vertical(num_follower_features: int = 15, test_size: float = 0.3,
+                           split_seed: int = 42) -> tuple[np.ndarray, ...]:
     """Breast cancer data for two parties: stratified split, standardized on the training split.
 
     Args:
@@ -59,7 +62,9 @@ def breast_cancer_vertical(num_follower_features=15, test_size=0.3, split_seed=4
     return (x_train[:, :k], x_train[:, k:], y_train, x_test[:, :k], x_test[:, k:], y_test)
 
 
-def digits_clients(num_clients=100, alpha=None, seed=None, test_size=0.2):
+def digits_clients(num_clients: int = 100, alpha: float | None = None, seed: int | None = None,
+                   test_size: float = 0.2
+                   ) -> tuple[list[tuple[np.ndarray, np.ndarray]], tuple[np.ndarray, np.ndarray]]:
     """Digits (pixels / 16, float32): a stratified test split, the rest among clients.
 
     Args:
@@ -84,7 +89,7 @@ def digits_clients(num_clients=100, alpha=None, seed=None, test_size=0.2):
     return partition(x_tr, y_tr, num_clients, alpha=alpha, seed=seed), (x_te, y_te)
 
 
-def digits_mlp(learning_rate: float = 0.05):
+def digits_mlp(learning_rate: float = 0.05) -> Any:
     """The MLP 64-128-10 (logits) for `digits_clients`, compiled with SGD (the local optimizer).
 
     Args:

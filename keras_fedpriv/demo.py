@@ -31,6 +31,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
+from typing import Any, Mapping, Sequence, TextIO
 
 import keras
 import numpy as np
@@ -79,7 +80,7 @@ def _embedding_protected(eps, d):
             f"per example per release, d={d})")
 
 
-def configurations(quick=False, embedding_dim=EMBEDDING_DIM):
+def configurations(quick: bool = False, embedding_dim: int = EMBEDDING_DIM) -> list[dict[str, Any]]:
     """The table's configurations, as dicts.
 
     Keys: ``protection`` ("none", "LabelDP", "EmbeddingDP", "both"),
@@ -112,7 +113,7 @@ def configurations(quick=False, embedding_dim=EMBEDDING_DIM):
     return configs
 
 
-def load_data():
+def load_data() -> tuple[np.ndarray, ...]:
     """The demo's data: `keras_fedpriv.datasets.breast_cancer_vertical` with its split.
 
     Returns:
@@ -121,8 +122,9 @@ def load_data():
     return breast_cancer_vertical(NUM_FOLLOWER_FEATURES, TEST_SIZE, SPLIT_STATE)
 
 
-def build_model(num_a, num_b, embedding_dp=None, embedding_dim=EMBEDDING_DIM, vae=False,
-                vae_seed=None):
+def build_model(num_a: int, num_b: int, embedding_dp: EmbeddingDPLayer | None = None,
+                embedding_dim: int = EMBEDDING_DIM, vae: bool = False,
+                vae_seed: int | None = None) -> VerticalModel:
     """The vertical model: the follower's and the leader's bottom models and the leader's top.
 
     Args:
@@ -172,7 +174,7 @@ def _dataset(xa, xb, y, seed=None):
             .batch(BATCH_SIZE).prefetch(tf.data.AUTOTUNE))
 
 
-def format_table(rows):
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """An aligned text table: protection, eps, test accuracy, label-attack AUCs, protected."""
     headers = ("protection", "eps", "test acc", "norm AUC", "direction AUC", "what is protected")
     cells = [(r["protection"], r["eps"], f"{r['accuracy']:.3f}", _auc_cell(r, "norm"),
@@ -194,7 +196,7 @@ def _check_epochs(epochs):
     return int(epochs)
 
 
-def plot_demo(rows, path):
+def plot_demo(rows: Sequence[Mapping[str, Any]], path: str) -> str:
     """Write the demo's privacy-utility and attack figure (PNG) to ``path``.
 
     Left: test accuracy against eps for LabelDP and EmbeddingDP (no protection
@@ -251,7 +253,8 @@ def plot_demo(rows, path):
     return path
 
 
-def run_demo(epochs=None, seed=None, quick=False, out=sys.stdout, figure=None):
+def run_demo(epochs: int | None = None, seed: int | None = None, quick: bool = False,
+             out: TextIO = sys.stdout, figure: str | None = None) -> list[dict[str, Any]]:
     """Train every configuration and print the results table.
 
     Args:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
+from typing import Any, Mapping, Sequence, TextIO
 
 import keras
 import numpy as np
@@ -58,7 +59,7 @@ def _configs(seed):
     ]
 
 
-def format_horizontal_table(rows):
+def format_horizontal_table(rows: Sequence[Mapping[str, Any]]) -> str:
     headers = ("upload", "eps", "test acc", "bytes/client/round", "vs dense", "what is protected")
     cells = [(r["upload"], r["eps"], f"{r['accuracy']:.3f}", f"{r['upload_bytes']:.0f}",
               f"{r['dense_bytes'] / r['upload_bytes']:.0f}x smaller"
@@ -66,7 +67,8 @@ def format_horizontal_table(rows):
     return text_table(headers, cells, align=("<", "<", ">", ">", ">", "<"))
 
 
-def run_horizontal_demo(rounds=None, seed=None, quick=False, out=sys.stdout):
+def run_horizontal_demo(rounds: int | None = None, seed: int | None = None, quick: bool = False,
+                        out: TextIO = sys.stdout) -> list[dict[str, Any]]:
     """Run the horizontal configurations; print progress and a table; return the rows.
 
     Args:

@@ -30,7 +30,7 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
            "error": logging.ERROR}
 
 
-def set_verbosity(level):
+def set_verbosity(level: int | str) -> int:
     """Set the package logger's level; return the previous one.
 
     Args:

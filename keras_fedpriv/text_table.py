@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 __all__ = ["text_table"]
 
 
-def text_table(headers, cells, align=None):
+def text_table(headers: Sequence[str], cells: Sequence[Sequence[Any]],
+               align: Sequence[str] | None = None) -> str:
     """Columns padded to their widest entry, two spaces apart, a rule under the headers.
 
     Args:

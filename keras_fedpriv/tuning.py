@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 import keras
 import numpy as np
@@ -54,8 +55,9 @@ __all__ = ["PrivacyUtility", "eps_hyperparameter", "privacy_objective", "search_
 OBJECTIVE_NAME = "privacy_utility"
 
 
-def eps_hyperparameter(hp, name="eps", min_value=0.1, max_value=10.0, sampling="log",
-                       default=None):
+def eps_hyperparameter(hp: Any, name: str = "eps", min_value: float = 0.1,
+                       max_value: float = 10.0, sampling: str = "log",
+                       default: float | None = None) -> float:
     """Register eps as a keras-tuner ``Float`` hyperparameter and return its value.
 
     Args:
@@ -78,7 +80,7 @@ def eps_hyperparameter(hp, name="eps", min_value=0.1, max_value=10.0, sampling="
     return hp.Float(name, min_value=lo, max_value=hi, sampling=sampling, default=float(default))
 
 
-def privacy_objective(name=OBJECTIVE_NAME):
+def privacy_objective(name: str = OBJECTIVE_NAME) -> Any:
     """The keras-tuner objective that maximizes the `PrivacyUtility` score."""
     import keras_tuner
 
@@ -104,8 +106,10 @@ class PrivacyUtility(keras.callbacks.Callback):
             (see `keras_fedpriv.privacy.privacy_report`).
     """
 
-    def __init__(self, utility="val_accuracy", budget=None, mode=None, weight=0.01,
-                 penalty=-1.0, delta=1e-5, accountant="pld", protects=None):
+    def __init__(self, utility: str = "val_accuracy", budget: float | None = None,
+                 mode: str | None = None, weight: float = 0.01, penalty: float = -1.0,
+                 delta: float = 1e-5, accountant: str = "pld",
+                 protects: str | None = None) -> None:
         super().__init__()
         if not isinstance(utility, str):
             raise TypeError(f"`utility` must be the name of a logged metric; got {utility!r}.")
@@ -125,13 +129,13 @@ class PrivacyUtility(keras.callbacks.Callback):
         self.accountant = accountant
         self.protects = protects
 
-    def score(self, utility, eps):
+    def score(self, utility: float, eps: float) -> float:
         """The privacy-utility score of a utility value at eps."""
         if self.mode == "budget":
             return float(utility) if eps <= self.budget else self.penalty
         return float(utility) - self.weight * eps
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None:
             return
         if self.utility not in logs:
@@ -144,7 +148,7 @@ class PrivacyUtility(keras.callbacks.Callback):
         logs[OBJECTIVE_NAME] = self.score(logs[self.utility], eps)
 
 
-def trial_epsilon(trial, name="epsilon"):
+def trial_epsilon(trial: Any, name: str = "epsilon") -> float:
     """What a finished keras-tuner trial spent: the largest ``epsilon`` it logged.
 
     keras-tuner keeps a trial's *best* epoch (``trial.metrics.get_best_value``
@@ -171,7 +175,7 @@ def trial_epsilon(trial, name="epsilon"):
     return float(max(values))
 
 
-def search_epsilon(trial_epsilons):
+def search_epsilon(trial_epsilons: Any) -> float:
     """A valid eps for a whole search on the same private data: the sum of the trials' eps.
 
     Basic composition: each trial released the data once at its own eps (and,

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from typing import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.attacks.label_inference import as_float_matrix
 from keras_fedpriv.mechanisms.validation import (
@@ -69,10 +71,12 @@ def _standardizer(array):
     return mean, std
 
 
-def feature_reconstruction(embeddings_aux, features_aux, embeddings_test, features_test,
-                           hidden_units=(64, 64), epochs=100, batch_size=64, seed=None,
-                           verbose=0, *, validation_split=0.2, patience=10,
-                           learning_rate=1e-3):
+def feature_reconstruction(embeddings_aux: ArrayLike, features_aux: ArrayLike,
+                           embeddings_test: ArrayLike, features_test: ArrayLike,
+                           hidden_units: Sequence[int] = (64, 64), epochs: int = 100,
+                           batch_size: int = 64, seed: int | None = None, verbose: int = 0, *,
+                           validation_split: float = 0.2, patience: int = 10,
+                           learning_rate: float = 1e-3) -> ReconstructionResult:
     """Train an inverse decoder embeddings -> features on aux rows; score it on test rows.
 
     The attacker (the leader) knows the follower's features ``features_aux``

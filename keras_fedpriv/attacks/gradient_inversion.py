@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import Any, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.validation import (
     validate_positive_int,
@@ -102,10 +104,10 @@ class InversionResult:
     restarts: int = 1
 
     @property
-    def num_examples(self):
+    def num_examples(self) -> int:
         return int(self.x_reconstructed.shape[0])
 
-    def assignment(self, x_true):
+    def assignment(self, x_true: ArrayLike) -> np.ndarray:
         """Index ``j`` of the reconstruction matched to true example ``i``, for every ``i``.
 
         The batch order is not identifiable from a gradient, so reconstructions
@@ -136,7 +138,7 @@ class InversionResult:
         perm[rows] = cols
         return perm
 
-    def reconstruction_mse(self, x_true, baseline=None):
+    def reconstruction_mse(self, x_true: ArrayLike, baseline: ArrayLike | None = None) -> float:
         """Relative MSE of the reconstruction: 1.0 = no better than the mean, 0 = exact.
 
         ``sum((x_rec[perm] - x_true)**2) / sum((baseline - x_true)**2)`` with
@@ -175,7 +177,7 @@ class InversionResult:
                              "undefined (the baseline error is 0).")
         return float(((rec - x_true) ** 2).sum() / denom)
 
-    def label_accuracy(self, y_true, x_true=None):
+    def label_accuracy(self, y_true: ArrayLike, x_true: ArrayLike | None = None) -> float:
         """Fraction of labels recovered.
 
         With ``x_true`` the reconstructions are matched to the true examples
@@ -324,7 +326,8 @@ def _last_layer_slices(tv, sizes, num_classes):
     return kernel, bias
 
 
-def infer_label_idlg(model, target_update, *, lr_local=None, seed=0):
+def infer_label_idlg(model: Any, target_update: Any, *, lr_local: float | None = None,
+                     seed: int | None = 0) -> int:
     """iDLG: the label of a single example from its gradient (Zhao et al., 2020).
 
     With a softmax cross-entropy loss, the gradient of one example's loss with
@@ -397,10 +400,14 @@ def _quiet_retracing():
         logger.setLevel(level)
 
 
-def gradient_inversion(model, target_update, num_examples=1, *, labels=None, label_mode="auto",
-                       num_classes=None, from_logits=None, lr_local=None, distance="l2",
-                       learning_rate=0.1, iterations=300, init="uniform", x_shape=None,
-                       bounds=None, restarts=1, seed=0, history_every=10):
+def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
+                       labels: ArrayLike | None = None, label_mode: str = "auto",
+                       num_classes: int | None = None, from_logits: bool | None = None,
+                       lr_local: float | None = None, distance: str = "l2",
+                       learning_rate: float = 0.1, iterations: int = 300, init: str = "uniform",
+                       x_shape: Sequence[int] | None = None,
+                       bounds: tuple[float, float] | None = None, restarts: int = 1,
+                       seed: int | None = 0, history_every: int = 10) -> InversionResult:
     """Reconstruct a client's training batch from its update (DLG / iDLG / cosine matching).
 
     The server knows the model's current weights (the global weights it sent)

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["AttackResult", "norm_label_inference", "direction_label_inference"]
 
@@ -59,7 +61,7 @@ class AttackResult:
     attack: str
 
     @property
-    def auc_best_sign(self):
+    def auc_best_sign(self) -> float:
         """Same as ``auc`` (``max(raw_auc, 1 - raw_auc)``); kept for older code."""
         return self.auc
 
@@ -94,7 +96,7 @@ def _check_finite(array, name):
                          f"entry {tuple(int(i) for i in bad)} is {array[tuple(bad)].item()!r}.")
 
 
-def as_float_matrix(value, name, *, allow_list_of_batches=False):
+def as_float_matrix(value: Any, name: str, *, allow_list_of_batches: bool = False) -> np.ndarray:
     """Validate a rank-2 numeric, finite, non-empty input and return it as float64 (N, d).
 
     With ``allow_list_of_batches``, a list/tuple of per-step (B_i, d) arrays or
@@ -185,7 +187,7 @@ def _freeze(array):
 # --------------------------------------------------------------------------- attacks
 
 
-def norm_label_inference(cut_gradients, labels):
+def norm_label_inference(cut_gradients: ArrayLike, labels: ArrayLike) -> AttackResult:
     """Norm-based label inference (Li et al., ICLR 2022).
 
     The attacker is a follower in binary vertical FL that records, for each
@@ -225,7 +227,8 @@ def norm_label_inference(cut_gradients, labels):
                         num_evaluated=int(y.size), num_positives=positives, attack="norm")
 
 
-def direction_label_inference(cut_gradients, labels, known_positive_index):
+def direction_label_inference(cut_gradients: ArrayLike, labels: ArrayLike,
+                              known_positive_index: int) -> AttackResult:
     """Direction-based label inference (Li et al., ICLR 2022).
 
     The attacker is a follower that knows the label of **one** positive

@@ -26,7 +26,6 @@ from typing import Any, Sequence
 
 import keras
 import numpy as np
-import tensorflow as tf
 from numpy.typing import ArrayLike
 
 from keras_fedpriv.federated.horizontal_parties import (

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from typing import Any, Sequence
 
 import keras
 import numpy as np
@@ -112,14 +113,14 @@ class MessageCallback(keras.callbacks.Callback):
         ...         print(step, np.linalg.norm(messages["party_a"].gradients, axis=1))
     """
 
-    def set_model(self, model):
+    def set_model(self, model: Any) -> None:
         if not getattr(model, "_is_vertical_model", False):
             raise TypeError(f"{type(self).__name__} observes the messages of a "
                             f"keras_fedpriv.federated.VerticalModel; it was given a "
                             f"{type(model).__name__}.")
         super().set_model(model)
 
-    def on_messages(self, step, messages):
+    def on_messages(self, step: int, messages: StepMessages) -> None:
         """Called after each training step.
 
         Args:
@@ -154,7 +155,8 @@ class MessageRecorder(MessageCallback):
         >>> y_true = recorder.labels()              # aligned rows, for evaluation
     """
 
-    def __init__(self, epochs=(0,), max_steps=None, parties=None):
+    def __init__(self, epochs: Sequence[int] | str | None = (0,), max_steps: int | None = None,
+                 parties: Sequence[str] | None = None) -> None:
         super().__init__()
         self.epochs = _validate_epochs(epochs)
         if max_steps is not None and (isinstance(max_steps, (bool, np.bool_)) or
@@ -171,7 +173,7 @@ class MessageRecorder(MessageCallback):
         self.parties = parties
         self._steps = []
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._steps = []
         if self.parties is not None:
             unknown = sorted(set(self.parties) - set(self.model.followers))
@@ -179,7 +181,7 @@ class MessageRecorder(MessageCallback):
                 raise ValueError(f"MessageRecorder(parties=...): {unknown} are not followers of "
                                  f"the model; its followers are {list(self.model.followers)}.")
 
-    def on_messages(self, step, messages):
+    def on_messages(self, step: int, messages: StepMessages) -> None:
         if self.epochs is not None and messages.epoch not in self.epochs:
             return
         if self.max_steps is not None and \
@@ -193,11 +195,11 @@ class MessageRecorder(MessageCallback):
     # --- accessors ---------------------------------------------------------------
 
     @property
-    def recorded_epochs(self):
+    def recorded_epochs(self) -> list[int]:
         """Sorted epoch indices with at least one recorded step."""
         return sorted({s.epoch for s in self._steps})
 
-    def steps(self, epoch=None):
+    def steps(self, epoch: int | None = None) -> list[StepMessages]:
         """The recorded `StepMessages` (of ``epoch``, or all), in order."""
         if not self._steps:
             raise ValueError("MessageRecorder: nothing recorded yet (pass the recorder to "
@@ -219,23 +221,23 @@ class MessageRecorder(MessageCallback):
                              "sends nothing).")
         return [s.parties[party] for s in steps]
 
-    def embeddings(self, party, epoch=None):
+    def embeddings(self, party: str, epoch: int | None = None) -> np.ndarray:
         """What ``party`` sent up, rows of all recorded steps concatenated."""
         return np.concatenate([m.embeddings for m in self._party(party, epoch)], axis=0)
 
-    def cut_gradients(self, party, epoch=None):
+    def cut_gradients(self, party: str, epoch: int | None = None) -> np.ndarray:
         """What the leader sent ``party`` (d loss / d embedding), rows concatenated."""
         return np.concatenate([m.gradients for m in self._party(party, epoch)], axis=0)
 
-    def labels(self, epoch=None):
+    def labels(self, epoch: int | None = None) -> np.ndarray:
         """True labels of the recorded rows (for evaluating attacks; never sent)."""
         return np.concatenate([s.evaluation.labels for s in self.steps(epoch)], axis=0)
 
-    def noisy_labels(self, epoch=None):
+    def noisy_labels(self, epoch: int | None = None) -> np.ndarray:
         """The labels the leader trained on (after label DP), rows concatenated."""
         return np.concatenate([s.evaluation.noisy_labels for s in self.steps(epoch)], axis=0)
 
-    def example_ids(self, epoch=None):
+    def example_ids(self, epoch: int | None = None) -> np.ndarray:
         """The ``"example_ids"`` of the recorded rows (error if the inputs had none)."""
         steps = self.steps(epoch)
         if any(s.evaluation.example_ids is None for s in steps):
@@ -243,13 +245,13 @@ class MessageRecorder(MessageCallback):
                              "keras_fedpriv.federated.with_example_ids).")
         return np.concatenate([s.evaluation.example_ids for s in steps], axis=0)
 
-    def bytes_up(self, party=None, epoch=None):
+    def bytes_up(self, party: str | None = None, epoch: int | None = None) -> int:
         """Bytes sent up in the recorded steps (by ``party``, or all followers)."""
         steps = self.steps(epoch)
         return int(sum(m.bytes_up for s in steps for p, m in s.parties.items()
                        if party is None or p == party))
 
-    def bytes_down(self, party=None, epoch=None):
+    def bytes_down(self, party: str | None = None, epoch: int | None = None) -> int:
         """Bytes sent down in the recorded steps (to ``party``, or all followers)."""
         steps = self.steps(epoch)
         return int(sum(m.bytes_down for s in steps for p, m in s.parties.items()
@@ -276,7 +278,7 @@ def _add_ids(x, ids):
     return out
 
 
-def with_example_ids(data, start=0):
+def with_example_ids(data: Any, start: int = 0) -> Any:
     """Add unique int64 ``"example_ids"`` to a vertical model's inputs.
 
     `VerticalModel` with a `LabelDPLayer` randomizes each training label once:

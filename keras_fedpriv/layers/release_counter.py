@@ -26,6 +26,7 @@ turns the counts into a `keras_fedpriv.mechanisms.ledger.ReleaseLedger`.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -147,7 +148,7 @@ class ReleaseCounterMixin:
         if ids.size:
             ledger.record_counts(kind, ids, counts, approximate=bool(totals[FOLDED]))
 
-    def reset_release_counts(self):
+    def reset_release_counts(self) -> None:
         """Forget every recorded release (e.g. a fresh model for a new data set)."""
         self.release_totals.assign(np.zeros(len(SLOTS), np.int64))
         self._key_use.reset()
@@ -156,11 +157,11 @@ class ReleaseCounterMixin:
 
     # `.keras` / `.weights.h5`: the counts travel with the model, so a
     # reloaded model's report still counts what the original released.
-    def save_own_variables(self, store):
+    def save_own_variables(self, store: dict[str, Any]) -> None:
         super().save_own_variables(store)
         self._save_release_counts(store)
 
-    def load_own_variables(self, store):
+    def load_own_variables(self, store: dict[str, Any]) -> None:
         super().load_own_variables(store)
         self._load_release_counts(store)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import secrets
 import zlib
+from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -53,7 +54,7 @@ _W1 = 0xBB67AE85
 _MASK32 = 0xFFFFFFFF
 
 
-def draw_secret():
+def draw_secret() -> int:
     """A fresh non-zero 64-bit secret from OS entropy (`secrets`)."""
     while True:
         value = secrets.randbits(64)
@@ -67,7 +68,8 @@ _STREAM_TAG = 0x5EED5173  # separates (seed, stream) entropy from a plain int se
 _UNIT_TAG = 0x0C11E175  # separates (seed, unit, n) entropy from (seed, stream)
 
 
-def secret_generator(seed=None, stream=None, unit=None, tag=0):
+def secret_generator(seed: int | None = None, stream: int | None = None, unit: int | None = None,
+                     tag: int = 0) -> np.random.Generator:
     """A numpy Generator keyed by ``seed``, or by a fresh 64-bit OS-entropy secret.
 
     For the mechanisms that run on the host in numpy (SignDS, Laplace,
@@ -202,7 +204,7 @@ class SeededReleases:
         self._awaiting_state = False
 
 
-def seed_to_key_words(seed):
+def seed_to_key_words(seed: int) -> np.ndarray:
     """Split a 64-bit integer into the two uint32 Philox key words (as int64)."""
     seed = int(seed)
     return np.array([seed & _MASK32, (seed >> 32) & _MASK32], dtype=np.int64)
@@ -219,7 +221,7 @@ def _mulhilo(multiplier, x):
     return hi, lo
 
 
-def philox4x32(counter, key, rounds=10):
+def philox4x32(counter: Sequence[Any], key: Sequence[Any], rounds: int = 10) -> tuple[Any, ...]:
     """Philox-4x32 on broadcastable uint32 tensors.
 
     Args:
@@ -256,7 +258,7 @@ def _split64(x):
     return _u32(lo), _u32(hi)
 
 
-def words_from_ids(key_words, ids, salt):
+def words_from_ids(key_words: Any, ids: Any, salt: int) -> tuple[Any, ...]:
     """Four uint32 noise words per example id, a pure function of (key, id, salt).
 
     Args:
@@ -274,7 +276,7 @@ def words_from_ids(key_words, ids, salt):
     return philox4x32((lo, hi, zeros, zeros + _u32(salt)), (key_words[0], key_words[1]))
 
 
-def random_words(shape, seed):
+def random_words(shape: Any, seed: Any) -> Any:
     """Uniform uint32 words of ``shape`` from TF's stateless Philox kernel.
 
     Args:
@@ -284,7 +286,7 @@ def random_words(shape, seed):
     return tf.random.stateless_uniform(shape, seed=seed, minval=None, maxval=None, dtype=tf.uint32)
 
 
-def uniform_words(shape, seed=None):
+def uniform_words(shape: Any, seed: int | None = None) -> Any:
     """Uniform uint32 noise words for one-off (eager) use of a mechanism.
 
     Args:
@@ -312,7 +314,7 @@ def uniform_words(shape, seed=None):
     return random_words(shape, tf.constant([key64, 0], tf.int64))
 
 
-def probability_threshold(p):
+def probability_threshold(p: float) -> int:
     """Integer threshold T with P(word < T) = T / 2**32 >= p for uniform uint32 words.
 
     The threshold is rounded UP (``ceil(p * 2**32)``), the safe direction for

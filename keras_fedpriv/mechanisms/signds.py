@@ -32,7 +32,9 @@ import functools
 import math
 import numbers
 
+import dp_accounting
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.events import pure_dp_event
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
@@ -114,7 +116,7 @@ def _log_omega(d, k, h):
     return out
 
 
-def log_omega(d, k, h):
+def log_omega(d: int, k: int, h: int) -> np.ndarray:
     """``log(C(k, t) * C(d - k, h - t))`` for ``t = 0..h``.
 
     Args:
@@ -143,7 +145,7 @@ def _logsumexp(x):
     return float(m + np.log(np.sum(np.exp(x - m))))
 
 
-def t_distribution(d, k, h, eps, thr):
+def t_distribution(d: int, k: int, h: int, eps: float, thr: int) -> np.ndarray:
     """``P(t)`` for ``t = 0..h``: ``∝ omega_t * (e^eps if t >= thr else 1)``.
 
     Args:
@@ -168,7 +170,7 @@ def _expected(logw):
     return float(np.dot(np.arange(len(logw), dtype=np.float64), p))
 
 
-def expected_topk(d, k, h, eps, thr):
+def expected_topk(d: int, k: int, h: int, eps: float, thr: int) -> np.ndarray:
     """``E(thr) = sum_t t P(t)``: expected number of released top-k indices."""
     d, k, h = _validate_dkh(d, k, h)
     eps = validate_eps(eps)
@@ -199,7 +201,7 @@ def _expected_by_threshold(d, k, h, eps):
     return np.exp(num - den)
 
 
-def expected_topk_by_threshold(d, k, h, eps):
+def expected_topk_by_threshold(d: int, k: int, h: int, eps: float) -> np.ndarray:
     """``E(thr)`` for all thresholds ``thr = 1..h`` at once, in O(h).
 
     Returns:
@@ -246,7 +248,7 @@ def _threshold_from_logw(logw, eps):
     return int(stops[0]) + 1 if len(stops) else h
 
 
-def optimal_threshold(d, k, h, eps):
+def optimal_threshold(d: int, k: int, h: int, eps: float) -> int:
     """The reference's threshold: scan ``thr = 1..h`` while ``E(thr)`` strictly increases.
 
     Returns the last ``thr`` of the increasing run (1 if ``E(2) <= E(1)``).
@@ -258,7 +260,8 @@ def optimal_threshold(d, k, h, eps):
     return _threshold_from_logw(_log_omega(d, k, h), eps)
 
 
-def optimal_output_dim(d, k, eps, thr_ratio, max_dim=None):
+def optimal_output_dim(d: int, k: int, eps: float, thr_ratio: float,
+                       max_dim: int | None = None) -> int:
     """The reference's output size: the largest ``h`` of the run ``E(thr_opt(h)) / h >= thr_ratio``.
 
     ``h`` increases from 1 while the expected fraction of released indices
@@ -380,7 +383,7 @@ def _check_rng(rng):
         raise TypeError(f"`rng` must be a numpy.random.Generator; got {type(rng).__name__}.")
 
 
-def sample_t(d, k, h, eps, thr, rng):
+def sample_t(d: int, k: int, h: int, eps: float, thr: int, rng: np.random.Generator) -> int:
     """Draw ``t`` (how many released indices come from the top-k set) from ``P(t)``.
 
     Inverse CDF in log space (see `_sample_t`), exact up to float64 relative
@@ -470,7 +473,8 @@ def _select_indices(update, k, h, eps, thr, sign, rng):
     return indices, topk_mean
 
 
-def select_indices(update, k, h, eps, thr, sign, rng):
+def select_indices(update: ArrayLike, k: int, h: int, eps: float, thr: int, sign: int,
+                   rng: np.random.Generator) -> tuple[np.ndarray, float]:
     """Release ``h`` indices of ``update`` by SignDS's exponential mechanism.
 
     The top-k set ``S`` is the ``k`` largest values of ``update`` for
@@ -518,7 +522,7 @@ def select_indices(update, k, h, eps, thr, sign, rng):
 # ----------------------------------------------------------------------------
 
 
-def signds_dp_event(eps):
+def signds_dp_event(eps: float) -> dp_accounting.DpEvent:
     """A `dp_accounting` event that upper-bounds one SignDS release at ``eps``.
 
     dp_accounting has no exponential-mechanism event. Every eps-DP mechanism's

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,8 @@ __all__ = ["config_with_seed", "validate_eps", "validate_positive_int", "validat
            "validate_seed"]
 
 
-def validate_eps(eps, name="eps", *, allow_none=False, lower_open=False, upper=None):
+def validate_eps(eps: Any, name: str = "eps", *, allow_none: bool = False,
+                 lower_open: bool = False, upper: float | None = None) -> float | None:
     """Validate a privacy parameter and return it as a Python float.
 
     Args:
@@ -42,8 +44,9 @@ def validate_eps(eps, name="eps", *, allow_none=False, lower_open=False, upper=N
                          allow_none=allow_none)
 
 
-def validate_real(value, name, *, low=None, high=None, low_open=False, high_open=False,
-                  allow_none=False):
+def validate_real(value: Any, name: str, *, low: float | None = None, high: float | None = None,
+                  low_open: bool = False, high_open: bool = False,
+                  allow_none: bool = False) -> float | None:
     """Validate a finite real number in a range and return it as a Python float.
 
     The rules of `validate_eps` (bools, strings, ``None`` unless allowed, NaN
@@ -84,7 +87,7 @@ def validate_real(value, name, *, low=None, high=None, low_open=False, high_open
     return x
 
 
-def validate_seed(seed, name="seed"):
+def validate_seed(seed: Any, name: str = "seed") -> int | None:
     """Validate an explicit seed: ``None`` or a non-negative Python int < 2**64."""
     if seed is None:
         return None
@@ -99,7 +102,8 @@ def validate_seed(seed, name="seed"):
     return seed
 
 
-def validate_positive_int(value, name, *, minimum=1, allow_none=False):
+def validate_positive_int(value: Any, name: str, *, minimum: int = 1,
+                          allow_none: bool = False) -> int | None:
     """Validate an integer argument ``>= minimum`` and return it as int."""
     if value is None and allow_none:
         return None
@@ -149,7 +153,7 @@ def validate_int_sequence(value, name, *, minimum=1, allow_scalar=True, what="in
     return tuple(out)
 
 
-def config_with_seed(config, seed):
+def config_with_seed(config: dict[str, Any], seed: int | None) -> dict[str, Any]:
     """``config`` plus ``"seed"`` when the user passed one explicitly.
 
     A secret drawn from OS entropy is never written into a config: whoever holds a

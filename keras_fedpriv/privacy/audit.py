@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Callable
 
 import numpy as np
 
@@ -155,7 +156,8 @@ def _cp_upper(hits, trials, alpha):
     return np.where(hits >= trials, 1.0, out)
 
 
-def clopper_pearson(hits, trials, confidence=0.95, side="two-sided"):
+def clopper_pearson(hits: int, trials: int, confidence: float = 0.95,
+                    side: str = "two-sided") -> float | tuple[float, float]:
     """Clopper-Pearson (exact binomial) confidence bounds on a probability.
 
     Args:
@@ -198,7 +200,8 @@ def _point(num_hits, num_trials, den_hits, den_trials, delta):
     return max(0.0, math.log(p_num / p_den))
 
 
-def eps_lower_bound(a_hits, a_trials, b_hits, b_trials, confidence=0.95, delta=0.0):
+def eps_lower_bound(a_hits: int, a_trials: int, b_hits: int, b_trials: int,
+                    confidence: float = 0.95, delta: float = 0.0) -> float:
     """The eps lower bound from counts of ONE event fixed before the counts were taken.
 
     ``max(0, log((p_a_low - delta) / p_b_up))`` with one-sided
@@ -261,14 +264,14 @@ class AuditResult:
     name: str = ""
 
     @property
-    def ratio(self):
+    def ratio(self) -> float | None:
         """``eps_lower_bound / claimed_eps`` (None without a positive claim)."""
         if not self.claimed_eps:
             return None
         return self.eps_lower_bound / self.claimed_eps
 
     @property
-    def violates_claim(self):
+    def violates_claim(self) -> bool:
         """True when the lower bound exceeds the claimed eps (the claim is refuted)."""
         return self.claimed_eps is not None and self.eps_lower_bound > self.claimed_eps
 
@@ -360,8 +363,10 @@ def _select_event(sel_a, sel_b, alpha, delta):
     return float(thresholds[i]), direction, a_over_b
 
 
-def audit(mechanism, input_a, input_b, num_trials, statistic=None, confidence=0.95, delta=0.0,
-          seed=None, batch_size=None):
+def audit(mechanism: Callable[..., Any], input_a: Any, input_b: Any, num_trials: int,
+          statistic: Callable[..., Any] | None = None, confidence: float = 0.95,
+          delta: float = 0.0, seed: int | None = None,
+          batch_size: int | None = None) -> AuditResult:
     """Lower-bound a mechanism's eps on one pair of neighbouring inputs.
 
     Args:
@@ -462,7 +467,8 @@ def _numpy(x):
 # ----------------------------------------------------------------------------
 
 
-def audit_binary_rr(eps, num_trials=DEFAULT_TRIALS, seed=None, confidence=0.95):
+def audit_binary_rr(eps: float, num_trials: int = DEFAULT_TRIALS, seed: int | None = None,
+                    confidence: float = 0.95) -> AuditResult:
     """Audit `binary_randomized_response`: bit 1 vs bit 0, statistic = the output bit.
 
     Claimed: ``eps`` (exactly: ``P[1 | 1] / P[1 | 0] = e^eps``).
@@ -480,7 +486,8 @@ def audit_binary_rr(eps, num_trials=DEFAULT_TRIALS, seed=None, confidence=0.95):
     return _with_claim(result, eps, f"binary RR (eps={eps:g})")
 
 
-def audit_kary_rr(eps, num_classes=10, num_trials=DEFAULT_TRIALS, seed=None, confidence=0.95):
+def audit_kary_rr(eps: float, num_classes: int = 10, num_trials: int = DEFAULT_TRIALS,
+                  seed: int | None = None, confidence: float = 0.95) -> AuditResult:
     """Audit `kary_randomized_response` over K classes: class 0 vs class 1.
 
     Statistic: the indicator ``output == 0``. Claimed: ``eps`` (exactly:
@@ -499,8 +506,9 @@ def audit_kary_rr(eps, num_classes=10, num_trials=DEFAULT_TRIALS, seed=None, con
     return _with_claim(result, eps, f"{k}-ary RR (eps={eps:g})")
 
 
-def audit_label_dp_layer(eps, mode="binary", num_classes=10, per_batch=False,
-                         num_trials=DEFAULT_TRIALS, seed=None, confidence=0.95):
+def audit_label_dp_layer(eps: float, mode: str = "binary", num_classes: int = 10,
+                         per_batch: bool = False, num_trials: int = DEFAULT_TRIALS,
+                         seed: int | None = None, confidence: float = 0.95) -> AuditResult:
     """Audit `LabelDPLayer` itself: a batch of ``n`` identical labels, class 0 vs class 1.
 
     The layer is called with ``training=True``. With ``per_batch=False`` (the
@@ -557,7 +565,8 @@ def audit_label_dp_layer(eps, mode="binary", num_classes=10, per_batch=False,
     return _with_claim(result, eps, f"LabelDPLayer {mode} K={k} (eps={eps:g}{extra})")
 
 
-def audit_quantize_rr(eps, num_trials=DEFAULT_TRIALS, seed=None, confidence=0.95):
+def audit_quantize_rr(eps: float, num_trials: int = DEFAULT_TRIALS, seed: int | None = None,
+                      confidence: float = 0.95) -> AuditResult:
     """Audit `quantize_rr` on one coordinate: ``x = +0.5`` (quantizes to 1) vs ``-0.5`` (to 0).
 
     Statistic: the output bit. Claimed: **eps/2** (each coordinate of
@@ -575,8 +584,8 @@ def audit_quantize_rr(eps, num_trials=DEFAULT_TRIALS, seed=None, confidence=0.95
     return _with_claim(result, eps / 2.0, f"quantize+RR, 1 coordinate (eps={eps:g}, claim eps/2)")
 
 
-def audit_embedding_dp_layer(eps, num_coordinates=1, num_trials=DEFAULT_TRIALS, seed=None,
-                             confidence=0.95):
+def audit_embedding_dp_layer(eps: float, num_coordinates: int = 1, num_trials: int = DEFAULT_TRIALS,
+                             seed: int | None = None, confidence: float = 0.95) -> AuditResult:
     """Audit `EmbeddingDPLayer` itself on a batch of ``n`` identical embeddings.
 
     Inputs: every coordinate ``+0.5`` vs every coordinate ``-0.5`` (the two
@@ -607,8 +616,9 @@ def audit_embedding_dp_layer(eps, num_coordinates=1, num_trials=DEFAULT_TRIALS, 
                        f"EmbeddingDPLayer d={d} (eps={eps:g}, claim d*eps/2)")
 
 
-def audit_laplace(eps, sampler="discrete", statistic="loss", sensitivity=2.0,
-                  num_trials=DEFAULT_TRIALS, seed=None, confidence=0.95):
+def audit_laplace(eps: float, sampler: str = "discrete", statistic: str = "loss",
+                  sensitivity: float = 2.0, num_trials: int = DEFAULT_TRIALS, seed: int | None = None,
+                  confidence: float = 0.95) -> AuditResult:
     """Audit `laplace` on the rows ``[1, 0]`` vs ``[0, 1]`` (L1 distance 2 = ``sensitivity``).
 
     Args:
@@ -657,7 +667,8 @@ def audit_laplace(eps, sampler="discrete", statistic="loss", sensitivity=2.0,
                        f"Laplace {sampler}, {statistic} (eps={eps:g}{note})")
 
 
-def audit_magrr(eps, num_trials=DEFAULT_TRIALS, seed=None, confidence=0.95):
+def audit_magrr(eps: float, num_trials: int = DEFAULT_TRIALS, seed: int | None = None,
+                confidence: float = 0.95) -> AuditResult:
     """Audit `MagRR.client_reports`: a step size below vs above the threshold.
 
     ``r = 0.5 * threshold * r_est`` (bit 1) vs ``r = 2 * threshold * r_est``
@@ -681,9 +692,10 @@ def audit_magrr(eps, num_trials=DEFAULT_TRIALS, seed=None, confidence=0.95):
     return _with_claim(result, eps, f"MagRR client bit (eps_rr={eps:g})")
 
 
-def audit_signds(eps, d=100, k=25, h=None, thr=None, thr_ratio=0.6, statistic="loss",
-                 sampler="select_indices", num_trials=DEFAULT_TRIALS, seed=None,
-                 confidence=0.95):
+def audit_signds(eps: float, d: int = 100, k: int = 25, h: int | None = None,
+                 thr: int | None = None, thr_ratio: float = 0.6, statistic: str = "loss",
+                 sampler: str = "select_indices", num_trials: int = DEFAULT_TRIALS,
+                 seed: int | None = None, confidence: float = 0.95) -> AuditResult:
     """Audit SignDS's exponential mechanism on two updates with disjoint top-k sets.
 
     Update ``a`` is 1 on ``S_a = {0..k-1}`` and 0 elsewhere, update ``b`` is 1

@@ -22,8 +22,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.validation import validate_positive_int
 
@@ -57,7 +59,7 @@ class DELDPReport:
     num_samples: int
     label_counts: dict = dataclasses.field(default_factory=dict)
 
-    def summary(self):
+    def summary(self) -> str:
         """A plain-text table of the estimate, saying what it is and is not."""
         lines = [
             f"dELDP estimate: eps = {self.eps:.6g} at delta = {self.delta:.6g}",
@@ -97,7 +99,7 @@ def _block_max(a, b, same):
     return exact, gram
 
 
-def max_pairwise_distance(points, block_size=1024):
+def max_pairwise_distance(points: ArrayLike, block_size: int = 1024) -> float:
     """Exact ``max_{i, j} ||points[i] - points[j]||_2`` without an N x N matrix.
 
     Rows too close to the centroid to be in a farthest pair are dropped (by
@@ -241,12 +243,13 @@ def _encode_all(bottom, x, batch_size):
 
 # --- the estimate ----------------------------------------------------------------------
 
-def gaussian_factor(delta):
+def gaussian_factor(delta: float) -> float:
     """``sqrt(2 ln(1.25 / delta))``, the Gaussian mechanism's calibration factor."""
     return math.sqrt(2.0 * math.log(1.25 / _validate_delta(delta)))
 
 
-def deldp(vae_bottom, x, labels, delta=2.0**-32, batch_size=1024, block_size=1024):
+def deldp(vae_bottom: Any, x: ArrayLike, labels: ArrayLike, delta: float = 2.0**-32,
+          batch_size: int = 1024, block_size: int = 1024) -> DELDPReport:
     """Estimate the dELDP epsilon of a VAE bottom's released sample.
 
     Theorem 2 of "Exploiting Internal Randomness for Privacy in Vertical Federated
