@@ -50,3 +50,63 @@ def test_relative_links_in_the_docs_resolve():
                 if anchor not in headings:
                     broken.append(f"{path.name} -> {target}")
     assert broken == []
+
+
+# Where a module's tests live when they are not in tests/test_<module>.py. A new module gets a
+# test module named after it; an entry here is for an existing module whose tests are shared
+# with its neighbours (the suite is not split one-to-one yet).
+TEST_HOMES = {
+    "attacks/feature_reconstruction.py": "test_attacks.py",
+    "attacks/label_inference.py": "test_attacks.py",
+    "demo_horizontal.py": "test_demo.py",
+    "federated/flower/common.py": "test_flower_horizontal.py",
+    "federated/flower/loopback.py": "test_flower_deployment.py",
+    "federated/malformed.py": "test_vertical_parties.py",
+    "federated/messages.py": "test_vertical.py",
+    "federated/partition.py": "test_horizontal.py",
+    "federated/uploads.py": "test_horizontal_parties.py",
+    "federated/vertical_driver.py": "test_vertical_parties.py",
+    "federated/vertical_parties/follower.py": "test_vertical_parties.py",
+    "federated/vertical_parties/leader.py": "test_vertical_parties.py",
+    "federated/vertical_parties/party.py": "test_vertical_parties.py",
+    "federated/vertical_parties/wire.py": "test_vertical_parties.py",
+    "layers/embedding_dp.py": "test_layers.py",
+    "layers/input_checks.py": "test_clear_errors.py",
+    "layers/label_dp.py": "test_layers.py",
+    "layers/label_formats.py": "test_layers.py",
+    "layers/local_state.py": "test_secrets.py",
+    "layers/release_counter.py": "test_secrets.py",
+    "layers/secret_rng.py": "test_secrets.py",
+    "mechanisms/events.py": "test_layers.py",
+    "mechanisms/ledger.py": "test_adversarial_ledger.py",
+    "mechanisms/quantize.py": "test_statistical.py",
+    "mechanisms/random.py": "test_secrets.py",
+    "mechanisms/randomized_response.py": "test_statistical.py",
+    "optimizers/signds_optimizer.py": "test_signds.py",
+    "privacy/accountant.py": "test_report.py",
+    "privacy/planning.py": "test_cli.py",
+    "privatize.py": "test_integration.py",
+    "text_table.py": "test_report.py",
+}
+
+
+def test_every_module_has_a_test_module():
+    """tests/test_<module>.py (or test_flower_<module>.py for the Flower apps), else an entry in
+    TEST_HOMES naming the existing test module that covers it."""
+    tests = {p.name for p in (ROOT / "tests").glob("test_*.py")}
+    homeless, stale = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if path.name.startswith("_"):
+            continue  # __init__, __main__ and private helpers
+        own = {f"test_{path.stem}.py", f"test_flower_{path.stem}.py"}
+        if own & tests:
+            continue
+        home = TEST_HOMES.get(rel)
+        if home is None:
+            homeless.append(rel)
+        elif home not in tests:
+            stale.append(f"{rel} -> {home}")
+    assert homeless == [] and stale == []
+    assert set(TEST_HOMES) <= {p.relative_to(PACKAGE).as_posix()
+                               for p in PACKAGE.rglob("*.py")}  # no entry for a gone module
