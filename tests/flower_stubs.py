@@ -6,14 +6,19 @@ import sys
 APP = pathlib.Path(__file__).resolve().parent / "flower_app"
 
 
-def model_fn():
-    """The seeded Deployment Engine test app's model (the same initial weights everywhere)."""
+def load_test_app():
+    """The seeded Deployment Engine test app's module (``tests/flower_app/kfp_test_app``)."""
     sys.path.insert(0, str(APP))
     try:
-        from kfp_test_app.apps import model_fn as build
+        from kfp_test_app import apps
     finally:
         sys.path.remove(str(APP))
-    return build()
+    return apps
+
+
+def model_fn():
+    """The test app's model (the same initial weights everywhere)."""
+    return load_test_app().model_fn()
 
 
 class Reply:

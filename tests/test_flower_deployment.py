@@ -22,20 +22,10 @@ from keras_fedpriv.federated import HorizontalFL  # noqa: E402
 from keras_fedpriv.federated.flower.loopback import LoopbackDeployment, _listening  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 
+from flower_stubs import APP, load_test_app  # noqa: E402
+
 pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(420)]
 
-APP = pathlib.Path(__file__).resolve().parent / "flower_app"
-
-
-def _app():
-    import sys
-
-    sys.path.insert(0, str(APP))
-    try:
-        from kfp_test_app import apps
-    finally:
-        sys.path.remove(str(APP))
-    return apps
 
 
 def _result(folder):
@@ -62,7 +52,7 @@ def _nodes(upload):
 
 
 def test_three_supernodes_train_fedavg_as_the_in_process_run(tmp_path):
-    apps = _app()
+    apps = load_test_app()
     with LoopbackDeployment(3, node_configs=_nodes("fedavg")) as deployment:
         fedavg = deployment.run(APP, {"upload": "fedavg", "result-path": str(tmp_path / "f")},
                                 timeout=300)

@@ -61,8 +61,9 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
         "keras_fedpriv.federated.flower_vertical needs Flower: pip install "
         "\"keras-fedpriv[flower]\" (flwr[simulation]>=1.41,<1.42).") from err
 
-from keras_fedpriv.federated.flower.horizontal import (  # noqa: E402
+from keras_fedpriv.federated.flower.common import (  # noqa: E402
     _arrays as _checked_arrays,
+    _budget,
     _call,
     _first_line,
     _record,
@@ -185,16 +186,6 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
         PrivacyBudget(max_epsilon, budget_delta)  # checks the arguments now
     app = ClientApp()
 
-    def budget(context: Context) -> PrivacyBudget | None:
-        caps = [c for c in (max_epsilon, context.node_config.get("max-epsilon")) if c is not None]
-        if not caps:
-            return None
-        path = context.node_config.get("privacy-budget-path")
-        if path is None:
-            path = budget_path(context) if callable(budget_path) else budget_path
-        return PrivacyBudget(min(float(c) for c in caps), budget_delta,
-                             path=str(path) if path else None, per_record=True)
-
     def load(context: Context) -> _Cached:
         key = (context.run_id, context.node_id)
         version = int(context.state[_META]["version"]) if _META in context.state else 0
@@ -238,7 +229,7 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
                 step=int(config.get("step", 0)))
             reply = RecordDict({"embedding": _record(
                 serve_request(cached.follower, request, cached.table))})
-            cap = budget(context)
+            cap = _budget(context, max_epsilon, budget_delta, budget_path, per_record=True)
             if cap is not None:
                 ledger = privacy_ledger(cached.follower)
                 cap.check(ledger, run_id=context.run_id)

@@ -17,6 +17,7 @@ from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.serverapp import Grid
 
 from keras_fedpriv.federated.malformed import MalformedMessage
+from keras_fedpriv.privacy.budget import PrivacyBudget
 
 __all__ = ["message_nbytes"]
 
@@ -84,3 +85,21 @@ def _arrays(record: Any, what: str, max_bytes: int) -> dict[str, np.ndarray]:
             raise MalformedMessage(f"{what!r} holds more than the {max_bytes} bytes the protocol "
                                   "sends.")
     return {str(k): a.numpy() for k, a in record.items()}
+
+
+def _budget(context: Context, max_epsilon: float | None, delta: float,
+            path: str | Callable[[Context], str] | None,
+            per_record: bool = False) -> PrivacyBudget | None:
+    """A party's `PrivacyBudget` from its own code and its operator's node config.
+
+    The node config's ``max-epsilon`` and the code's ``max_epsilon``: the smaller counts;
+    the node config's ``privacy-budget-path`` before the code's ``path``.
+    """
+    caps = [c for c in (max_epsilon, context.node_config.get("max-epsilon")) if c is not None]
+    if not caps:
+        return None
+    where = context.node_config.get("privacy-budget-path")
+    if where is None:
+        where = path(context) if callable(path) else path
+    return PrivacyBudget(min(float(c) for c in caps), delta,
+                         path=str(where) if where else None, per_record=per_record)

@@ -46,12 +46,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordD
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from keras_fedpriv.federated.flower.common import (  # noqa: F401 - shared with flower_vertical
-    _arrays,
+from keras_fedpriv.federated.flower.common import (  # noqa: F401 - message_nbytes is public here
+    _budget,
     _call,
-    _first_line,
     _record,
-    _wait_for_nodes,
     logger,
     message_nbytes,
 )
@@ -227,20 +225,9 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         PrivacyBudget(max_epsilon, budget_delta)  # checks the arguments now
     app = ClientApp()
 
-    def budget(context: Context) -> PrivacyBudget | None:
-        """The client's budget: its own code's and its operator's node config, the stricter."""
-        caps = [c for c in (max_epsilon, context.node_config.get("max-epsilon")) if c is not None]
-        if not caps:
-            return None
-        path = context.node_config.get("privacy-budget-path")
-        if path is None:
-            path = budget_path(context) if callable(budget_path) else budget_path
-        return PrivacyBudget(min(float(c) for c in caps), budget_delta,
-                             path=str(path) if path else None)
-
     def spend(context: Context, party: HorizontalClient, sending: bool) -> None:
         """Check the client's budget with what it is about to send (and then record it)."""
-        cap = budget(context)
+        cap = _budget(context, max_epsilon, budget_delta, budget_path)
         if cap is None:
             return
         ledger = privacy_ledger([party.upload, party.magrr, party.laplace])
