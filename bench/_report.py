@@ -14,6 +14,9 @@ import platform
 import re
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+# Each experiment's results page (with its figure and raw numbers) is docs/results/<script>.md,
+# named after the bench script that writes it; docs/*.md are the guides (and benchmarks.md).
+RESULTS = REPO / "docs" / "results"
 DOC = REPO / "docs" / "benchmarks.md"
 
 INTRO = """# Benchmarks

@@ -1,4 +1,4 @@
-"""Empirical privacy audit of every mechanism of the package (docs/audit.md).
+"""Empirical privacy audit of every mechanism of the package (docs/results/audit.md).
 
 For each mechanism, at eps in {0.5, 1, 2, 4}, `keras_fedpriv.privacy.audit`
 runs it ``num_trials`` times on each of two neighbouring inputs and reports a
@@ -27,7 +27,7 @@ is also audited at the full count (``sampler="distribution"``).
 
 Usage::
 
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/audit.py            # full, updates docs/audit.md
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/audit.py            # full, updates docs/results/audit.md
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/audit.py --quick    # eps 2 only, 10^5 / 4000
                                                                       # trials, no docs (seconds)
 """
@@ -59,7 +59,7 @@ from keras_fedpriv.mechanisms.randomized_response import binary_randomized_respo
 # function, which shadows the module of the same name in the package namespace.
 A = importlib.import_module("keras_fedpriv.privacy.audit")
 
-DOC = _report.REPO / "docs" / "audit.md"
+DOC = _report.RESULTS / "audit.md"
 SECTION = "audit-bench"
 EPS = (0.5, 1.0, 2.0, 4.0)
 

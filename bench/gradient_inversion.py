@@ -1,4 +1,4 @@
-"""Gradient inversion (DLG) against horizontal-FL uploads (writes docs/gradient_inversion.md).
+"""Gradient inversion (DLG) against horizontal-FL uploads (writes docs/results/gradient_inversion.md).
 
 The server of `keras_fedpriv.federated.HorizontalFL` knows the global weights
 and receives each client's upload. A client holding one digit (batch 1) or
@@ -66,8 +66,8 @@ from keras_fedpriv.federated.uploads import (  # noqa: E402
 )
 from keras_fedpriv.optimizers.signds import SignDSEncoder, decode  # noqa: E402
 
-DOC = _report.REPO / "docs" / "gradient_inversion.md"
-PNG = _report.REPO / "docs" / "gradient_inversion.png"
+DOC = _report.RESULTS / "gradient_inversion.md"
+PNG = _report.RESULTS / "gradient_inversion.png"
 
 HIDDEN = 32
 LOCAL_LR = 0.1

@@ -1,4 +1,4 @@
-"""FedAvg vs SignDS (with and without MagRR) vs a Gaussian baseline on digits (docs/hfl_signds.md).
+"""FedAvg vs SignDS (with and without MagRR) vs a Gaussian baseline on digits (docs/results/hfl_signds.md).
 
 Digits (1797 8x8 images, 10 classes): 20% held out as the test set, the rest
 split among 100 clients, IID and non-IID (Dirichlet(0.5) over labels). An MLP
@@ -46,7 +46,7 @@ from keras_fedpriv.federated import GaussianUpload, HorizontalFL, SignDSUpload  
 from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 
-DOCS = _report.REPO / "docs"
+DOCS = _report.RESULTS
 NUM_CLIENTS = 100
 CLIENTS_PER_ROUND = 20
 LOCAL_EPOCHS = 5
@@ -233,7 +233,7 @@ def main(argv=None):
     json_path.write_text(json.dumps({"results": results, "meta": meta}))
     plot(results, DOCS / "hfl_signds.png")
     write_docs(results, meta)
-    print("wrote docs/hfl_signds.md, docs/hfl_signds.png")
+    print("wrote docs/results/hfl_signds.md, docs/results/hfl_signds.png")
 
 
 READING = """

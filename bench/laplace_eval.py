@@ -1,4 +1,4 @@
-"""Laplace-protected clustering evaluation during training on digits (docs/laplace_eval.md).
+"""Laplace-protected clustering evaluation during training on digits (docs/results/laplace_eval.md).
 
 Reproduces the seed's figure (seed 004: silhouette score per epoch, clean vs
 Laplace-protected) with `keras_fedpriv.callbacks.LaplaceEvaluation`:
@@ -53,7 +53,7 @@ import _report  # noqa: E402
 from keras_fedpriv.callbacks import LaplaceEvaluation  # noqa: E402
 from keras_fedpriv.mechanisms.laplace import laplace  # noqa: E402
 
-DOCS = _report.REPO / "docs"
+DOCS = _report.RESULTS
 EPS = (1.0, 10.0, 100.0, 230260.0)
 NUM_EVAL_CLIENTS = 10
 METRICS = ("silhouette", "calinski_harabasz", "davies_bouldin")
@@ -382,7 +382,7 @@ def main(argv=None):
     json_path.write_text(json.dumps({"results": results, "meta": meta}))
     plot(results, DOCS / "laplace_eval.png")
     write_docs(results, meta)
-    print("wrote docs/laplace_eval.md, docs/laplace_eval.png, docs/laplace_eval.json")
+    print("wrote docs/results/laplace_eval.md, .png and .json")
 
 
 READING = """\

@@ -1,4 +1,4 @@
-"""What leaks in vertical FL, with and without each protection (writes docs/vertical_privacy.md).
+"""What leaks in vertical FL, with and without each protection (writes docs/results/vertical_privacy.md).
 
 Two bundled data sets, features split between two parties: the follower
 ``party_a`` (features only) and the leader ``party_b`` (its own features, the
@@ -309,7 +309,7 @@ def plot(results, k_of, path):
     plt.close(fig)
 
 
-RESULTS = _report.REPO / "docs" / "vertical_privacy.json"
+RESULTS = _report.RESULTS / "vertical_privacy.json"
 
 
 def save(results, k_of, elapsed, path=RESULTS):
@@ -379,9 +379,9 @@ def main(argv=None):
 
 def write_docs(results, k_of, elapsed, args):
     tables = {name: table(results, name, k_of[name]) for name in results}
-    png = _report.REPO / "docs" / "vertical_privacy.png"
+    png = _report.RESULTS / "vertical_privacy.png"
     plot(results, k_of, png)
-    doc = _report.REPO / "docs" / "vertical_privacy.md"
+    doc = _report.RESULTS / "vertical_privacy.md"
     doc.write_text(render(tables, args, elapsed))
     print(f"wrote {doc} and {png}")
 

@@ -124,7 +124,7 @@ def run_horizontal_demo(rounds: int | None = None, seed: int | None = None, quic
               "(eps_rr). Every round a client takes part in is a new release. *Gaussian: "
               "(eps, 1e-5)-local DP per round (clip 1, noise multiplier 1; dp-accounting PLD). "
               "SignDS at eps=10 uploads only ~14 indices per client: it needs far more rounds "
-              "(docs/hfl_signds.md).")
+              "(docs/results/hfl_signds.md).")
     for text in textwrap.wrap(footer, width=100):
         say(text)
     say(f"Horizontal part took {time.perf_counter() - start:.1f} s.")

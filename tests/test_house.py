@@ -18,7 +18,7 @@ def test_package_code_cites_no_design_file_outside_the_repository():
 
 
 ROOT = PACKAGE.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def test_docs_cite_no_design_file_outside_the_repository():
@@ -27,6 +27,23 @@ def test_docs_cite_no_design_file_outside_the_repository():
                  for n, line in enumerate(path.read_text().splitlines(), 1)
                  if pattern.search(line)]
     assert offenders == []
+
+
+def test_results_pages_are_named_after_the_bench_script_that_writes_them():
+    """docs/results/<name>.md is written by bench/<name>.py and says so; a guide (docs/*.md) is
+    not a results page (benchmarks.md, the speed page every script adds a section to, aside)."""
+    results = sorted((ROOT / "docs" / "results").glob("*.md"))
+    assert results, "docs/results/ has no results page"
+    for page in results:
+        script = ROOT / "bench" / f"{page.stem}.py"
+        assert script.exists(), f"{page.name}: no bench/{page.stem}.py"
+        assert f"bench/{page.stem}.py" in page.read_text()[:600], page.name
+        assert "_report.RESULTS" in script.read_text(), f"bench/{page.stem}.py writes elsewhere"
+    for guide in sorted((ROOT / "docs").glob("*.md")):
+        if guide.name != "benchmarks.md":
+            assert "Produced by `bench/" not in guide.read_text()[:600], guide.name
+    figures = {p.name for p in (ROOT / "docs" / "results").iterdir()}
+    assert all(Path(f).stem in {p.stem for p in results} for f in figures), figures
 
 
 def _anchor(heading):

@@ -8,7 +8,7 @@
   relative to predicting the mean (1.0 = nothing learned).
 * `gradient_inversion` (DLG / iDLG, horizontal FL): the server reconstructs a
   client's training examples from its uploaded update; metric: MSE relative to
-  predicting the mean, after matching (docs/gradient_inversion.md).
+  predicting the mean, after matching (docs/results/gradient_inversion.md).
 
 All take plain (N, d) numpy arrays or TensorFlow tensors; see docs/attacks.md.
 """

@@ -14,7 +14,7 @@ of the output layer's bias gradient (iDLG, Zhao, Mo and Ma, 2020), and
 `gradient_inversion` runs the attack on any Keras classifier with a softmax
 cross-entropy loss; the metric is the reconstruction MSE relative to
 predicting the mean of the true inputs (`InversionResult.reconstruction_mse`:
-1.0 = nothing learned). See ``docs/gradient_inversion.md`` for what it
+1.0 = nothing learned). See ``docs/results/gradient_inversion.md`` for what it
 recovers from FedAvg, Gaussian and SignDS uploads.
 """
 

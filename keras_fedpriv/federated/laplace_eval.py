@@ -166,7 +166,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     the server learns about each client's outputs. Meaningful protection
     needs eps of order 1-10, where the noise (scale 0.2-2) dominates the
     probabilities; the scores then measure mostly noise (see
-    docs/laplace_eval.md).
+    docs/results/laplace_eval.md).
 
     **Float-safe noise.** ``sampler="discrete"`` (default) draws discrete
     Laplace noise on a power-of-two grid, which does not leak the input
