@@ -21,7 +21,7 @@ def text_table(headers: Sequence[str], cells: Sequence[Sequence[Any]],
         The table as one string (no trailing spaces).
     """
     align = align or ("<",) * len(headers)
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(headers)]
 
     def line(values):
         return "  ".join(f"{v:{a}{w}}" for v, a, w in zip(values, align, widths)).rstrip()

@@ -11,6 +11,16 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 SIGMAS = 5.0
+# Each mechanism's frequency test: >= 100k samples, SIGMAS standard deviations, fixed seeds (so
+# the tests are deterministic), and a check that a wrong formula (eps doubled or halved) would be
+# rejected.
+N = 200_000
+EPS_VALUES = [0.0, 0.5, 1.0, 2.0, 8.0, 40.0]
+
+
+def wrong_formula(p_fn, eps):
+    """A formula that differs from the right one (eps doubled, or halved at eps=0)."""
+    return p_fn(2 * eps) if eps > 0 else p_fn(1.0)
 
 
 def within(count, n, p, sigmas=SIGMAS):

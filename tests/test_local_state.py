@@ -1,0 +1,89 @@
+"""Snapshot and restore of what calling a party's layers changes (keras_fedpriv/layers/local_state.py)."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_fedpriv as kf
+from keras_fedpriv.layers.local_state import load_local_state, local_state, restore, snapshot
+
+X = np.random.default_rng(3).normal(size=(6, 4)).astype("float32")
+IDS = np.arange(6, dtype="int64")
+
+
+def _bottom(seed=5):
+    inputs = keras.Input((4,))
+    h = keras.layers.Dense(8, kernel_initializer=keras.initializers.GlorotUniform(seed))(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.Dropout(0.5, seed=seed)(h)
+    return keras.Model(inputs, h)
+
+
+def _party(seed=5):
+    bottom, protection = _bottom(seed), kf.EmbeddingDPLayer(1.0, seed=seed)
+    protection.build((None, 8))
+    return bottom, protection
+
+
+def _send(bottom, protection):
+    return np.asarray(protection(bottom(X, training=True), training=True, example_ids=IDS))
+
+
+@pytest.mark.parametrize("take, put", [(snapshot, restore), (local_state, load_local_state)])
+def test_restoring_replays_the_same_noise_and_forgets_the_second_release(take, put):
+    bottom, protection = _party()
+    state = take([bottom, protection])
+    first = _send(bottom, protection)
+    put([bottom, protection], state)
+    again = _send(bottom, protection)
+    np.testing.assert_array_equal(first, again)  # same counters, same dropout mask and noise
+    put([bottom, protection], state)
+    assert protection._release_id_counts_nonzero()[0].size == 0  # back to before the release
+    third = _send(bottom, protection)
+    np.testing.assert_array_equal(third, first)
+    assert not np.array_equal(_send(bottom, protection), first)  # no restore: new draws
+
+
+def test_the_state_holds_no_trainable_weight_and_the_local_variables():
+    bottom, protection = _party()
+    _send(bottom, protection)
+    state = local_state([bottom, None, protection])
+    trainable = [np.asarray(w) for w in bottom.trainable_weights]
+    for value in state.values():
+        assert not any(value.shape == w.shape and np.array_equal(value, w) for w in trainable)
+    suffixes = {name.split("/", 1)[1] for name in state if not name.startswith("keras/")}
+    assert {"rng_key", "rng_counter", "release_totals", "key_used",
+            "release_id_slots", "release_id_values"} <= suffixes
+    moving = [v for v in bottom.non_trainable_weights if "moving_mean" in v.path]
+    assert any(np.array_equal(value, np.asarray(moving[0])) for value in state.values())
+
+
+def test_a_copy_built_elsewhere_loads_the_state_and_continues_the_same_stream():
+    bottom, protection = _party(seed=5)
+    _send(bottom, protection)
+    state = {name: value.reshape(-1) if value.ndim == 0 else value  # a transport's (1,) arrays
+             for name, value in local_state([bottom, protection]).items()}
+    copy_bottom, copy_protection = _party(seed=99)
+    copy_bottom.set_weights(bottom.get_weights())
+    load_local_state([copy_bottom, copy_protection], state)
+    np.testing.assert_array_equal(_send(copy_bottom, copy_protection), _send(bottom, protection))
+    np.testing.assert_array_equal(copy_protection._release_id_counts_nonzero()[1],
+                                  protection._release_id_counts_nonzero()[1])
+
+
+def test_a_state_of_other_layers_is_refused_with_the_missing_name():
+    bottom, protection = _party()
+    state = local_state([bottom])
+    with pytest.raises(ValueError, match=r"load_local_state: the state has no '.*rng_key'.*another"):
+        load_local_state([bottom, protection], state)
+
+
+def test_a_snapshot_does_not_follow_later_updates_and_converts_to_the_dict_format():
+    bottom, protection = _party()
+    shot = snapshot([bottom, protection])
+    before = local_state([bottom, protection])
+    _send(bottom, protection)
+    converted = shot.to_state()
+    assert set(converted) == set(before)
+    for name, value in before.items():
+        np.testing.assert_array_equal(converted[name], value)

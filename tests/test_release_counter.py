@@ -1,0 +1,107 @@
+"""In-graph release counting of the protection layers (keras_fedpriv/layers/release_counter.py)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_fedpriv as kf
+from keras_fedpriv.layers import release_counter as rc
+
+X = np.ones((4, 3), "float32")
+
+
+def _totals(layer):
+    return dict(zip(rc.SLOTS, layer._release_totals().tolist()))
+
+
+def test_fresh_releases_are_counted_per_example_id():
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    layer(X, training=True, example_ids=np.array([0, 1, 2, 3]))
+    layer(X, training=True, example_ids=np.array([2, 3, 4, 5]))
+    ids, counts = layer._release_id_counts_nonzero()
+    assert dict(zip(ids.tolist(), counts.tolist())) == {0: 1, 1: 1, 2: 2, 3: 2, 4: 1, 5: 1}
+    totals = _totals(layer)
+    assert totals["fresh_with_ids"] == 2 and totals["fresh_without_ids"] == 0
+    assert totals["max_coordinates"] == 3 and totals["folded"] == 0
+
+
+def test_a_call_without_ids_counts_for_every_example():
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    layer(X, training=True)
+    assert _totals(layer)["fresh_without_ids"] == 1
+    assert layer._release_id_counts_nonzero()[0].size == 0
+    ledger = layer.privacy_ledger()
+    (kind,) = ledger.kinds
+    assert ledger.total(kind) == 1 and ledger.units_seen(kind) == 0
+
+
+def test_ids_that_do_not_name_every_row_count_for_every_example():
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    tf.function(lambda x, i: layer(x, training=True, example_ids=i))(
+        tf.constant(X), tf.constant([0, 1], tf.int64))
+    totals = _totals(layer)
+    assert totals["fresh_without_ids"] == 1 and totals["fresh_with_ids"] == 0
+    assert layer._release_id_counts_nonzero()[0].size == 0
+
+
+def test_ids_outside_the_capacity_fold_and_say_so():
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    big = rc.ID_CAPACITY + 7
+    layer(X, training=True, example_ids=np.array([7, big, 8, 9], "int64"))
+    assert _totals(layer)["folded"] == 1
+    ids, counts = layer._release_id_counts_nonzero()
+    assert dict(zip(ids.tolist(), counts.tolist())) == {7: 2, 8: 1, 9: 1}  # 7 and big share
+    ledger = layer.privacy_ledger()
+    (kind,) = ledger.kinds
+    assert ledger.is_approximate(kind) and ledger.total(kind) == 2
+
+
+def test_the_largest_row_size_is_kept():
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    for width in (5, 2, 9, 3):
+        layer(np.ones((2, width), "float32"), training=True)
+    assert _totals(layer)["max_coordinates"] == 9
+
+
+def test_counting_runs_inside_xla_and_tf_data():
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    step = tf.function(lambda x, i: layer(x, training=True, example_ids=i), jit_compile=True)
+    step(tf.constant(X), tf.constant([0, 1, 2, 3], tf.int64))
+    ds = tf.data.Dataset.from_tensor_slices((X, np.arange(4, dtype="int64"))).batch(2)
+    for _ in ds.map(lambda x, i: layer(x, training=True, example_ids=i)):
+        pass
+    ids, counts = layer._release_id_counts_nonzero()
+    assert ids.tolist() == [0, 1, 2, 3] and counts.tolist() == [2, 2, 2, 2]
+    assert _totals(layer)["fresh_with_ids"] == 3
+
+
+def test_keyed_releases_count_one_key_generation_per_key():
+    layer = kf.LabelDPLayer(1.0)
+    y = np.array([0, 1, 1, 0], "float32")
+    for _ in range(3):
+        layer(y, example_ids=np.arange(4), training=True)
+    totals = _totals(layer)
+    assert totals["keyed_once"] == 3 and totals["key_generations"] == 1
+
+
+def test_reset_forgets_every_count():
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    layer(X, training=True, example_ids=np.arange(4))
+    layer.reset_release_counts()
+    assert not any(_totals(layer).values())
+    assert layer._release_id_counts_nonzero()[0].size == 0
+    assert len(layer.privacy_ledger()) == 0
+
+
+@pytest.mark.parametrize("with_ids", [True, False])
+def test_counts_travel_through_save_own_variables(with_ids):
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    layer(X, training=True, example_ids=np.arange(4) if with_ids else None)
+    store = {}
+    layer.save_own_variables(store)
+    clone = kf.EmbeddingDPLayer(1.0, seed=1)
+    clone.build((None, 3))
+    clone.load_own_variables(store)
+    assert _totals(clone) == _totals(layer)
+    np.testing.assert_array_equal(clone._release_id_counts_nonzero()[1],
+                                  layer._release_id_counts_nonzero()[1])
