@@ -18,12 +18,7 @@ from sklearn.datasets import load_digits
 
 import keras_fedpriv as kf
 from keras_fedpriv.callbacks import LaplaceEvaluation, MagRR
-from keras_fedpriv.federated import (
-    GaussianUpload,
-    HorizontalFL,
-    VerticalModel,
-    partition,
-)
+from keras_fedpriv.federated import GaussianUpload, HorizontalFL, VerticalModel, partition
 from keras_fedpriv.mechanisms import randomized_response_dp_event
 from keras_fedpriv.mechanisms.events import pure_dp_event
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event

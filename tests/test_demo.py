@@ -157,28 +157,6 @@ def test_main_without_command(capsys):
     assert "demo" in capsys.readouterr().err
 
 
-def test_horizontal_demo_rows():
-    from keras_fedpriv.demo_horizontal import run_horizontal_demo
-
-    out = io.StringIO()
-    start = time.perf_counter()
-    rows = run_horizontal_demo(rounds=8, seed=0, quick=True, out=out)
-    seconds = time.perf_counter() - start
-    assert seconds < 60, f"horizontal quick demo took {seconds:.1f} s"
-    by = {(r["upload"], r["eps"]): r for r in rows}
-    assert set(by) == {("FedAvg", "-"), ("SignDS", "100"), ("SignDS+MagRR", "100 + 5")}
-    dense = 4 * (64 * 128 + 128 + 128 * 10 + 10)
-    assert all(r["dense_bytes"] == dense for r in rows)
-    assert by[("FedAvg", "-")]["upload_bytes"] == dense
-    # SignDS at eps=100: h is the cap, 100 int32 indices + 1 sign byte
-    assert by[("SignDS", "100")]["upload_bytes"] == 401
-    assert by[("FedAvg", "-")]["accuracy"] > 0.6
-    assert by[("SignDS", "100")]["accuracy"] > 0.3  # 10 classes: chance is 0.1
-    assert len(by[("SignDS+MagRR", "100 + 5")]["history"]["lr_global"]) == 8
-    text = out.getvalue()
-    assert "96x smaller" in text and "bytes/client/round" in text
-
-
 def test_demo_figure_is_written(tmp_path):
     """The demo's privacy-utility / attack figure, from rows shaped like run_demo's."""
     rows = [dict(protection="none", label_eps=None, embedding_eps=None, accuracy=0.96,

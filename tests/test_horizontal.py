@@ -1,11 +1,10 @@
-"""HorizontalFL, partitioning, the upload schemes and the SignDS optimizer wrapper."""
+"""HorizontalFL (keras_fedpriv/federated/horizontal.py): FedAvg, SignDS, Gaussian and MagRR rounds, callbacks, BatchNormalization."""
 
 import warnings
 
 import keras
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from keras_fedpriv.callbacks import MagRR
 from keras_fedpriv.federated import (
@@ -14,64 +13,17 @@ from keras_fedpriv.federated import (
     HorizontalFL,
     SignDSUpload,
     partition,
-    partition_indices,
-)
-from keras_fedpriv.optimizers import SignDS, SignDSEncoder, SignDSRounds
-
-
-def _digits():
-    x, y = load_digits(return_X_y=True)
-    return (x / 16.0).astype(np.float32), y
-
-
-def _model(seed=0, lr=0.1, optimizer=None):
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
-                              keras.layers.Dense(10)])
-    model.compile(optimizer or keras.optimizers.SGD(lr),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-    return model
-
-
-# ---------------------------------------------------------------- partition
-def test_iid_partition_covers_every_row_once_in_near_equal_parts():
-    parts = partition_indices(1000, 7, seed=0)
-    sizes = [len(p) for p in parts]
-    assert max(sizes) - min(sizes) <= 1
-    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
-
-
-def test_dirichlet_partition_skews_labels_and_is_reproducible():
-    _, y = _digits()
-    skewed = partition_indices(y, 50, alpha=0.1, seed=0)
-    mild = partition_indices(y, 50, alpha=100.0, seed=0)
-    assert np.array_equal(np.sort(np.concatenate(skewed)), np.arange(len(y)))
-    classes = lambda parts: np.mean([len(np.unique(y[p])) for p in parts])  # noqa: E731
-    assert classes(skewed) < 4 < 8 < classes(mild)
-    again = partition_indices(y, 50, alpha=0.1, seed=0)
-    assert all(np.array_equal(a, b) for a, b in zip(skewed, again))
-    assert min(len(p) for p in skewed) >= 1
-
-
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(labels_or_n=10, num_clients=11), "num_clients"),
-    (dict(labels_or_n=10, num_clients=0), "num_clients"),
-    (dict(labels_or_n=np.zeros(10, int), num_clients=2, alpha=0.0), "alpha"),
-    (dict(labels_or_n=np.zeros(10, int), num_clients=2, alpha=float("nan")), "alpha"),
-    (dict(labels_or_n=10, num_clients=2, alpha=1.0), "labels"),
-])
-def test_partition_rejects_bad_arguments(kwargs, match):
-    with pytest.raises((ValueError, TypeError), match=match):
-        partition_indices(**kwargs)
+    )
+from keras_fedpriv.optimizers import SignDSEncoder
+from digits_stubs import digits, digits_model
 
 
 # -------------------------------------------------------------- HorizontalFL
 def test_fedavg_round_is_the_size_weighted_mean_of_independent_client_updates():
     """One FedAvg round == weighted mean of what model.fit would do on each client."""
-    x, y = _digits()
+    x, y = digits()
     clients = [(x[:40], y[:40]), (x[40:100], y[40:100])]
-    model = _model()
+    model = digits_model()
     start = [w.copy() for w in model.get_weights()]
     fl = HorizontalFL(model, clients, upload="fedavg", batch_size=128, seed=0)
     fl.fit(rounds=1, clients_per_round=2, local_epochs=3, verbose=0)
@@ -79,7 +31,7 @@ def test_fedavg_round_is_the_size_weighted_mean_of_independent_client_updates():
 
     deltas = []
     for cx, cy in clients:
-        ref = _model()
+        ref = digits_model()
         ref.set_weights(start)
         ref.fit(cx, cy, epochs=3, batch_size=128, verbose=0, shuffle=False)
         deltas.append([a - b for a, b in zip(ref.get_weights(), start)])
@@ -90,9 +42,9 @@ def test_fedavg_round_is_the_size_weighted_mean_of_independent_client_updates():
 
 
 def test_fedavg_learns_digits_and_logs_a_keras_history():
-    x, y = _digits()
+    x, y = digits()
     clients = partition(x[:1400], y[:1400], 20, seed=0)
-    fl = HorizontalFL(_model(lr=0.3), clients, seed=0)
+    fl = HorizontalFL(digits_model(lr=0.3), clients, seed=0)
     hist = fl.fit(rounds=8, clients_per_round=5, local_epochs=5,
                   validation_data=(x[1400:], y[1400:]), verbose=0)
     h = hist.history
@@ -105,9 +57,9 @@ def test_fedavg_learns_digits_and_logs_a_keras_history():
 
 
 def test_signds_round_moves_only_the_uploaded_coordinates_by_the_server_step():
-    x, y = _digits()
+    x, y = digits()
     clients = partition(x[:600], y[:600], 10, seed=0)
-    model = _model()
+    model = digits_model()
     start = np.concatenate([w.ravel() for w in model.get_weights()])
     messages = []
 
@@ -131,10 +83,10 @@ def test_signds_round_moves_only_the_uploaded_coordinates_by_the_server_step():
 
 
 def test_magrr_sets_the_server_step_and_logs_its_state():
-    x, y = _digits()
+    x, y = digits()
     clients = partition(x[:600], y[:600], 10, seed=0)
     magrr = MagRR(seed=0)
-    hist = HorizontalFL(_model(), clients, upload=SignDSEncoder(k=0.2, eps=10.0, seed=0),
+    hist = HorizontalFL(digits_model(), clients, upload=SignDSEncoder(k=0.2, eps=10.0, seed=0),
                         seed=0).fit(rounds=4, clients_per_round=5, callbacks=[magrr], verbose=0)
     h = hist.history
     for key in ("r_est", "lr_global", "magrr_phase", "magrr_debiased_ones"):
@@ -146,9 +98,9 @@ def test_magrr_sets_the_server_step_and_logs_its_state():
 
 
 def test_gaussian_upload_adds_noise_of_the_configured_scale():
-    x, y = _digits()
+    x, y = digits()
     clients = [(x[:50], y[:50])] * 4
-    model = _model(lr=1e-9)  # local update ~0: the aggregate is the mean of 4 noise vectors
+    model = digits_model(lr=1e-9)  # local update ~0: the aggregate is the mean of 4 noise vectors
     start = np.concatenate([w.ravel() for w in model.get_weights()])
     HorizontalFL(model, clients, upload=GaussianUpload(clip_norm=0.5, noise_multiplier=2.0, seed=0),
                  seed=0).fit(rounds=1, clients_per_round=4, verbose=0)
@@ -159,7 +111,7 @@ def test_gaussian_upload_adds_noise_of_the_configured_scale():
 
 
 def test_callbacks_can_stop_training():
-    x, y = _digits()
+    x, y = digits()
     clients = partition(x[:300], y[:300], 5, seed=0)
 
     class StopAfterTwo(keras.callbacks.Callback):
@@ -167,84 +119,28 @@ def test_callbacks_can_stop_training():
             if epoch == 1:
                 self.model.stop_training = True
 
-    hist = HorizontalFL(_model(), clients, seed=0).fit(
+    hist = HorizontalFL(digits_model(), clients, seed=0).fit(
         rounds=10, clients_per_round=2, callbacks=[StopAfterTwo()], verbose=0)
     assert len(hist.history["upload_bytes"]) == 2
 
 
 def test_bad_arguments_raise_clear_errors():
-    x, y = _digits()
+    x, y = digits()
     clients = partition(x[:100], y[:100], 5, seed=0)
     raw = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
     with pytest.raises(ValueError, match="compiled"):
         HorizontalFL(raw, clients)
     with pytest.raises(ValueError, match="upload"):
-        HorizontalFL(_model(), clients, upload="adam")
+        HorizontalFL(digits_model(), clients, upload="adam")
     with pytest.raises(ValueError, match="clients"):
-        HorizontalFL(_model(), [])
-    fl = HorizontalFL(_model(), clients)
+        HorizontalFL(digits_model(), [])
+    fl = HorizontalFL(digits_model(), clients)
     with pytest.raises(ValueError, match="clients_per_round"):
         fl.fit(rounds=1, clients_per_round=6, verbose=0)
     with pytest.raises(ValueError, match="MagRR"):
         fl.fit(rounds=1, clients_per_round=2, callbacks=[MagRR()], verbose=0)
     with pytest.raises((TypeError, ValueError), match="rounds"):
         fl.fit(rounds=0, verbose=0)
-
-
-# ------------------------------------------------------ SignDS optimizer wrapper
-def test_signds_optimizer_uploads_one_message_per_round_from_model_fit():
-    x, y = _digits()
-    opt = SignDS(keras.optimizers.SGD(0.1), SignDSEncoder(k=0.2, eps=10.0, seed=0))
-    model = _model(optimizer=opt)
-    start = [w.copy() for w in model.get_weights()]
-    got = []
-    hist = model.fit(x[:200], y[:200], epochs=4, batch_size=50, verbose=0,
-                     callbacks=[SignDSRounds(epochs_per_round=2, on_message=got.append)])
-    assert len(got) == 2 == len(opt.messages)
-    d = sum(w.size for w in start)
-    for m in got:
-        assert m.dim == d and m.sign in (-1, 1)
-        assert np.all(np.diff(m.indices) > 0) and m.indices.dtype == np.int32
-    # a deployed client keeps nothing of its plain update: back to the round's start
-    for a, b in zip(model.get_weights(), start):
-        np.testing.assert_array_equal(a, b)
-    assert hist.history["upload_bytes"][1] == got[0].nbytes
-    assert "upload_bytes" not in hist.history or len(hist.history["upload_bytes"]) == 2
-
-
-def test_signds_optimizer_with_server_lr_applies_its_own_message():
-    x, y = _digits()
-    opt = SignDS("sgd", SignDSEncoder(k=0.2, eps=10.0, seed=3))
-    model = _model(optimizer=opt)
-    start = np.concatenate([w.ravel() for w in model.get_weights()])
-    model.fit(x[:100], y[:100], epochs=1, verbose=0, callbacks=[SignDSRounds(server_lr=0.5)])
-    m = opt.messages[0]
-    step = np.concatenate([w.ravel() for w in model.get_weights()]) - start
-    want = np.zeros_like(step)
-    want[m.indices] = 0.5 * m.sign
-    np.testing.assert_allclose(step, want, atol=1e-6)
-
-
-def test_signds_optimizer_round_trips_through_keras_file(tmp_path):
-    opt = SignDS(keras.optimizers.Adam(0.01), SignDSEncoder(k=0.1, eps=5.0, dim_out=7))
-    model = _model(optimizer=opt)
-    x, y = _digits()
-    model.fit(x[:64], y[:64], epochs=1, verbose=0)
-    path = tmp_path / "m.keras"
-    model.save(path)
-    back = keras.models.load_model(path)
-    assert isinstance(back.optimizer, SignDS)
-    assert isinstance(back.optimizer.inner_optimizer, keras.optimizers.Adam)
-    assert back.optimizer.encoder.output_dim(1000) == 7
-    assert back.optimizer.encoder.epsilon == 5.0
-    assert "seed" not in back.optimizer.get_config()["encoder"] or \
-        back.optimizer.get_config()["encoder"]["seed"] is None
-
-
-def test_signds_rounds_needs_a_signds_optimizer():
-    x, y = _digits()
-    with pytest.raises(TypeError, match="SignDS"):
-        _model().fit(x[:10], y[:10], epochs=1, verbose=0, callbacks=[SignDSRounds()])
 
 
 def test_upload_objects_report_their_events():
@@ -255,9 +151,9 @@ def test_upload_objects_report_their_events():
 
 def test_client_optimizer_state_is_reset_for_every_client():
     """Adam's moments and step count restart per client: same start, same data -> same update."""
-    x, y = _digits()
+    x, y = digits()
     clients = [(x[:64], y[:64]), (x[64:128], y[64:128])]
-    model = _model(optimizer=keras.optimizers.Adam(0.01))
+    model = digits_model(optimizer=keras.optimizers.Adam(0.01))
     fl = HorizontalFL(model, clients, batch_size=128, seed=0)  # full batch: order-free
     start = [v.numpy() for v in model.trainable_variables]
     first, _ = fl.train_client(0, start, local_epochs=3)
@@ -269,12 +165,12 @@ def test_client_optimizer_state_is_reset_for_every_client():
 
 
 def test_keras_early_stopping_and_checkpoint_work_per_round(tmp_path):
-    x, y = _digits()
+    x, y = digits()
     clients = partition(x[:300], y[:300], 5, seed=0)
     path = str(tmp_path / "best.keras")
     stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=10.0)
     ckpt = keras.callbacks.ModelCheckpoint(path, monitor="val_accuracy", save_best_only=True)
-    model = _model()
+    model = digits_model()
     hist = HorizontalFL(model, clients, seed=0).fit(
         rounds=10, clients_per_round=2, validation_data=(x[300:400], y[300:400]),
         callbacks=[stop, ckpt], verbose=0)
@@ -283,34 +179,6 @@ def test_keras_early_stopping_and_checkpoint_work_per_round(tmp_path):
     back = keras.models.load_model(path)
     acc = back.evaluate(x[300:400], y[300:400], verbose=0, return_dict=True)["accuracy"]
     assert acc == pytest.approx(max(hist.history["val_accuracy"]), abs=1e-6)
-
-
-@pytest.mark.parametrize("kwargs", [
-    dict(clipnorm=1.0), dict(clipvalue=0.5), dict(global_clipnorm=1.0), dict(weight_decay=1e-4),
-    dict(use_ema=True), dict(loss_scale_factor=128.0), dict(gradient_accumulation_steps=2),
-    dict(learning_rate=0.1),
-])
-def test_signds_refuses_base_optimizer_arguments_it_would_ignore(kwargs):
-    (arg, value), = kwargs.items()
-    with pytest.raises(ValueError, match=f"`{arg}`.*inner optimizer"):
-        SignDS(keras.optimizers.SGD(0.1), **kwargs)
-    with pytest.raises(TypeError, match="momentum"):
-        SignDS(keras.optimizers.SGD(0.1), momentum=0.9)
-    # defaults change nothing and are accepted; on the inner optimizer the argument works
-    SignDS(keras.optimizers.SGD(0.1), clipnorm=None, use_ema=False)
-    inner = keras.optimizers.SGD(**{"learning_rate": 0.2, **kwargs})
-    assert getattr(SignDS(inner).inner_optimizer, arg) is not None
-
-
-def test_signds_scales_the_loss_with_the_inner_loss_scale_factor():
-    """model.fit scales the loss with SignDS.scale_loss; the inner optimizer unscales."""
-    x, y = _digits()
-    plain = _model(optimizer=SignDS(keras.optimizers.SGD(0.1)))
-    scaled = _model(optimizer=SignDS(keras.optimizers.SGD(0.1, loss_scale_factor=64.0)))
-    for m in (plain, scaled):
-        m.fit(x[:64], y[:64], epochs=2, batch_size=64, shuffle=False, verbose=0)
-    for a, b in zip(plain.get_weights(), scaled.get_weights()):
-        np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 # ------------------------------------------------------- BatchNormalization
@@ -331,7 +199,7 @@ def _bn_stats(model):
 
 
 def test_batch_norm_average_sets_the_size_weighted_mean_of_client_statistics():
-    x, y = _digits()
+    x, y = digits()
     clients = [(x[:40], y[:40]), (x[40:100] * 2.0, y[40:100])]
     model = _bn_model()
     start = [w.copy() for w in model.get_weights()]
@@ -354,7 +222,7 @@ def test_batch_norm_average_sets_the_size_weighted_mean_of_client_statistics():
 
 
 def test_batch_norm_local_keeps_client_statistics_and_the_global_models_own():
-    x, y = _digits()
+    x, y = digits()
     clients = [(x[:50], y[:50]), (x[50:100] * 3.0, y[50:100])]
     model = _bn_model()
     fl = HorizontalFL(model, clients, batch_size=128, seed=0, batch_norm="local")
@@ -380,7 +248,7 @@ def test_batch_norm_local_keeps_client_statistics_and_the_global_models_own():
 
 
 def test_batch_norm_argument_warns_when_unset_and_rejects_unknown_values():
-    x, y = _digits()
+    x, y = digits()
     clients = partition(x[:100], y[:100], 2, seed=0)
     with pytest.warns(UserWarning, match="batch_norm"):
         fl = HorizontalFL(_bn_model(), clients)
@@ -388,6 +256,6 @@ def test_batch_norm_argument_warns_when_unset_and_rejects_unknown_values():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         HorizontalFL(_bn_model(), clients, batch_norm="local")
-        HorizontalFL(_model(), clients)                  # no BatchNormalization: no warning
+        HorizontalFL(digits_model(), clients)                  # no BatchNormalization: no warning
     with pytest.raises(ValueError, match="batch_norm.*'fedbn'"):
         HorizontalFL(_bn_model(), clients, batch_norm="fedbn")

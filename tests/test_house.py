@@ -73,23 +73,12 @@ def test_relative_links_in_the_docs_resolve():
 # test module named after it; an entry here is for an existing module whose tests are shared
 # with its neighbours (the suite is not split one-to-one yet).
 TEST_HOMES = {
-    "attacks/feature_reconstruction.py": "test_attacks.py",
-    "attacks/label_inference.py": "test_attacks.py",
-    "demo_horizontal.py": "test_demo.py",
     "federated/flower/common.py": "test_flower_horizontal.py",
     "federated/flower/loopback.py": "test_flower_deployment.py",
-    "federated/malformed.py": "test_vertical_parties.py",
     "federated/messages.py": "test_vertical.py",
-    "federated/partition.py": "test_horizontal.py",
     "federated/uploads.py": "test_horizontal_parties.py",
-    "federated/vertical_driver.py": "test_vertical_parties.py",
-    "federated/vertical_parties/follower.py": "test_vertical_parties.py",
-    "federated/vertical_parties/leader.py": "test_vertical_parties.py",
-    "federated/vertical_parties/party.py": "test_vertical_parties.py",
-    "federated/vertical_parties/wire.py": "test_vertical_parties.py",
     "layers/input_checks.py": "test_clear_errors.py",
     "mechanisms/ledger.py": "test_adversarial_ledger.py",
-    "optimizers/signds_optimizer.py": "test_signds.py",
     "privacy/planning.py": "test_cli.py",
 }
 

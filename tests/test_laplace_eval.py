@@ -8,13 +8,13 @@ import keras
 import numpy as np
 import pytest
 from dp_accounting import pld
-from sklearn.datasets import load_digits
 from sklearn.metrics import calinski_harabasz_score, davies_bouldin_score, silhouette_score
 
 from keras_fedpriv.callbacks import LaplaceEvaluation
 from keras_fedpriv.federated import laplace_eval as laplace_eval_module
 from keras_fedpriv.federated import HorizontalFL, partition
 from stats import SIGMAS
+from digits_stubs import digits
 
 SKLEARN = {"silhouette": silhouette_score, "calinski_harabasz": calinski_harabasz_score,
            "davies_bouldin": davies_bouldin_score}
@@ -223,11 +223,6 @@ def test_logits_need_from_logits():
 
 
 # ------------------------------------------------------------ training loops
-def _digits():
-    x, y = load_digits(return_X_y=True)
-    return (x / 16.0).astype(np.float32), y
-
-
 def _softmax_model(seed=0):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
@@ -237,7 +232,7 @@ def _softmax_model(seed=0):
 
 
 def test_model_fit_logs_every_n_epochs_and_nan_between():
-    x, y = _digits()
+    x, y = digits()
     cb = LaplaceEvaluation(x[1500:], eps=10.0, every_n_epochs=2, log_clean=True, seed=0)
     hist = _softmax_model().fit(x[:1500], y[:1500], epochs=4, batch_size=64, verbose=0,
                                 callbacks=[cb])
@@ -250,7 +245,7 @@ def test_model_fit_logs_every_n_epochs_and_nan_between():
 
 
 def test_model_fit_without_eval_data_fails_before_training():
-    x, y = _digits()
+    x, y = digits()
     model = _softmax_model()
     before = model.get_weights()
     with pytest.raises(ValueError, match="HorizontalFL"):
@@ -269,7 +264,7 @@ class _RoundSpy(keras.callbacks.Callback):
 
 
 def test_horizontal_fl_round_clients_evaluate_their_own_data():
-    x, y = _digits()
+    x, y = digits()
     clients = partition(x, y, 10, seed=0)
     fl = HorizontalFL(_softmax_model(), clients, batch_size=32, seed=0)
     spy = _RoundSpy()

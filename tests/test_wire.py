@@ -1,0 +1,51 @@
+"""The vertical-FL wire format (keras_fedpriv/federated/vertical_parties/wire.py): packed bits, floats, and what is refused."""
+
+import numpy as np
+import pytest
+
+from keras_fedpriv.federated.vertical_parties import (
+    EmbeddingSpec,
+    MalformedMessage,
+    decode_embedding,
+    decode_gradient,
+    encode_embedding,
+    )
+
+
+SPEC_BITS = EmbeddingSpec((12,), "float32", True)
+
+
+SPEC_FLOAT = EmbeddingSpec((3,), "float32", False)
+
+
+@pytest.mark.parametrize("arrays, spec, match", [
+    ({"bits": np.zeros((5, 2), np.uint8), "x": np.zeros(1)}, SPEC_BITS, "exactly the array"),
+    ({"embedding": np.zeros((5, 12), np.float32)}, SPEC_BITS, "exactly the array 'bits'"),
+    ({"bits": np.zeros((5, 2), np.int8)}, SPEC_BITS, "uint8 of shape"),
+    ({"bits": np.zeros((5, 3), np.uint8)}, SPEC_BITS, r"shape \(5, 2\)"),
+    ({"bits": np.zeros((4, 2), np.uint8)}, SPEC_BITS, r"shape \(5, 2\)"),
+    ({"bits": np.full((5, 2), 1, np.uint8)}, SPEC_BITS, "padding bits"),
+    ({"bits": [[0, 0]] * 5}, SPEC_BITS, "numpy array"),
+    ({"embedding": np.zeros((5, 3), np.float64)}, SPEC_FLOAT, "float32 of shape"),
+    ({"embedding": np.zeros((5, 4), np.float32)}, SPEC_FLOAT, r"shape \(5, 3\)"),
+    ({"embedding": np.full((5, 3), np.nan, np.float32)}, SPEC_FLOAT, "non-finite"),
+    ({"embedding": np.full((5, 3), np.inf, np.float32)}, SPEC_FLOAT, "non-finite"),
+])
+def test_the_leader_refuses_a_malformed_embedding(arrays, spec, match):
+    with pytest.raises(MalformedMessage, match=match):
+        decode_embedding(arrays, spec, rows=5)
+
+
+def test_packed_bits_round_trip_and_what_is_refused():
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2, size=(7, 12)).astype(np.float32)
+    np.testing.assert_array_equal(decode_embedding(encode_embedding(bits, SPEC_BITS), SPEC_BITS,
+                                                   7), bits)
+    with pytest.raises(ValueError, match="other than 0.0 and 1.0"):
+        encode_embedding(bits * 0.5, SPEC_BITS)  # never sends a raw embedding as "bits"
+    for bad, match in [({"gradient": np.zeros((7, 12), np.float64)}, "float32"),
+                       ({"gradient": np.zeros((6, 12), np.float32)}, "shape"),
+                       ({"gradient": np.full((7, 12), np.nan, np.float32)}, "non-finite"),
+                       ({"grad": np.zeros((7, 12), np.float32)}, "exactly the array")]:
+        with pytest.raises(MalformedMessage, match=match):
+            decode_gradient(bad, SPEC_BITS, 7)
