@@ -8,7 +8,6 @@ import pytest
 
 from keras_fedpriv.callbacks import MagRR
 from keras_fedpriv.federated import (
-    FedAvgUpload,
     GaussianUpload,
     HorizontalFL,
     SignDSUpload,
@@ -141,12 +140,6 @@ def test_bad_arguments_raise_clear_errors():
         fl.fit(rounds=1, clients_per_round=2, callbacks=[MagRR()], verbose=0)
     with pytest.raises((TypeError, ValueError), match="rounds"):
         fl.fit(rounds=0, verbose=0)
-
-
-def test_upload_objects_report_their_events():
-    assert FedAvgUpload().dp_event() is None
-    assert GaussianUpload(1.0, 1.0, seed=0).dp_event().noise_multiplier == 0.5
-    assert SignDSUpload(SignDSEncoder(eps=3.0, seed=0)).dp_event() is not None
 
 
 def test_client_optimizer_state_is_reset_for_every_client():

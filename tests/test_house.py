@@ -46,6 +46,12 @@ def test_results_pages_are_named_after_the_bench_script_that_writes_them():
     assert all(Path(f).stem in {p.stem for p in results} for f in figures), figures
 
 
+def test_test_modules_named_in_the_docs_exist():
+    named = {(path.name, m) for path in DOCS + sorted(PACKAGE.rglob("*.py"))
+             for m in re.findall(r"tests/(test_\w+\.py)", path.read_text())}
+    assert sorted((where, m) for where, m in named if not (ROOT / "tests" / m).exists()) == []
+
+
 def _anchor(heading):
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
     return text.replace(" ", "-")
@@ -69,39 +75,42 @@ def test_relative_links_in_the_docs_resolve():
     assert broken == []
 
 
-# Where a module's tests live when they are not in tests/test_<module>.py. A new module gets a
-# test module named after it; an entry here is for an existing module whose tests are shared
-# with its neighbours (the suite is not split one-to-one yet).
-TEST_HOMES = {
-    "federated/flower/common.py": "test_flower_horizontal.py",
-    "federated/flower/loopback.py": "test_flower_deployment.py",
-    "federated/messages.py": "test_vertical.py",
-    "federated/uploads.py": "test_horizontal_parties.py",
-    "layers/input_checks.py": "test_clear_errors.py",
-    "mechanisms/ledger.py": "test_adversarial_ledger.py",
-    "privacy/planning.py": "test_cli.py",
+# Test modules that are about the package as a whole, not one module (adversarial tests are
+# test_adversarial_*.py). Every other test module is named after the module it tests.
+CROSS_CUTTING = {
+    "test_api_docs.py": "the API reference builds from the docstrings",
+    "test_bench.py": "every bench/ script's --quick mode",
+    "test_clear_errors.py": "a new user's common mistakes, on every path",
+    "test_cli.py": "the command line (keras_fedpriv/__main__.py)",
+    "test_docs_horizontal.py": "the horizontal guide's examples run",
+    "test_export.py": "save, load and export of every object",
+    "test_house.py": "these rules",
+    "test_integration.py": "the layers inside Keras: tf.data, XLA, MirroredStrategy, fit",
+    "test_mixed_precision.py": "mixed_float16 / bfloat16 end to end",
+    "test_readme.py": "the README's examples run",
+    "test_typing.py": "type hints on the public API",
 }
 
 
-def test_every_module_has_a_test_module():
-    """tests/test_<module>.py (or test_flower_<module>.py for the Flower apps), else an entry in
-    TEST_HOMES naming the existing test module that covers it."""
+def _module_stems():
+    paths = [p for p in PACKAGE.rglob("*.py") if not p.name.startswith("_")]
+    packages = [p for p in PACKAGE.rglob("*") if p.is_dir() and (p / "__init__.py").exists()]
+    return {p.stem for p in paths} | {p.name for p in packages}
+
+
+def test_every_module_has_its_own_test_module():
+    """tests/test_<module>.py (test_flower_<module>.py for the Flower apps) for every module."""
     tests = {p.name for p in (ROOT / "tests").glob("test_*.py")}
-    homeless, stale = [], []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE).as_posix()
-        if path.name.startswith("_"):
-            continue  # __init__, __main__ and private helpers
-        own = {f"test_{path.stem}.py", f"test_flower_{path.stem}.py"}
-        if own & tests:
-            if rel in TEST_HOMES:
-                stale.append(f"{rel} has its own test module; drop its TEST_HOMES entry")
-            continue
-        home = TEST_HOMES.get(rel)
-        if home is None:
-            homeless.append(rel)
-        elif home not in tests:
-            stale.append(f"{rel} -> {home}")
-    assert homeless == [] and stale == []
-    assert set(TEST_HOMES) <= {p.relative_to(PACKAGE).as_posix()
-                               for p in PACKAGE.rglob("*.py")}  # no entry for a gone module
+    homeless = [path.relative_to(PACKAGE).as_posix() for path in sorted(PACKAGE.rglob("*.py"))
+                if not path.name.startswith("_")  # __init__, __main__ and private helpers
+                and not {f"test_{path.stem}.py", f"test_flower_{path.stem}.py"} & tests]
+    assert homeless == []
+
+
+def test_every_test_module_names_what_it_tests():
+    stems = _module_stems()
+    strays = [p.name for p in sorted((ROOT / "tests").glob("test_*.py"))
+              if p.name not in CROSS_CUTTING and not p.name.startswith("test_adversarial_")
+              and p.stem[5:] not in stems and p.stem[len("test_flower_"):] not in stems]
+    assert strays == []
+    assert set(CROSS_CUTTING) <= {p.name for p in (ROOT / "tests").glob("test_*.py")}

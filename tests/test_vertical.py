@@ -16,11 +16,10 @@ import pytest
 import tensorflow as tf
 
 from crosspath import assert_bits_are_the_sign
+from vertical_stubs import bottom, compile_model, is_zero_one, top, two_party, two_party_data
 
 import keras_fedpriv as kf
-from keras_fedpriv.datasets import breast_cancer_vertical as load_data
 from keras_fedpriv.federated import (
-    MessageCallback,
     MessageRecorder,
     VerticalModel,
     derive_party_seed,
@@ -30,32 +29,7 @@ from keras_fedpriv.federated import (
 
 @pytest.fixture(scope="module")
 def data():
-    xa, xb, y, xa_test, xb_test, y_test = load_data()  # 15/15 features, standardized
-    return dict(train={"party_a": xa, "party_b": xb}, y=y,
-                test={"party_a": xa_test, "party_b": xb_test}, y_test=y_test)
-
-
-def _bottom(n_in, d, name, hidden=16, **dense_kwargs):
-    inp = keras.Input((n_in,), name=f"{name}_in")
-    h = keras.layers.Dense(hidden, activation="relu", name=f"{name}_hidden")(inp)
-    return keras.Model(inp, keras.layers.Dense(d, name=f"{name}_emb", **dense_kwargs)(h), name=name)
-
-
-def _top(d_in):
-    return keras.Sequential([keras.Input((d_in,)), keras.layers.Dense(8, activation="relu"),
-                             keras.layers.Dense(1, activation="sigmoid")], name="top")
-
-
-def _two_party(embedding_dp=None, label_dp=None, d=8, leader="party_b", **kwargs):
-    return VerticalModel({"party_a": _bottom(15, d, "bottom_a"),
-                          "party_b": _bottom(15, d, "bottom_b")},
-                         _top(2 * d), leader=leader, embedding_dp=embedding_dp, label_dp=label_dp,
-                         **kwargs)
-
-
-def _compile(model, lr=3e-3, **kwargs):
-    model.compile(keras.optimizers.Adam(lr), "binary_crossentropy", metrics=["accuracy"], **kwargs)
-    return model
+    return two_party_data()
 
 
 def _accuracy(model, data):
@@ -63,15 +37,11 @@ def _accuracy(model, data):
     return float(np.mean((p > 0.5) == (data["y_test"] > 0.5)))
 
 
-def _zero_one(a):
-    return bool(np.all((a == 0) | (a == 1)))
-
-
 # --- training ------------------------------------------------------------------------
 
 def test_unprotected_two_party_model_trains(data):
     keras.utils.set_random_seed(1)
-    model = _compile(_two_party())
+    model = compile_model(two_party())
     assert model.parties == ("party_a", "party_b") and model.followers == ("party_a",)
     assert model.leader == "party_b"
     history = model.fit(data["train"], data["y"], epochs=15, batch_size=32, verbose=0)
@@ -84,7 +54,7 @@ def test_unprotected_two_party_model_trains(data):
 
 def test_protected_model_still_trains(data):
     keras.utils.set_random_seed(2)
-    model = _compile(_two_party(embedding_dp=kf.EmbeddingDPLayer(eps=8.0),
+    model = compile_model(two_party(embedding_dp=kf.EmbeddingDPLayer(eps=8.0),
                                 label_dp=kf.LabelDPLayer(4.0)))
     recorder = MessageRecorder(epochs=(0,), max_steps=2)
     history = model.fit(with_example_ids(data["train"]), data["y"], epochs=15, batch_size=32,
@@ -92,7 +62,7 @@ def test_protected_model_still_trains(data):
     assert history.history["loss"][-1] < history.history["loss"][0] - 0.2
     assert _accuracy(model, data) > 0.85
     emb = recorder.embeddings("party_a")
-    assert emb.shape == (64, 8) and _zero_one(emb)
+    assert emb.shape == (64, 8) and is_zero_one(emb)
     assert len(recorder.steps()) == 2 and recorder.recorded_epochs == [0]
     # The follower's copy of the protection is its own layer (own secret key).
     layer = model.protections["party_a"]
@@ -105,106 +75,11 @@ def test_protected_model_still_trains(data):
                                     "bytes_up_party_a", "bytes_down_party_a"}
 
 
-# --- the messages ----------------------------------------------------------------------
-
-def test_messages_are_the_protocol_gradients(data):
-    """g_p = d loss / d e_p computed independently, and the bottom's SGD update comes from g_p
-    (plus the party's own regularization loss) alone."""
-    keras.utils.set_random_seed(3)
-    lr, n = 0.5, 64
-    bottom_a = _bottom(15, 12, "bottom_a", kernel_regularizer=keras.regularizers.L2(0.05))
-    bottom_b = _bottom(15, 8, "bottom_b")
-    model = VerticalModel({"party_a": bottom_a, "party_b": bottom_b}, _top(20), leader="party_b",
-                          embedding_dp=kf.EmbeddingDPLayer(eps=None))  # deterministic bits
-    model.compile(keras.optimizers.SGD(lr), "binary_crossentropy")
-    x = {k: v[:n] for k, v in data["train"].items()}
-    y = data["y"][:n]
-    before = [v.numpy() for v in bottom_a.trainable_variables]
-    sent_a = tf.constant(model.party_embeddings("party_a", x, training=True))
-    own_b = tf.constant(model.party_embeddings("party_b", x))
-    with tf.GradientTape() as tape:
-        tape.watch(sent_a)
-        pred = model.top(tf.concat([sent_a, own_b], axis=-1), training=True)  # sorted order
-        loss = keras.losses.BinaryCrossentropy()(y, pred)
-    expected_g = tape.gradient(loss, sent_a).numpy()
-
-    seen = []
-
-    class Capture(MessageCallback):
-        def on_messages(self, step, messages):
-            seen.append((step, messages))
-
-    model.fit(x, y, epochs=1, batch_size=n, shuffle=False, verbose=0, callbacks=[Capture()])
-    assert len(seen) == 1
-    step, messages = seen[0]
-    assert step == 0 and messages.epoch == 0 and set(messages.parties) == {"party_a"}
-    got = messages["party_a"]
-    np.testing.assert_array_equal(got.embeddings, sent_a.numpy())
-    assert got.embeddings.shape == (n, 12) and _zero_one(got.embeddings)
-    np.testing.assert_allclose(got.gradients, expected_g, rtol=1e-5, atol=1e-8)
-    assert np.abs(got.gradients).max() > 1e-4
-    np.testing.assert_array_equal(messages.evaluation.labels, y)
-    np.testing.assert_array_equal(messages.evaluation.noisy_labels, y)  # no label DP
-    assert messages.evaluation.example_ids is None
-
-    # The party's update from g_p alone: tape.gradient(e_p, vars, output_gradients=g_p) + its L2,
-    # evaluated at the weights before the step.
-    after = [v.numpy() for v in bottom_a.trainable_variables]
-    for v, value in zip(bottom_a.trainable_variables, before):
-        v.assign(value)
-    with tf.GradientTape() as tape:
-        sent = model.protections["party_a"](bottom_a(x["party_a"], training=True), training=True)
-        reg = tf.add_n(bottom_a.losses)
-    party_grads = tape.gradient([sent, reg], bottom_a.trainable_variables,
-                                output_gradients=[tf.constant(got.gradients), tf.ones_like(reg)])
-    for got_w, b, g in zip(after, before, party_grads):
-        np.testing.assert_allclose(got_w, b - lr * g.numpy(), rtol=1e-5, atol=1e-6)
-        assert np.abs(got_w - b).max() > 1e-5
-
-
-def test_bytes_in_history_equal_hand_computed_totals(data):
-    """Three parties, dict-input top: 1-bit packed bits up for EmbeddingDP, float32 otherwise."""
-    keras.utils.set_random_seed(4)
-    xa, xb = data["train"]["party_a"], data["train"]["party_b"]
-    x = {"party_a": xa, "party_b": xb[:, :8], "party_c": xb[:, 8:]}
-    ins = {p: keras.Input((d,), name=p) for p, d in (("party_a", 12), ("party_b", 6),
-                                                     ("party_c", 5))}
-    out = keras.layers.Dense(1, activation="sigmoid")(
-        keras.layers.Concatenate()([ins["party_a"], ins["party_b"], ins["party_c"]]))
-    top = keras.Model(ins, out)
-    model = VerticalModel({"party_a": _bottom(15, 12, "a"), "party_b": _bottom(8, 6, "b"),
-                           "party_c": _bottom(7, 5, "c")}, top, leader="party_b",
-                          embedding_dp={"party_a": kf.EmbeddingDPLayer(eps=2.0), "party_c": None})
-    assert model.wire_format["party_a"]["up"] == "1-bit packed"
-    assert model.wire_format["party_a"]["up_bytes_per_example"] == 2      # ceil(12 / 8)
-    assert model.wire_format["party_c"]["up_bytes_per_example"] == 20     # 5 * 4
-    _compile(model)
-    n_train, n_val = 300, 98
-    val = ({k: v[n_train:] for k, v in x.items()}, data["y"][n_train:])
-    recorder = MessageRecorder(epochs=None)
-    history = model.fit({k: v[:n_train] for k, v in x.items()}, data["y"][:n_train], epochs=2,
-                        batch_size=64, validation_data=val, verbose=0, callbacks=[recorder]).history
-    up = {"party_a": 2, "party_c": 20}
-    down = {"party_a": 12 * 4, "party_c": 5 * 4}
-    assert history["bytes_up"] == [n_train * 22] * 2
-    assert history["bytes_down"] == [n_train * 68] * 2
-    for p in ("party_a", "party_c"):
-        assert history[f"bytes_up_{p}"] == [n_train * up[p]] * 2
-        assert history[f"bytes_down_{p}"] == [n_train * down[p]] * 2
-        assert recorder.bytes_up(p, epoch=1) == n_train * up[p]
-    assert "bytes_up_party_b" not in history  # the leader sends nothing
-    assert history["val_bytes_up"] == [n_val * 22] * 2  # inference messages go up too
-    assert history["val_bytes_down"] == [0.0, 0.0]
-    assert all(isinstance(v, float) for values in history.values() for v in values)
-    assert recorder.embeddings("party_c").shape == (2 * n_train, 5)
-    assert set(model.protections) == {"party_a", "party_c"} and model.protections["party_c"] is None
-
-
 # --- XLA, MirroredStrategy ----------------------------------------------------------------
 
 def test_jit_compile_fit_with_recorder(data):
     keras.utils.set_random_seed(5)
-    model = _compile(_two_party(embedding_dp=kf.EmbeddingDPLayer(eps=4.0),
+    model = compile_model(two_party(embedding_dp=kf.EmbeddingDPLayer(eps=4.0),
                                 label_dp=kf.LabelDPLayer(2.0)), jit_compile=True)
     assert model.jit_compile is True
     n = 384  # 3 full batches: one XLA compilation
@@ -215,13 +90,11 @@ def test_jit_compile_fit_with_recorder(data):
     assert history.history["loss"][-1] < history.history["loss"][0]
     assert recorder.recorded_epochs == [1]
     emb = recorder.embeddings("party_a")
-    assert emb.shape == (n, 8) and _zero_one(emb)
+    assert emb.shape == (n, 8) and is_zero_one(emb)
     assert recorder.cut_gradients("party_a").shape == (n, 8)
     assert np.abs(recorder.cut_gradients("party_a")).max() > 0
     assert sorted(recorder.example_ids()) == list(range(n))
     assert history.history["bytes_up"] == [float(n)] * 2
-
-
 
 
 def test_mirrored_strategy_fit_messages_and_bytes(data, strategy):
@@ -229,7 +102,7 @@ def test_mirrored_strategy_fit_messages_and_bytes(data, strategy):
     n = 202  # batches of 64: the last one (10 rows) splits 5 / 5 over the replicas
     x = with_example_ids({k: v[:n] for k, v in data["train"].items()})
     with strategy.scope():
-        model = _compile(_two_party(embedding_dp=kf.EmbeddingDPLayer(eps=4.0, seed=11),
+        model = compile_model(two_party(embedding_dp=kf.EmbeddingDPLayer(eps=4.0, seed=11),
                                     label_dp=kf.LabelDPLayer(1.0)))
     recorder = MessageRecorder(epochs=None)
     history = model.fit(x, data["y"][:n], epochs=2, batch_size=64, verbose=0,
@@ -242,7 +115,7 @@ def test_mirrored_strategy_fit_messages_and_bytes(data, strategy):
         assert sorted(ids) == list(range(n))  # every example once: the whole global batch
         np.testing.assert_array_equal(recorder.labels(epoch), data["y"][:n][ids])
         assert recorder.cut_gradients("party_a", epoch).shape == (n, 8)
-        assert _zero_one(recorder.embeddings("party_a", epoch))
+        assert is_zero_one(recorder.embeddings("party_a", epoch))
     # Randomize-once under replicas too: same noisy label for an id in both epochs.
     noisy = [recorder.noisy_labels(e)[np.argsort(recorder.example_ids(e))] for e in (0, 1)]
     np.testing.assert_array_equal(noisy[0], noisy[1])
@@ -253,7 +126,7 @@ def test_mirrored_strategy_fit_messages_and_bytes(data, strategy):
 
 def test_keras_round_trip_predicts_the_same_and_keeps_training(data, tmp_path):
     keras.utils.set_random_seed(7)
-    model = _compile(_two_party(embedding_dp=kf.EmbeddingDPLayer(eps=None, ste="hardtanh"),
+    model = compile_model(two_party(embedding_dp=kf.EmbeddingDPLayer(eps=None, ste="hardtanh"),
                                 label_dp=kf.LabelDPLayer(3.0, seed=5)))
     x = with_example_ids(data["train"])
     model.fit(x, data["y"], epochs=1, batch_size=64, verbose=0)
@@ -278,7 +151,7 @@ def test_keras_round_trip_predicts_the_same_and_keeps_training(data, tmp_path):
 
 
 def test_seeded_protection_gets_distinct_derived_seeds_per_party(tmp_path):
-    bottoms = {p: _bottom(3, 4, p) for p in ("p1", "p2", "p3")}
+    bottoms = {p: bottom(3, 4, p) for p in ("p1", "p2", "p3")}
     ins = {p: keras.Input((4,), name=p) for p in ("p1", "p2", "p3")}
     top = keras.Model(ins, keras.layers.Dense(1)(keras.layers.Concatenate()(list(ins.values()))))
     model = VerticalModel(bottoms, top, embedding_dp=kf.EmbeddingDPLayer(eps=1.0, seed=123))
@@ -302,7 +175,7 @@ def test_seeded_protection_gets_distinct_derived_seeds_per_party(tmp_path):
 
 def test_callbacks_validation_early_stopping_checkpoint(data, tmp_path):
     keras.utils.set_random_seed(8)
-    model = _compile(_two_party(embedding_dp=kf.EmbeddingDPLayer(eps=None)))
+    model = compile_model(two_party(embedding_dp=kf.EmbeddingDPLayer(eps=None)))
     ckpt = os.path.join(tmp_path, "best.keras")
     weights = os.path.join(tmp_path, "last.weights.h5")
     callbacks = [keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=10.0),
@@ -318,7 +191,7 @@ def test_callbacks_validation_early_stopping_checkpoint(data, tmp_path):
     assert type(best) is VerticalModel
     assert best.evaluate(data["test"], data["y_test"], verbose=0, return_dict=True)["loss"] == \
         pytest.approx(min(history.history["val_loss"]), rel=1e-5)
-    fresh = _compile(_two_party(embedding_dp=kf.EmbeddingDPLayer(eps=None)))
+    fresh = compile_model(two_party(embedding_dp=kf.EmbeddingDPLayer(eps=None)))
     fresh.optimizer.build(fresh.trainable_variables)
     fresh.load_weights(weights)
     np.testing.assert_array_equal(fresh.predict(data["test"], verbose=0),
@@ -329,15 +202,15 @@ def test_callbacks_validation_early_stopping_checkpoint(data, tmp_path):
 
 def _three_party_for_export():
     keras.utils.set_random_seed(9)
-    bottoms = {"party_a": _bottom(15, 8, "a"), "party_b": _bottom(8, 6, "b"),
-               "party_c": _bottom(7, 5, "c")}
-    return VerticalModel(bottoms, _top(19), leader="party_b",
+    bottoms = {"party_a": bottom(15, 8, "a"), "party_b": bottom(8, 6, "b"),
+               "party_c": bottom(7, 5, "c")}
+    return VerticalModel(bottoms, top(19), leader="party_b",
                          embedding_dp={"party_a": kf.EmbeddingDPLayer(eps=None)})
 
 
 def test_export_each_party_reproduces_its_embeddings(data, tmp_path):
     model = _three_party_for_export()
-    _compile(model)
+    compile_model(model)
     xa, xb = data["test"]["party_a"], data["test"]["party_b"]
     x = {"party_a": xa, "party_b": xb[:, :8], "party_c": xb[:, 8:]}
     model.fit(x, data["y_test"], epochs=1, batch_size=64, verbose=0)
@@ -353,7 +226,7 @@ def test_export_each_party_reproduces_its_embeddings(data, tmp_path):
         want = model.party_embeddings(party, x)
         assert served.shape == want.shape
         if party == "party_a":  # quantization only: 0/1, the sign of the bottom's output
-            assert _zero_one(served)
+            assert is_zero_one(served)
             # SavedModel vs eager: bit for bit except where the bottom's output is within
             # rounding of 0
             assert_bits_are_the_sign(served, model.bottoms[party](x[party]).numpy())
@@ -369,13 +242,13 @@ def test_export_each_party_reproduces_its_embeddings(data, tmp_path):
 
 
 def test_export_randomized_party_keeps_randomizing_without_its_key(data, tmp_path):
-    model = _two_party(embedding_dp=kf.EmbeddingDPLayer(eps=0.5))
+    model = two_party(embedding_dp=kf.EmbeddingDPLayer(eps=0.5))
     path = os.path.join(tmp_path, "party_a")
     model.export_party("party_a", path)
     served = tf.saved_model.load(path)
     x = tf.constant(data["test"]["party_a"][:64])
     a, b = served.serve(x).numpy(), served.serve(x).numpy()
-    assert a.shape == (64, 8) and _zero_one(a) and _zero_one(b)
+    assert a.shape == (64, 8) and is_zero_one(a) and is_zero_one(b)
     assert np.mean(a != b) > 0.3  # fresh noise every call
     key = model.protections["party_a"].rng_key.numpy()
     reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
@@ -388,47 +261,47 @@ def test_export_randomized_party_keeps_randomizing_without_its_key(data, tmp_pat
 # --- validation, example ids --------------------------------------------------------------------
 
 def test_bad_arguments_raise_clear_errors():
-    a, b = _bottom(3, 4, "a"), _bottom(3, 4, "b")
-    top = _top(8)
+    a, b = bottom(3, 4, "a"), bottom(3, 4, "b")
+    head = top(8)
     with pytest.raises(TypeError, match="`bottoms`"):
-        VerticalModel([a, b], top)
+        VerticalModel([a, b], head)
     with pytest.raises(TypeError, match=r"`bottoms\['party_b'\]` must be a Keras"):
-        VerticalModel({"party_a": a, "party_b": lambda x: x}, top)
+        VerticalModel({"party_a": a, "party_b": lambda x: x}, head)
     with pytest.raises(ValueError, match="reserved"):
-        VerticalModel({"party_a": a, "example_ids": b}, top)
+        VerticalModel({"party_a": a, "example_ids": b}, head)
     with pytest.raises(ValueError, match="identifiers"):
-        VerticalModel({"party a": a, "party_b": b}, top)
+        VerticalModel({"party a": a, "party_b": b}, head)
     with pytest.raises(ValueError, match="own bottom"):
-        VerticalModel({"party_a": a, "party_b": a}, top)
+        VerticalModel({"party_a": a, "party_b": a}, head)
     with pytest.raises(ValueError, match="`leader`.*'party_z'"):
-        VerticalModel({"party_a": a, "party_b": b}, top, leader="party_z")
+        VerticalModel({"party_a": a, "party_b": b}, head, leader="party_z")
     with pytest.raises(TypeError, match="`top`"):
         VerticalModel({"party_a": a, "party_b": b}, "dense")
     with pytest.raises(TypeError, match="`label_dp`.*LabelDPLayer"):
-        VerticalModel({"party_a": a, "party_b": b}, top, label_dp=kf.EmbeddingDPLayer(1.0))
+        VerticalModel({"party_a": a, "party_b": b}, head, label_dp=kf.EmbeddingDPLayer(1.0))
     with pytest.raises(ValueError, match=r"`embedding_dp` names unknown parties \['party_x'\]"):
-        VerticalModel({"party_a": a, "party_b": b}, top, embedding_dp={"party_x": None})
+        VerticalModel({"party_a": a, "party_b": b}, head, embedding_dp={"party_x": None})
     with pytest.raises(ValueError, match="leader, whose embedding never leaves"):
-        VerticalModel({"party_a": a, "party_b": b}, top, leader="party_b",
+        VerticalModel({"party_a": a, "party_b": b}, head, leader="party_b",
                       embedding_dp={"party_b": kf.EmbeddingDPLayer(1.0)})
     shared = kf.EmbeddingDPLayer(1.0)
     with pytest.raises(ValueError, match="same layer object"):
-        VerticalModel({"party_a": a, "party_b": b}, top,
+        VerticalModel({"party_a": a, "party_b": b}, head,
                       embedding_dp={"party_a": shared, "party_b": shared})
     with pytest.raises(TypeError, match="`embedding_dp`"):
-        VerticalModel({"party_a": a, "party_b": b}, top, embedding_dp="edp")
+        VerticalModel({"party_a": a, "party_b": b}, head, embedding_dp="edp")
     with pytest.raises(ValueError, match="at least one follower"):
-        VerticalModel({"party_a": a}, top, leader="party_a")
+        VerticalModel({"party_a": a}, head, leader="party_a")
     with pytest.raises(ValueError, match="not built"):
-        VerticalModel({"party_a": a, "party_b": keras.Sequential([keras.layers.Dense(2)])}, top)
+        VerticalModel({"party_a": a, "party_b": keras.Sequential([keras.layers.Dense(2)])}, head)
     # The top's input rule, checked at construction.
     with pytest.raises(ValueError, match=r"last dimension 9.*have 8"):
-        VerticalModel({"party_a": a, "party_b": b}, _top(9))
+        VerticalModel({"party_a": a, "party_b": b}, top(9))
     two = [keras.Input((4,), name="x1"), keras.Input((4,), name="x2")]
     with pytest.raises(ValueError, match=r"inputs named \['x1', 'x2'\]"):
         VerticalModel({"party_a": a, "party_b": b},
                       keras.Model(two, keras.layers.Concatenate()(two)))
-    model = VerticalModel({"party_a": a, "party_b": b}, top, leader="party_b")
+    model = VerticalModel({"party_a": a, "party_b": b}, head, leader="party_b")
     with pytest.raises(ValueError, match=r"missing \['party_b'\], unknown \['party_c'\]"):
         model({"party_a": np.zeros((2, 3)), "party_c": np.zeros((2, 3))})
     with pytest.raises(TypeError, match="dict keyed by party name"):
@@ -448,17 +321,17 @@ def test_bad_arguments_raise_clear_errors():
 
 
 def test_missing_example_ids_with_randomize_once_label_dp_raises(data):
-    model = _compile(_two_party(label_dp=kf.LabelDPLayer(1.0)))
+    model = compile_model(two_party(label_dp=kf.LabelDPLayer(1.0)))
     with pytest.raises(ValueError, match=re.escape("with_example_ids")):
         model.fit(data["train"], data["y"], epochs=1, batch_size=64, verbose=0)
     # per_batch=True needs no ids (and composes over epochs, as its docs say).
-    model = _compile(_two_party(label_dp=kf.LabelDPLayer(1.0, per_batch=True)))
+    model = compile_model(two_party(label_dp=kf.LabelDPLayer(1.0, per_batch=True)))
     model.fit(data["train"], data["y"], epochs=1, batch_size=64, verbose=0)
 
 
 def test_example_ids_give_the_same_noisy_labels_every_epoch(data):
     keras.utils.set_random_seed(10)
-    model = _compile(_two_party(label_dp=kf.LabelDPLayer(0.5)))
+    model = compile_model(two_party(label_dp=kf.LabelDPLayer(0.5)))
     n = len(data["y"])
     dataset = with_example_ids(tf.data.Dataset.from_tensor_slices((data["train"], data["y"])))
     dataset = dataset.shuffle(n, reshuffle_each_iteration=True).batch(64)
@@ -475,21 +348,6 @@ def test_example_ids_give_the_same_noisy_labels_every_epoch(data):
     for e, ids in zip((0, 1, 2), orders):
         np.testing.assert_array_equal(recorder.labels(e), data["y"][ids])  # true labels kept apart
     assert recorder.embeddings("party_a").shape == (3 * n, 8)
-
-
-def test_with_example_ids_for_arrays_tuples_and_datasets(data):
-    x = with_example_ids(data["train"])
-    np.testing.assert_array_equal(x["example_ids"], np.arange(len(data["y"])))
-    assert x["example_ids"].dtype == np.int64 and "example_ids" not in data["train"]
-    xt, yt = with_example_ids((data["train"], data["y"]), start=10)
-    assert xt["example_ids"][0] == 10 and yt is data["y"]
-    ds = with_example_ids(tf.data.Dataset.from_tensor_slices((data["train"], data["y"])))
-    ids = [int(e[0]["example_ids"]) for e in ds.take(3)]
-    assert ids == [0, 1, 2]
-    with pytest.raises(ValueError, match="before .shuffle"):
-        with_example_ids(tf.data.Dataset.from_tensor_slices((data["train"], data["y"])).batch(8))
-    with pytest.raises(ValueError, match="already"):
-        with_example_ids(x)
 
 
 def test_vertical_guide_quick_start_runs():

@@ -22,6 +22,46 @@ def vertical_data():
             "ids_t": np.arange(n, n + len(y_t))}
 
 
+@functools.lru_cache(maxsize=1)
+def _two_party_arrays():
+    return breast_cancer_vertical()  # 15/15 features, standardized
+
+
+def two_party_data():
+    """Breast cancer for two parties (party_a, party_b; party_b holds the labels)."""
+    xa, xb, y, xa_test, xb_test, y_test = _two_party_arrays()
+    return dict(train={"party_a": xa, "party_b": xb}, y=y,
+                test={"party_a": xa_test, "party_b": xb_test}, y_test=y_test)
+
+
+def bottom(n_in, d, name, hidden=16, **dense_kwargs):
+    inp = keras.Input((n_in,), name=f"{name}_in")
+    h = keras.layers.Dense(hidden, activation="relu", name=f"{name}_hidden")(inp)
+    return keras.Model(inp, keras.layers.Dense(d, name=f"{name}_emb", **dense_kwargs)(h), name=name)
+
+
+def top(d_in):
+    return keras.Sequential([keras.Input((d_in,)), keras.layers.Dense(8, activation="relu"),
+                             keras.layers.Dense(1, activation="sigmoid")], name="top")
+
+
+def two_party(embedding_dp=None, label_dp=None, d=8, leader="party_b", **kwargs):
+    return VerticalModel({"party_a": bottom(15, d, "bottom_a"),
+                          "party_b": bottom(15, d, "bottom_b")},
+                         top(2 * d), leader=leader, embedding_dp=embedding_dp, label_dp=label_dp,
+                         **kwargs)
+
+
+def compile_model(model, lr=3e-3, **kwargs):
+    model.compile(keras.optimizers.Adam(lr), "binary_crossentropy", metrics=["accuracy"], **kwargs)
+    return model
+
+
+def is_zero_one(a):
+    """Whether every entry of ``a`` is exactly 0 or 1 (what EmbeddingDPLayer sends)."""
+    return bool(np.all((a == 0) | (a == 1)))
+
+
 def follower_data(data):
     return {p: data["features"][:, c] for p, c in COLUMNS.items()}
 

@@ -1,0 +1,86 @@
+"""Input checks that never put user data in an error (keras_fedpriv/layers/input_checks.py)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_fedpriv as kf
+from keras_fedpriv.layers import input_checks as C
+
+SECRET = 0.8712345
+
+
+def test_keras_does_not_append_the_call_arguments_to_a_layers_error():
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    x = np.full((2, 3), SECRET, np.float32)
+    x[1, 2] = np.nan
+    with pytest.raises(ValueError) as caught:
+        layer(x, training=True)
+    text = str(caught.value)
+    assert "non-finite" in text and "Arguments received" not in text
+    assert "0.871" not in text and "\x1b[" not in text
+
+
+def test_the_decorator_passes_results_and_errors_through():
+    class Owner:
+        @C.private_errors
+        def call(self, fail):
+            if fail:
+                raise KeyError("k")
+            return 5
+
+    assert Owner().call(False) == 5
+    with pytest.raises(KeyError) as caught:
+        Owner().call(True)
+    assert caught.value._keras_call_info_injected is True
+
+
+def test_eager_ids_are_one_per_label_and_unique_and_name_the_position():
+    ids, ok, asserts = C.check_example_ids(np.array([5, 9, 2], np.uint8), 3, eager=True)
+    assert ids.dtype == tf.int64 and ids.numpy().tolist() == [5, 9, 2] and ok is None
+    assert asserts == []
+    with pytest.raises(ValueError, match="`example_ids` has 2 entries but there are 3 labels"):
+        C.check_example_ids(np.array([1, 2]), 3, eager=True)
+    with pytest.raises(ValueError, match="position 3 repeats the id at position 1"):
+        C.check_example_ids(np.array([4, 7, 1, 7]), 4, eager=True, owner="X")
+    with pytest.raises(TypeError, match="X: `example_ids` must be integers; got dtype float32"):
+        C.check_example_ids(np.zeros(2, np.float32), 2, eager=True, owner="X")
+
+
+def test_graph_ids_give_a_flag_and_asserts_instead_of_raising():
+    # Under XLA the asserts are compiled away: the flag is what the layer relies on.
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int32)],
+                 jit_compile=True)
+    def flag(ids, n):
+        _, ok, _ = C.check_example_ids(ids, n, eager=False)
+        return ok
+
+    assert bool(flag(tf.constant([1, 2, 3], tf.int64), 3))
+    assert not bool(flag(tf.constant([1, 2, 1], tf.int64), 3))   # repeated
+    assert not bool(flag(tf.constant([1, 2], tf.int64), 3))      # too few
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def checked(ids):
+        _, _, asserts = C.check_example_ids(ids, tf.constant(3), eager=False)
+        with tf.control_dependencies(asserts):
+            return tf.identity(ids)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="first repeated position"):
+        checked(tf.constant([1, 2, 1], tf.int64))
+
+
+def test_uint64_ids_stay_distinct():
+    big = np.array([2 ** 64 - 1, 2 ** 63, 0], np.uint64)
+    ids, _, _ = C.check_example_ids(big, 3, eager=True)
+    assert len(set(ids.numpy().tolist())) == 3
+
+
+def test_the_xla_error_counter_raises_once_on_the_host_and_resets():
+    layer = kf.LabelDPLayer(1.0, seed=1)
+    layer.check_input_errors()  # nothing counted: no error
+    layer.input_errors.assign([2, 0])
+    with pytest.raises(ValueError, match=r"LabelDPLayer .*invalid labels \(2 call\(s\)\)\. "
+                                         r"Those outputs were replaced"):
+        layer.check_input_errors()
+    layer.check_input_errors()  # reset by the first check
+    assert layer.input_errors.numpy().tolist() == [0, 0]
