@@ -252,3 +252,17 @@ def test_batch_norm_argument_warns_when_unset_and_rejects_unknown_values():
         HorizontalFL(digits_model(), clients)                  # no BatchNormalization: no warning
     with pytest.raises(ValueError, match="batch_norm.*'fedbn'"):
         HorizontalFL(_bn_model(), clients, batch_norm="fedbn")
+
+
+def test_the_progress_bar_shows_each_rounds_own_values(capsys):
+    x, y = digits()
+    clients = partition(x[:300], y[:300], 5, seed=0)
+    hist = HorizontalFL(digits_model(), clients, seed=0).fit(
+        rounds=3, clients_per_round=2, validation_data=(x[300:400], y[300:400]), verbose=1)
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-1]
+    for key in ("val_accuracy", "val_loss"):
+        values = hist.history[key]
+        assert f"{key}: {values[-1]:.4f}" in last, (key, values, last)
+        assert np.mean(values) != pytest.approx(values[-1], abs=1e-4)  # an average would differ
+    assert "round_time_s" in last

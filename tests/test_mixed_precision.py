@@ -3,11 +3,11 @@
 import keras
 import numpy as np
 import pytest
-from test_horizontal import _digits, _model
 
 from keras_fedpriv.federated import HorizontalFL, partition
 from keras_fedpriv.layers import EmbeddingDPLayer, LabelDPLayer
 from keras_fedpriv.optimizers import SignDS, SignDSEncoder, SignDSRounds
+from digits_stubs import digits, digits_model
 
 
 @pytest.fixture
@@ -27,8 +27,8 @@ def _accuracy(model, x, y):
 @pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16"])
 def test_fedavg_trains_under_mixed_precision(policy, name):
     policy(name)
-    x, y = _digits()
-    model = _model(lr=0.3)
+    x, y = digits()
+    model = digits_model(lr=0.3)
     assert model.layers[0].compute_dtype == name.split("_")[1]
     if name == "mixed_float16":
         assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
@@ -45,8 +45,8 @@ def test_fedavg_trains_under_mixed_precision(policy, name):
 
 def test_fedavg_client_update_is_float32_and_loss_scale_restarts_per_client(policy):
     policy("mixed_float16")
-    x, y = _digits()
-    model = _model(lr=0.3)
+    x, y = digits()
+    model = digits_model(lr=0.3)
     fl = HorizontalFL(model, [(x[:64], y[:64]), (x[64:128], y[64:128])], batch_size=128, seed=0)
     start = [v.numpy() for v in model.trainable_variables]
     opt = model.optimizer
@@ -61,8 +61,8 @@ def test_fedavg_client_update_is_float32_and_loss_scale_restarts_per_client(poli
 
 def test_signds_rounds_accepts_a_loss_scale_optimizer_wrapping_signds(policy):
     policy("mixed_float16")
-    x, y = _digits()
-    model = _model(optimizer=SignDS(keras.optimizers.SGD(0.1),
+    x, y = digits()
+    model = digits_model(optimizer=SignDS(keras.optimizers.SGD(0.1),
                                     SignDSEncoder(k=0.2, eps=10.0, seed=0)))
     assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     inner = model.optimizer.inner_optimizer

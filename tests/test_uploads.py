@@ -17,6 +17,13 @@ def _signds():
     return SignDSUpload(SignDSEncoder(k=0.2, eps=10.0, seed=0))
 
 
+def _assert_refused(scheme, tamper, match):
+    delta = np.random.default_rng(1).normal(size=500).astype(np.float32)
+    arrays = scheme.to_wire(scheme.client_message(delta, 10))
+    with pytest.raises(MalformedUpload, match=match):
+        scheme.from_wire(tamper(arrays), 500)
+
+
 def test_each_scheme_rebuilds_its_own_upload_from_the_wire():
     rng = np.random.default_rng(0)
     delta = rng.normal(size=500).astype(np.float32)
@@ -45,11 +52,7 @@ def test_each_scheme_rebuilds_its_own_upload_from_the_wire():
     (lambda a: {**a, "sign": np.array([1, 1], np.int8)}, "shape"),
 ])
 def test_signds_server_refuses_a_malformed_upload(tamper, match):
-    scheme = _signds()
-    delta = np.random.default_rng(1).normal(size=500).astype(np.float32)
-    arrays = scheme.to_wire(scheme.client_message(delta, 10))
-    with pytest.raises(MalformedUpload, match=match):
-        scheme.from_wire(tamper(arrays), 500)
+    _assert_refused(_signds(), tamper, match)
 
 
 @pytest.mark.parametrize("tamper, match", [
@@ -62,11 +65,7 @@ def test_signds_server_refuses_a_malformed_upload(tamper, match):
     (lambda a: {**a, "update": "not an array"}, "dtype"),
 ])
 def test_fedavg_server_refuses_a_malformed_upload(tamper, match):
-    scheme = FedAvgUpload()
-    delta = np.random.default_rng(2).normal(size=500).astype(np.float32)
-    arrays = scheme.to_wire(scheme.client_message(delta, 10))
-    with pytest.raises(MalformedUpload, match=match):
-        scheme.from_wire(tamper(arrays), 500)
+    _assert_refused(FedAvgUpload(), tamper, match)
 
 
 def test_malformed_upload_reasons_do_not_echo_the_values():

@@ -51,6 +51,12 @@ from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_
 __all__ = ["HorizontalFL"]
 
 
+
+def _is_scalar(value):
+    """Whether a log value is one real number (what a progress bar can show)."""
+    return not isinstance(value, (bool, np.bool_)) and np.ndim(value) == 0 and \
+        np.issubdtype(np.asarray(value).dtype, np.number)
+
 class HorizontalFL:
     """Simulate horizontal FL with a compiled Keras model.
 
@@ -268,10 +274,8 @@ class HorizontalFL:
         model = self.model
         cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False,
                                           model=model, verbose=0, epochs=rounds, steps=1)
-        # stateful: the bar shows this round's values, not averages over rounds
-        progbar = keras.utils.Progbar(rounds, verbose=1 if verbose else 0, unit_name="round",
-                                      stateful_metrics=("val_loss", "val_accuracy")
-                                      ) if verbose else None
+        progbar = keras.utils.Progbar(rounds, verbose=1 if verbose else 0,
+                                      unit_name="round") if verbose else None
         model.stop_training = False
         server, parties = self._parties()
         server.magrr = magrr
@@ -339,8 +343,10 @@ class HorizontalFL:
             logs["round_time_s"] = time.perf_counter() - started
             cb.on_epoch_end(rnd, logs)
             if progbar is not None:
-                progbar.update(rnd + 1, values=[(k, v) for k, v in logs.items()
-                                       if k in ("val_loss", "val_accuracy")])
+                values = [(k, float(v)) for k, v in logs.items() if _is_scalar(v)]
+                # every value is this round's: shown as it is, not averaged over rounds
+                progbar.stateful_metrics.update(k for k, _ in values)
+                progbar.update(rnd + 1, values=values)
             if model.stop_training:
                 break
         cb.on_train_end(logs)
