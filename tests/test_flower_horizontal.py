@@ -192,7 +192,13 @@ def test_a_malformed_and_a_crashing_client_are_dropped_and_the_round_completes(c
     # the global model is what FedAvg of the two honest clients gives
     model = model_fn()
     fl = HorizontalFL(model, clients[:2], upload="fedavg", seed=0)
-    fl.fit(rounds=2, clients_per_round=2, verbose=0)
+    history = fl.fit(rounds=2, clients_per_round=2, validation_data=val, verbose=0).history
+    # per round first: if this ever fails, the message says from which round on they differ
+    # (seen once, 2026-11-25, full suite with oneDNN off: Flower 0.343 / 0.385 against
+    # in process 0.383 / 0.537; not reproduced in 8 runs since)
+    assert np.allclose(result.history["val_accuracy"], history["val_accuracy"], atol=0.006), (
+        f"val_accuracy per round on Flower {result.history['val_accuracy']} vs in process "
+        f"{history['val_accuracy']}")
     for a, b in zip(model.get_weights(), weights):
         np.testing.assert_allclose(a, b, atol=1e-6)
     assert result.history["val_accuracy"][-1] > 0.5
