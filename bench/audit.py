@@ -27,7 +27,8 @@ is also audited at the full count (``sampler="distribution"``).
 
 Usage::
 
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/audit.py            # full, updates docs/results/audit.md
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/audit.py            # full, updates
+                                                                      # docs/results/audit.md
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/audit.py --quick    # eps 2 only, 10^5 / 4000
                                                                       # trials, no docs (seconds)
 """

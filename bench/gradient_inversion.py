@@ -1,4 +1,6 @@
-"""Gradient inversion (DLG) against horizontal-FL uploads (writes docs/results/gradient_inversion.md).
+"""Gradient inversion (DLG) against horizontal-FL uploads.
+
+Writes docs/results/gradient_inversion.md and its figure.
 
 The server of `keras_fedpriv.federated.HorizontalFL` knows the global weights
 and receives each client's upload. A client holding one digit (batch 1) or

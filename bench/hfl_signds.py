@@ -1,4 +1,6 @@
-"""FedAvg vs SignDS (with and without MagRR) vs a Gaussian baseline on digits (docs/results/hfl_signds.md).
+"""FedAvg vs SignDS (with and without MagRR) vs a Gaussian baseline on digits.
+
+Writes docs/results/hfl_signds.md, its figure and its JSON.
 
 Digits (1797 8x8 images, 10 classes): 20% held out as the test set, the rest
 split among 100 clients, IID and non-IID (Dirichlet(0.5) over labels). An MLP
@@ -46,7 +48,6 @@ from keras_fedpriv.federated import GaussianUpload, HorizontalFL, SignDSUpload  
 from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 
-DOCS = _report.RESULTS
 NUM_CLIENTS = 100
 CLIENTS_PER_ROUND = 20
 LOCAL_EPOCHS = 5
@@ -202,7 +203,7 @@ for this model, the seed's LeNet (d = 266,084) and larger models; h is capped at
 
 {meta.get('reading', '')}
 """
-    (DOCS / "hfl_signds.md").write_text(text)
+    (_report.RESULTS / "hfl_signds.md").write_text(text)
 
 
 def main(argv=None):
@@ -212,11 +213,11 @@ def main(argv=None):
     parser.add_argument("--replot", action="store_true")
     parser.add_argument("--rounds", type=int, default=100)
     args = parser.parse_args(argv)
-    json_path = DOCS / "hfl_signds.json"
+    json_path = _report.RESULTS / "hfl_signds.json"
     if args.replot:
         saved = json.loads(json_path.read_text())
         saved["meta"]["reading"] = READING
-        plot(saved["results"], DOCS / "hfl_signds.png")
+        plot(saved["results"], _report.RESULTS / "hfl_signds.png")
         write_docs(saved["results"], saved["meta"])
         return
     seeds = [0] if args.quick else [0, 1]
@@ -231,7 +232,7 @@ def main(argv=None):
     meta = {"date": _report.today(), "seconds": time.time() - started,
             "machine": _report.machine(), "rounds": rounds, "seeds": seeds, "reading": READING}
     json_path.write_text(json.dumps({"results": results, "meta": meta}))
-    plot(results, DOCS / "hfl_signds.png")
+    plot(results, _report.RESULTS / "hfl_signds.png")
     write_docs(results, meta)
     print("wrote docs/results/hfl_signds.md, docs/results/hfl_signds.png")
 

@@ -53,7 +53,6 @@ import _report  # noqa: E402
 from keras_fedpriv.callbacks import LaplaceEvaluation  # noqa: E402
 from keras_fedpriv.mechanisms.laplace import laplace  # noqa: E402
 
-DOCS = _report.RESULTS
 EPS = (1.0, 10.0, 100.0, 230260.0)
 NUM_EVAL_CLIENTS = 10
 METRICS = ("silhouette", "calinski_harabasz", "davies_bouldin")
@@ -340,7 +339,7 @@ The noise itself on one evaluation's 360 x 10 outputs: discrete sampler
 
 {meta.get('reading', '')}
 """
-    (DOCS / "laplace_eval.md").write_text(text)
+    (_report.RESULTS / "laplace_eval.md").write_text(text)
 
 
 def main(argv=None):
@@ -351,11 +350,11 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args(argv)
-    json_path = DOCS / "laplace_eval.json"
+    json_path = _report.RESULTS / "laplace_eval.json"
     if args.replot:
         saved = json.loads(json_path.read_text())
         saved["meta"]["reading"] = READING
-        plot(saved["results"], DOCS / "laplace_eval.png")
+        plot(saved["results"], _report.RESULTS / "laplace_eval.png")
         write_docs(saved["results"], saved["meta"])
         return
     seeds = [0] if args.quick else [0, 1]
@@ -380,7 +379,7 @@ def main(argv=None):
     meta = {"date": _report.today(), "seconds": time.time() - started,
             "machine": _report.machine(), "epochs": epochs, "seeds": seeds, "reading": READING}
     json_path.write_text(json.dumps({"results": results, "meta": meta}))
-    plot(results, DOCS / "laplace_eval.png")
+    plot(results, _report.RESULTS / "laplace_eval.png")
     write_docs(results, meta)
     print("wrote docs/results/laplace_eval.md, .png and .json")
 

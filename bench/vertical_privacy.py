@@ -1,4 +1,6 @@
-"""What leaks in vertical FL, with and without each protection (writes docs/results/vertical_privacy.md).
+"""What leaks in vertical FL, with and without each protection.
+
+Writes docs/results/vertical_privacy.md, its figure and its JSON.
 
 Two bundled data sets, features split between two parties: the follower
 ``party_a`` (features only) and the leader ``party_b`` (its own features, the
@@ -467,10 +469,11 @@ READING = """
 - **The norm attack is weak here, even without a defense** (the attacker's
   AUC 0.59 ± 0.04 on breast cancer; the raw AUCs of the two seeds, higher
   norm = malignant, were 0.38 and 0.56, so not even the direction of the
-  score is stable; the expectation of a strong attack did not hold). It needs strong class imbalance and a model that is still
-  uncertain; here the positive class is 37% and the leader's own features
-  make the model confident within the first epoch, so gradient norms track
-  the model's errors rather than the class. In the test suite's known case
+  score is stable; the expectation of a strong attack did not hold). It
+  needs strong class imbalance and a model that is still uncertain; here
+  the positive class is 37% and the leader's own features make the model
+  confident within the first epoch, so gradient norms track the model's
+  errors rather than the class. In the test suite's known case
   (10% positives, linear top) it reaches 0.97. The direction attack is the
   one to watch.
 - **EmbeddingDP and VAEBottom protect the features, not the labels.** The

@@ -1,4 +1,5 @@
-"""MixedPLDAccountant (keras_fedpriv/privacy/accountant.py): each event's PLD under its own relation."""
+"""MixedPLDAccountant (keras_fedpriv/privacy/accountant.py): each event's PLD under its own
+relation."""
 
 import dp_accounting
 import pytest

@@ -1,4 +1,5 @@
-"""The horizontal demo (keras_fedpriv/demo_horizontal.py): FedAvg vs SignDS vs SignDS+MagRR on digits."""
+"""The horizontal demo (keras_fedpriv/demo_horizontal.py): FedAvg vs SignDS vs SignDS+MagRR on
+digits."""
 
 import io
 import time

@@ -1,4 +1,5 @@
-"""EmbeddingDPLayer (keras_fedpriv/layers/embedding_dp.py): behaviour, and output frequencies against the formula."""
+"""EmbeddingDPLayer (keras_fedpriv/layers/embedding_dp.py): behaviour, and output frequencies
+against the formula."""
 
 import dp_accounting
 import numpy as np

@@ -1,4 +1,5 @@
-"""Feature reconstruction from a follower's embeddings (keras_fedpriv/attacks/feature_reconstruction.py)."""
+"""Feature reconstruction from a follower's embeddings
+(keras_fedpriv/attacks/feature_reconstruction.py)."""
 
 import numpy as np
 import pytest

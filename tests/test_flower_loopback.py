@@ -1,4 +1,5 @@
-"""Flower's Deployment Engine through LoopbackDeployment (keras_fedpriv/federated/flower/loopback.py):
+"""Flower's Deployment Engine through LoopbackDeployment
+(keras_fedpriv/federated/flower/loopback.py):
 a real SuperLink and 3 SuperNodes as processes on 127.0.0.1.
 
 Each test starts its own processes on free ports (`LoopbackDeployment`), bounds

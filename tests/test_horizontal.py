@@ -1,4 +1,5 @@
-"""HorizontalFL (keras_fedpriv/federated/horizontal.py): FedAvg, SignDS, Gaussian and MagRR rounds, callbacks, BatchNormalization."""
+"""HorizontalFL (keras_fedpriv/federated/horizontal.py): FedAvg, SignDS, Gaussian and MagRR rounds,
+callbacks, BatchNormalization."""
 
 import warnings
 

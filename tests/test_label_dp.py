@@ -1,4 +1,5 @@
-"""LabelDPLayer (keras_fedpriv/layers/label_dp.py): behaviour, and output frequencies against the formula."""
+"""LabelDPLayer (keras_fedpriv/layers/label_dp.py): behaviour, and output frequencies against the
+formula."""
 
 import dp_accounting
 import numpy as np

@@ -1,4 +1,5 @@
-"""Label formats of LabelDPLayer (keras_fedpriv/layers/label_formats.py): detection, conversion, row checks."""
+"""Label formats of LabelDPLayer (keras_fedpriv/layers/label_formats.py): detection, conversion,
+row checks."""
 
 import re
 

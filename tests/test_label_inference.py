@@ -1,4 +1,5 @@
-"""Label inference from cut gradients (keras_fedpriv/attacks/label_inference.py): norm and direction attacks.
+"""Label inference from cut gradients (keras_fedpriv/attacks/label_inference.py): norm and
+direction attacks.
 
 The headline test trains a small unprotected two-party split model on an
 imbalanced binary task, records the cut gradients the follower receives, and

@@ -1,4 +1,5 @@
-"""Snapshot and restore of what calling a party's layers changes (keras_fedpriv/layers/local_state.py)."""
+"""Snapshot and restore of what calling a party's layers changes
+(keras_fedpriv/layers/local_state.py)."""
 
 import keras
 import numpy as np
@@ -74,7 +75,8 @@ def test_a_copy_built_elsewhere_loads_the_state_and_continues_the_same_stream():
 def test_a_state_of_other_layers_is_refused_with_the_missing_name():
     bottom, protection = _party()
     state = local_state([bottom])
-    with pytest.raises(ValueError, match=r"load_local_state: the state has no '.*rng_key'.*another"):
+    with pytest.raises(ValueError,
+                       match=r"load_local_state: the state has no '.*rng_key'.*another"):
         load_local_state([bottom, protection], state)
 
 

@@ -1,4 +1,5 @@
-"""MalformedMessage (keras_fedpriv/federated/malformed.py): one base for both protocols' refusals."""
+"""MalformedMessage (keras_fedpriv/federated/malformed.py): one base for both protocols'
+refusals."""
 
 import numpy as np
 import pytest
@@ -10,7 +11,8 @@ from keras_fedpriv.optimizers import SignDSEncoder
 
 
 def test_both_protocols_raise_a_malformed_message_that_is_a_value_error():
-    assert issubclass(MalformedUpload, MalformedMessage) and issubclass(MalformedMessage, ValueError)
+    assert issubclass(MalformedUpload, MalformedMessage)
+    assert issubclass(MalformedMessage, ValueError)
     with pytest.raises(MalformedMessage):
         decode_embedding({"embedding": np.zeros((2, 3), np.float64)},
                          EmbeddingSpec((3,), "float32", False), rows=2)

@@ -1,7 +1,8 @@
-"""The messages that cross party boundaries and the callbacks that observe them (keras_fedpriv/federated/messages.py).
+"""The messages that cross party boundaries and the callbacks that observe them
+(keras_fedpriv/federated/messages.py).
 
-What MessageRecorder records is the protocol: the cut gradients equal an independent computation, the
-bytes in the history equal hand-computed totals."""
+What MessageRecorder records is the protocol: the cut gradients equal an independent
+computation, the bytes in the history equal hand-computed totals."""
 
 import keras
 import numpy as np

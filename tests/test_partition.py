@@ -1,4 +1,5 @@
-"""Splitting a data set among simulated clients (keras_fedpriv/federated/partition.py): IID and Dirichlet label skew."""
+"""Splitting a data set among simulated clients (keras_fedpriv/federated/partition.py): IID and
+Dirichlet label skew."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
-"""privatize_labels / privatize_dataset (keras_fedpriv/privatize.py): labels randomized once, before training."""
+"""privatize_labels / privatize_dataset (keras_fedpriv/privatize.py): labels randomized once,
+before training."""
 
 import numpy as np
 

@@ -1,4 +1,5 @@
-"""One-bit quantization + randomized response (keras_fedpriv/mechanisms/quantize.py): output frequencies against the formula."""
+"""One-bit quantization + randomized response (keras_fedpriv/mechanisms/quantize.py): output
+frequencies against the formula."""
 
 import math
 import numpy as np

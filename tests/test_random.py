@@ -1,4 +1,5 @@
-"""The package's counter-based RNG (keras_fedpriv/mechanisms/random.py): Philox bit for bit, under XLA, thresholds."""
+"""The package's counter-based RNG (keras_fedpriv/mechanisms/random.py): Philox bit for bit, under
+XLA, thresholds."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
-"""Randomized response, k-ary RR and RR-with-prior (keras_fedpriv/mechanisms/randomized_response.py):
+"""Randomized response, k-ary RR and RR-with-prior
+(keras_fedpriv/mechanisms/randomized_response.py):
 output frequencies against the formulas (see stats.py for the tolerance and the power check)."""
 
 import math
@@ -42,7 +43,8 @@ def test_kary_rr_keep_and_uniform_other(eps, k):
     assert p1 == pytest.approx(math.exp(eps) / (k - 1 + math.exp(eps)) if eps < 700 else 1.0)
     assert_rate(keep, N, p1, f"k-ary RR keep eps={eps} K={k}")
     if eps < 20:
-        assert_rejects(keep, N, wrong_formula(lambda e: M.keep_probability(e, k), eps), "k-ary keep")
+        assert_rejects(keep, N, wrong_formula(lambda e: M.keep_probability(e, k), eps),
+                       "k-ary keep")
     # Each particular other class: rate p2 = 1/(K-1+e^eps), and uniform over the K-1.
     p2 = M.other_probability(eps, k)
     assert p1 + (k - 1) * p2 == pytest.approx(1.0)

@@ -1,4 +1,5 @@
-"""The SignDS optimizer wrapper and SignDSRounds (keras_fedpriv/optimizers/signds_optimizer.py) under model.fit."""
+"""The SignDS optimizer wrapper and SignDSRounds (keras_fedpriv/optimizers/signds_optimizer.py)
+under model.fit."""
 
 import keras
 import numpy as np

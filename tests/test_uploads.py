@@ -1,4 +1,5 @@
-"""What a horizontal-FL client uploads and how the server aggregates it (keras_fedpriv/federated/uploads.py): the wire format and what is refused."""
+"""What a horizontal-FL client uploads and how the server aggregates it
+(keras_fedpriv/federated/uploads.py): the wire format and what is refused."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
-"""split_parties (keras_fedpriv/federated/vertical_parties): a VerticalModel cut into its parties' halves."""
+"""split_parties (keras_fedpriv/federated/vertical_parties): a VerticalModel cut into its parties'
+halves."""
 
 import keras
 import numpy as np

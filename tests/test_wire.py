@@ -1,4 +1,5 @@
-"""The vertical-FL wire format (keras_fedpriv/federated/vertical_parties/wire.py): packed bits, floats, and what is refused."""
+"""The vertical-FL wire format (keras_fedpriv/federated/vertical_parties/wire.py): packed bits,
+floats, and what is refused."""
 
 import numpy as np
 import pytest

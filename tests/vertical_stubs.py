@@ -1,7 +1,5 @@
 """What the vertical-FL party tests share: breast cancer split among two followers and a leader."""
 
-import functools
-
 import keras
 import numpy as np
 
@@ -12,7 +10,6 @@ from keras_fedpriv.federated import VerticalModel
 COLUMNS = {"f1": slice(0, 8), "f2": slice(8, 15)}  # the two followers' share of the 15
 
 
-@functools.lru_cache(maxsize=1)
 def vertical_data():
     """Followers' features (every row, train then test), the leader's xb / y, and example ids."""
     xa, xb, y, xa_t, xb_t, y_t = breast_cancer_vertical()
@@ -22,14 +19,9 @@ def vertical_data():
             "ids_t": np.arange(n, n + len(y_t))}
 
 
-@functools.lru_cache(maxsize=1)
-def _two_party_arrays():
-    return breast_cancer_vertical()  # 15/15 features, standardized
-
-
 def two_party_data():
     """Breast cancer for two parties (party_a, party_b; party_b holds the labels)."""
-    xa, xb, y, xa_test, xb_test, y_test = _two_party_arrays()
+    xa, xb, y, xa_test, xb_test, y_test = breast_cancer_vertical()  # 15/15 features, standardized
     return dict(train={"party_a": xa, "party_b": xb}, y=y,
                 test={"party_a": xa_test, "party_b": xb_test}, y_test=y_test)
 
@@ -70,15 +62,15 @@ def model_fn(embedding_dp="bits", label_dp=True, f2=None):
     """Leader 'lead' with a bottom of its own, followers f1 and f2, LabelDP + EmbeddingDP."""
     keras.utils.set_random_seed(0)
 
-    def bottom(k, name):
+    def party_bottom(k, name):
         return keras.Sequential([keras.Input((k,)), keras.layers.Dense(8, activation="relu"),
                                  keras.layers.Dense(4)], name=name)
 
-    top = keras.Sequential([keras.Input((12,)), keras.layers.Dense(8, activation="relu"),
-                            keras.layers.Dense(1, activation="sigmoid")])
+    head = keras.Sequential([keras.Input((12,)), keras.layers.Dense(8, activation="relu"),
+                             keras.layers.Dense(1, activation="sigmoid")])
     protection = {"bits": kf.EmbeddingDPLayer(eps=4.0, seed=3), None: None}[embedding_dp]
-    model = VerticalModel({"f1": bottom(8, "b1"), "f2": f2 or bottom(7, "b2"),
-                           "lead": bottom(15, "b3")}, top, leader="lead",
+    model = VerticalModel({"f1": party_bottom(8, "b1"), "f2": f2 or party_bottom(7, "b2"),
+                           "lead": party_bottom(15, "b3")}, head, leader="lead",
                           embedding_dp=protection,
                           label_dp=kf.LabelDPLayer(eps=2.0, seed=4) if label_dp else None)
     model.compile(keras.optimizers.Adam(0.01), "binary_crossentropy")

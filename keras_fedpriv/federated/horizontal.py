@@ -51,11 +51,11 @@ from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_
 __all__ = ["HorizontalFL"]
 
 
-
 def _is_scalar(value):
     """Whether a log value is one real number (what a progress bar can show)."""
     return not isinstance(value, (bool, np.bool_)) and np.ndim(value) == 0 and \
         np.issubdtype(np.asarray(value).dtype, np.number)
+
 
 class HorizontalFL:
     """Simulate horizontal FL with a compiled Keras model.
@@ -274,8 +274,7 @@ class HorizontalFL:
         model = self.model
         cb = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=False,
                                           model=model, verbose=0, epochs=rounds, steps=1)
-        progbar = keras.utils.Progbar(rounds, verbose=1 if verbose else 0,
-                                      unit_name="round") if verbose else None
+        progbar = keras.utils.Progbar(rounds, unit_name="round") if verbose else None
         model.stop_training = False
         server, parties = self._parties()
         server.magrr = magrr
