@@ -87,8 +87,11 @@ def test_keyed_releases_count_one_key_generation_per_key():
 def test_reset_forgets_every_count():
     layer = kf.EmbeddingDPLayer(1.0, seed=1)
     layer(X, training=True, example_ids=np.arange(4))
+    lineage = _totals(layer)["lineage"]
     layer.reset_release_counts()
-    assert not any(_totals(layer).values())
+    totals = _totals(layer)
+    assert totals.pop("lineage") not in (0, lineage)  # a new lineage: old files are another's
+    assert not any(totals.values())
     assert layer._release_id_counts_nonzero()[0].size == 0
     assert len(layer.privacy_ledger()) == 0
 
@@ -102,6 +105,8 @@ def test_counts_travel_through_save_own_variables(with_ids):
     clone = kf.EmbeddingDPLayer(1.0, seed=1)
     clone.build((None, 3))
     clone.load_own_variables(store)
-    assert _totals(clone) == _totals(layer)
+    ours, theirs = _totals(clone), _totals(layer)
+    assert ours.pop("lineage") != theirs.pop("lineage")  # the clone keeps its own lineage
+    assert ours == theirs
     np.testing.assert_array_equal(clone._release_id_counts_nonzero()[1],
                                   layer._release_id_counts_nonzero()[1])

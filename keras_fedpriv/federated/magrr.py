@@ -424,8 +424,10 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a `state_dict`.
 
-        ``num_releases`` is optional (the counter is kept), except on a seeded
-        copy rebuilt by `from_config`, which needs it to continue the stream.
+        ``num_releases`` is optional (the counter is kept) while this object
+        has released nothing, except on a seeded copy rebuilt by
+        `from_config`, which needs it to continue the stream. A state behind
+        this object's releases is refused (it would rewind the count).
         """
         if not isinstance(state, dict):
             raise TypeError(f"`state` must be a dict from MagRR.state_dict(); got "

@@ -10,7 +10,8 @@ shared by all replicas, never mirrored):
   number of secret keys that made keyed releases (``key_generations``: a
   reloaded or restored unseeded layer has a fresh key, so its keyed noise is
   a new, independent release) and the largest row size released
-  (``max_coordinates``);
+  (``max_coordinates``), and the layer's ``lineage``: a random id drawn when
+  the layer is built, saved with the counts (see "Restoring" below);
 * ``release_id_counts`` (int32, created on the first call that has
   example ids and fresh noise): per example id, the number of fresh-noise
   releases about that example. Ids are taken modulo ``ID_CAPACITY``; an id
@@ -21,17 +22,29 @@ Counting is a few ``assign_add`` / ``scatter_add`` ops on the layer's own
 variables: atomic under concurrent calls (the variable's lock), compiled by
 XLA, and executed wherever the layer runs. ``privacy_ledger()`` (host side)
 turns the counts into a `keras_fedpriv.mechanisms.ledger.ReleaseLedger`.
+
+Restoring never rewinds. The counts travel with every saved form of the
+layer (`.keras`, `.weights.h5`, `tf.train.Checkpoint`, SavedModel), and
+every restore into a live layer (``load_weights``, ``Checkpoint.restore``)
+takes, count by count, the larger of the live and the saved value, as it
+does for the random counter: a file saved earlier by the same layer (same
+lineage) changes nothing, and a new layer takes the saved counts. A layer
+that has already released refuses counts saved by *another* layer (another
+lineage) that released too: neither history may be dropped, and their sum
+would double-count whatever they share, so the error says to load into a
+freshly built model instead.
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from keras_fedpriv.layers.secret_rng import _LocalVariable
+from keras_fedpriv.layers.secret_rng import _LocalVariable, _MonotoneVariable
 
 __all__ = ["ID_CAPACITY", "ReleaseCounterMixin", "SLOTS"]
 
@@ -40,13 +53,68 @@ ID_CAPACITY = 2 ** 20
 
 #: Slots of ``release_totals``.
 SLOTS = ("fresh_with_ids", "fresh_without_ids", "keyed_once", "non_private", "prior",
-         "folded", "key_generations", "max_coordinates")
+         "folded", "key_generations", "max_coordinates", "lineage")
 (FRESH_IDS, FRESH_ANON, ONCE, NON_PRIVATE, PRIOR, FOLDED, KEY_GENERATIONS,
- MAX_COORDINATES) = range(len(SLOTS))
+ MAX_COORDINATES, LINEAGE) = range(len(SLOTS))
+#: The slots that count releases (a layer with any of them nonzero has released).
+_RELEASE_SLOTS = (FRESH_IDS, FRESH_ANON, ONCE, NON_PRIVATE, PRIOR, KEY_GENERATIONS)
 
 _TOTALS = "release_totals"
 _ID_SLOTS = "release_id_slots"
 _ID_VALUES = "release_id_values"
+
+
+def _new_lineage():
+    """A random nonzero 62-bit id (OS entropy: no global seed makes two layers share one)."""
+    return secrets.randbits(62) | 1
+
+
+def _released(totals):
+    return bool(np.any(np.asarray(totals)[list(_RELEASE_SLOTS)] != 0))
+
+
+def merge_release_totals(live: Any, saved: Any, owner: str) -> np.ndarray:
+    """The totals after restoring ``saved`` into a layer whose totals are ``live``.
+
+    Elementwise maximum (restoring never rewinds), keeping the live lineage.
+
+    Raises:
+        ValueError: ``saved`` is malformed (wrong size, negative counts), or
+            both the layer and the saved counts have released and the saved
+            ones come from another layer (another lineage).
+    """
+    live = np.asarray(live, np.int64).reshape(-1)
+    saved = np.asarray(saved, np.int64).reshape(-1)
+    if saved.size == len(SLOTS) - 1:  # saved before lineages existed: lineage unknown
+        saved = np.concatenate([saved, [0]])
+    if saved.size != len(SLOTS) or np.any(saved[:LINEAGE] < 0):
+        raise ValueError(f"{owner}: the saved release counts are malformed (expected "
+                         f"{len(SLOTS)} non-negative counts); they were not loaded.")
+    if _released(live) and _released(saved) and saved[LINEAGE] != live[LINEAGE]:
+        raise ValueError(
+            f"{owner} has already released, and the state being restored was saved by another "
+            f"layer (another model or run) that released too. Loading it would drop one of the "
+            f"two release histories from the privacy report (or double-count what they share). "
+            f"Build a fresh model and load the file into it (keras.models.load_model, or a new "
+            f"model + load_weights / Checkpoint.restore) instead.")
+    merged = np.maximum(live, saved)
+    merged[LINEAGE] = live[LINEAGE]
+    return merged
+
+
+class _ReleaseTotalsVariable(_LocalVariable):
+    """``release_totals``: a checkpoint restore merges with `merge_release_totals`."""
+
+    owner = "a protection layer"
+
+    def _restore_from_tensors(self, restored_tensors):
+        restored = restored_tensors["VARIABLE_VALUE"]
+        if not tf.executing_eagerly():  # a graph-mode restore: never rewind, keep the lineage
+            keep = tf.one_hot(LINEAGE, len(SLOTS), on_value=True, off_value=False)
+            live = self.read_value()
+            return self.assign(tf.where(keep, live, tf.maximum(live, tf.cast(restored,
+                                                                                tf.int64))))
+        return self.assign(merge_release_totals(self.numpy(), np.asarray(restored), self.owner))
 
 
 class _KeyUse:
@@ -63,8 +131,10 @@ class ReleaseCounterMixin:
     """Mixin: count a layer's releases in graph-safe local variables."""
 
     def _init_release_counter(self):
-        self.release_totals = _LocalVariable(np.zeros(len(SLOTS), np.int64), trainable=False,
-                                             name=_TOTALS)
+        totals = np.zeros(len(SLOTS), np.int64)
+        totals[LINEAGE] = _new_lineage()
+        self.release_totals = _ReleaseTotalsVariable(totals, trainable=False, name=_TOTALS)
+        self.release_totals.owner = f"{type(self).__name__} {self.name!r}"
         self._release_id_counts = None
         self._release_lock = threading.Lock()
         # Whether the current key has made keyed releases. Kept out of every
@@ -98,7 +168,7 @@ class ReleaseCounterMixin:
         with self._release_lock:
             if self._release_id_counts is None:
                 with tf.init_scope():
-                    self._release_id_counts = _LocalVariable(
+                    self._release_id_counts = _MonotoneVariable(
                         np.zeros(ID_CAPACITY, np.int32), trainable=False,
                         name="release_id_counts")
             return self._release_id_counts
@@ -149,21 +219,34 @@ class ReleaseCounterMixin:
             ledger.record_counts(kind, ids, counts, approximate=bool(totals[FOLDED]))
 
     def reset_release_counts(self) -> None:
-        """Forget every recorded release (e.g. a fresh model for a new data set)."""
-        self.release_totals.assign(np.zeros(len(SLOTS), np.int64))
+        """Forget every recorded release (e.g. a fresh model for a new data set).
+
+        The layer gets a new lineage, so a file it saved before the reset is
+        treated as another layer's (never merged into the new counts as the
+        same history). The random counter is not reset: no noise repeats.
+        """
+        totals = np.zeros(len(SLOTS), np.int64)
+        totals[LINEAGE] = _new_lineage()
+        self.release_totals.assign(totals)
         self._key_use.reset()
         if self._release_id_counts is not None:
             self._release_id_counts.assign(np.zeros(ID_CAPACITY, np.int32))
 
     # `.keras` / `.weights.h5`: the counts travel with the model, so a
-    # reloaded model's report still counts what the original released.
+    # reloaded model's report still counts what the original released, and
+    # loading into a live layer never rewinds them (see the module docstring).
     def save_own_variables(self, store: dict[str, Any]) -> None:
         super().save_own_variables(store)
         self._save_release_counts(store)
 
     def load_own_variables(self, store: dict[str, Any]) -> None:
+        # checked first: a refused restore changes nothing
+        totals = (merge_release_totals(self._release_totals(), store[_TOTALS],
+                                       self.release_totals.owner)
+                  if _TOTALS in store else None)
+        id_counts = self._saved_id_counts(store)
         super().load_own_variables(store)
-        self._load_release_counts(store)
+        self._load_release_counts(totals, id_counts)
 
     def _save_release_counts(self, store):
         store[_TOTALS] = np.asarray(self._release_totals())
@@ -171,12 +254,24 @@ class ReleaseCounterMixin:
         store[_ID_SLOTS] = ids.astype(np.int64)
         store[_ID_VALUES] = counts.astype(np.int64)
 
-    def _load_release_counts(self, store):
-        if _TOTALS in store:
-            self.release_totals.assign(np.asarray(store[_TOTALS], np.int64))
-        if _ID_SLOTS in store:
-            ids = np.asarray(store[_ID_SLOTS], np.int64)
-            if ids.size:
-                counts = np.zeros(ID_CAPACITY, np.int32)
-                counts[ids] = np.asarray(store[_ID_VALUES], np.int64)
-                self._id_count_variable().assign(counts)
+    def _saved_id_counts(self, store):
+        """(ids, counts) saved in ``store``, checked; None if it has none."""
+        if _ID_SLOTS not in store:
+            return None
+        ids = np.asarray(store[_ID_SLOTS], np.int64).reshape(-1)
+        values = np.asarray(store[_ID_VALUES], np.int64).reshape(-1)
+        if (ids.size != values.size or np.any(ids < 0) or np.any(ids >= ID_CAPACITY)
+                or np.any(values < 0)):
+            raise ValueError(f"{self.release_totals.owner}: the saved per-example release "
+                             "counts are malformed; nothing was loaded.")
+        return ids, values
+
+    def _load_release_counts(self, totals, id_counts):
+        if totals is not None:
+            self.release_totals.assign(totals)
+        if id_counts is not None and id_counts[0].size:
+            ids, values = id_counts
+            variable = self._id_count_variable()
+            counts = variable.numpy()
+            counts[ids] = np.maximum(counts[ids], values)
+            variable.assign(counts)

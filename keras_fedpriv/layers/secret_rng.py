@@ -61,6 +61,20 @@ class _LocalVariable(resource_variable_ops.ResourceVariable):
     shared by all replicas, and (not being a `keras.Variable`) no Keras weight."""
 
 
+class _MonotoneVariable(_LocalVariable):
+    """A local variable that a checkpoint restore can only move forward.
+
+    `tf.train.Checkpoint.restore` / ``read`` (and every path built on it)
+    assign ``max(live value, saved value)`` elementwise: restoring a file
+    saved earlier never rewinds a random counter (which would replay noise
+    already sent) or a release count (which would under-count).
+    """
+
+    def _restore_from_tensors(self, restored_tensors):
+        restored = tf.cast(restored_tensors["VARIABLE_VALUE"], self.dtype)
+        return self.assign(tf.maximum(self.read_value(), tf.reshape(restored, self.shape)))
+
+
 class SecretKeyVariable(_LocalVariable):
     """Key variable whose value is left out of every TensorFlow checkpoint.
 
@@ -140,7 +154,8 @@ class SecretRandomMixin:
         self.rng_key.keep_when_saved = self.seed is not None
         self.rng_key.fresh_key_hooks = []
         self._key_at_load = _FreshKeyAtLoad(self.rng_key)
-        self.rng_counter = _LocalVariable(np.zeros(3, np.int64), trainable=False, name=_COUNTER)
+        self.rng_counter = _MonotoneVariable(np.zeros(3, np.int64), trainable=False,
+                                             name=_COUNTER)
 
     def _key_words(self):
         key = self.rng_key.read_value()
@@ -188,10 +203,13 @@ class SecretRandomMixin:
         return words_from_ids(self._key_words(), ids, self._rng_salt)
 
     # `.keras` / `.weights.h5`: only the counter. An explicit seed's key is
-    # re-derived from the config; a secret key is never written.
+    # re-derived from the config; a secret key is never written. Loading never
+    # rewinds the counter (a live layer keeps its key, so a rewound counter
+    # would repeat noise it already sent): it takes the larger of the two.
     def save_own_variables(self, store):
         store[_COUNTER] = np.asarray(self.rng_counter.numpy())
 
     def load_own_variables(self, store):
         if _COUNTER in store:
-            self.rng_counter.assign(np.asarray(store[_COUNTER]))
+            saved = np.asarray(store[_COUNTER], np.int64).reshape(self.rng_counter.shape)
+            self.rng_counter.assign(np.maximum(self.rng_counter.numpy(), saved))

@@ -66,10 +66,11 @@ _STREAM_TAG = 0x5EED5173  # separates (seed, stream) entropy from a plain int se
 
 
 _UNIT_TAG = 0x0C11E175  # separates (seed, unit, n) entropy from (seed, stream)
+_FORK_TAG = 0x0F0C4ED5  # separates a forked copy's streams from the original's
 
 
 def secret_generator(seed: int | None = None, stream: int | None = None, unit: int | None = None,
-                     tag: int = 0) -> np.random.Generator:
+                     tag: int = 0, fork: int = 0) -> np.random.Generator:
     """A numpy Generator keyed by ``seed``, or by a fresh 64-bit OS-entropy secret.
 
     For the mechanisms that run on the host in numpy (SignDS, Laplace,
@@ -91,6 +92,9 @@ def secret_generator(seed: int | None = None, stream: int | None = None, unit: i
             client runs its own copy on its own machine.
         tag: with ``unit``, a 32-bit number naming the mechanism, so two
             mechanisms given the same seed never share a stream.
+        fork: with ``stream``, 0 (the seed's own streams) or a 64-bit id of a
+            copy of a seeded object: its streams then share nothing with the
+            original's (`SeededReleases`: a copy never replays the original).
 
     Returns:
         A `numpy.random.Generator`.
@@ -101,13 +105,15 @@ def secret_generator(seed: int | None = None, stream: int | None = None, unit: i
     if stream is None:
         return np.random.default_rng(seed)
     stream = validate_seed(stream, "stream")
+    fork = validate_seed(fork, "fork")
+    extra = [fork & _MASK32, fork >> 32, _FORK_TAG] if fork else []
     if unit is not None:
         unit = validate_seed(unit, "unit")
         return np.random.default_rng([seed & _MASK32, seed >> 32, unit & _MASK32, unit >> 32,
                                       stream & _MASK32, stream >> 32, int(tag) & _MASK32,
-                                      _UNIT_TAG])
+                                      _UNIT_TAG] + extra)
     return np.random.default_rng([seed & _MASK32, seed >> 32, stream & _MASK32, stream >> 32,
-                                  _STREAM_TAG])
+                                  _STREAM_TAG] + extra)
 
 
 class SeededReleases:
@@ -122,12 +128,31 @@ class SeededReleases:
     releases of the same data would cancel it), so it refuses to release
     until ``load_state_dict`` is called. Unseeded objects draw a fresh
     OS-entropy secret per release and never need state.
+
+    Nothing rewinds a stream or a count:
+
+    * a copy (``copy.copy``, ``copy.deepcopy``, ``pickle``) of a seeded
+      object is a *fork*: it keeps the original's counts and ledger, and
+      draws its own releases from streams keyed by a fresh random fork id,
+      so the copy and the original never draw the same noise;
+    * ``load_state_dict`` makes the object the continuation of the object
+      whose state it loads (its counts, ledger and fork id). It refuses a
+      state behind what this object has already released (any client's
+      count lower than the live one), and a state without the per-client
+      counts (``releases_by_unit``) for a seeded object.
     """
 
     def _init_releases(self):
         self.num_releases = 0
         self.releases_by_unit = {}  # unit id -> its releases so far (unit-keyed streams)
         self._awaiting_state = False
+        self._fork = 0
+
+    def __setstate__(self, state):
+        # copy.copy, copy.deepcopy and pickle all restore through here
+        self.__dict__.update(state)
+        if getattr(self, "seed", None) is not None:
+            self._fork = draw_secret()
 
     def _mark_restored_from_config(self):
         """Called by ``from_config``: a seeded copy must get its state before releasing."""
@@ -154,23 +179,29 @@ class SeededReleases:
         if self.seed is None:
             rng = secret_generator(None)
         elif unit is None:
-            rng = secret_generator(self.seed, stream=self.num_releases)
+            rng = secret_generator(self.seed, stream=self.num_releases, fork=self._fork_id())
         else:
             unit = validate_seed(unit, "client_id")
             n = self.releases_by_unit.get(unit, 0)
             # the class name in the entropy: a SignDS encoder and a MagRR given the same
             # seed draw from different streams
             tag = zlib.crc32(type(self).__name__.encode())
-            rng = secret_generator(self.seed, stream=n, unit=unit, tag=tag)
+            rng = secret_generator(self.seed, stream=n, unit=unit, tag=tag, fork=self._fork_id())
             self.releases_by_unit[unit] = n + 1
         self.num_releases += 1
         return rng
 
+    def _fork_id(self):
+        return getattr(self, "_fork", 0)
+
     def _releases_state(self):
         """The JSON-safe stream positions for ``state_dict``."""
-        return {"num_releases": int(self.num_releases),
-                "releases_by_unit": {str(u): int(n) for u, n in
-                                     sorted(getattr(self, "releases_by_unit", {}).items())}}
+        state = {"num_releases": int(self.num_releases),
+                 "releases_by_unit": {str(u): int(n) for u, n in
+                                      sorted(getattr(self, "releases_by_unit", {}).items())}}
+        if self._fork_id():
+            state["fork"] = str(self._fork_id())  # a str: JSON readers may not keep 64-bit ints
+        return state
 
     def _load_num_releases(self, state):
         """Restore ``num_releases`` from a state dict.
@@ -184,9 +215,19 @@ class SeededReleases:
                     f"`state` must hold 'num_releases' for a seeded {type(self).__name__} "
                     f"rebuilt from its config: without it the copy would replay the noise of "
                     f"the original's releases; got keys {sorted(state)}.")
+            if self.num_releases:
+                raise ValueError(
+                    f"`state` must hold 'num_releases' for a {type(self).__name__} that has "
+                    f"released ({self.num_releases} so far): without it, loading cannot check "
+                    f"that the state is not behind (a rewound count); got keys {sorted(state)}.")
             return
-        self.num_releases = validate_positive_int(state["num_releases"],
-                                                  "state['num_releases']", minimum=0)
+        num_releases = validate_positive_int(state["num_releases"], "state['num_releases']",
+                                             minimum=0)
+        if "releases_by_unit" not in state and self.seed is not None:
+            raise ValueError(
+                f"`state` must hold 'releases_by_unit' (each client's stream position) for a "
+                f"seeded {type(self).__name__}: without it every client's stream would restart "
+                f"at 0 and replay noise already sent; got keys {sorted(state)}.")
         by_unit = state.get("releases_by_unit", {})
         if not isinstance(by_unit, dict):
             raise ValueError(f"`state['releases_by_unit']` must be a dict of client id -> count; "
@@ -200,7 +241,24 @@ class SeededReleases:
                                  f">= 0); got {unit!r}.") from None
             loaded[validate_seed(unit_id, "client id")] = validate_positive_int(
                 n, f"state['releases_by_unit'][{unit!r}]", minimum=0)
+        behind = num_releases < self.num_releases or any(
+            loaded.get(u, 0) < n for u, n in self.releases_by_unit.items())
+        if behind:
+            raise ValueError(
+                f"`state` is behind this {type(self).__name__}: it has made "
+                f"{self.num_releases} releases, the state records {num_releases} (or fewer for "
+                f"some client). Loading it would rewind the release count (and, seeded, replay "
+                f"noise already sent); load a state only into a new object, or one that has "
+                f"released no more than the state records.")
+        fork = state.get("fork", "0")
+        try:
+            fork = validate_seed(int(fork), "state['fork']")
+        except (TypeError, ValueError):
+            raise ValueError(f"`state['fork']` must be the fork id that state_dict wrote; got "
+                             f"{type(fork).__name__}.") from None
+        self.num_releases = num_releases
         self.releases_by_unit = loaded
+        self._fork = fork
         self._awaiting_state = False
 
 

@@ -12,7 +12,9 @@ The report composes what the protections **recorded** (their
 ``privacy_ledger()``; see `keras_fedpriv.mechanisms.ledger`): nothing is
 inferred from epochs, rounds or layers. A second ``fit`` adds to it,
 inference passes of an `EmbeddingDPLayer` are in it, and any release
-without a DP guarantee makes the total ``inf``.
+without a DP guarantee makes the total ``inf``. So does finding no
+protection at all (a plain Keras model, a wrong object): nothing found is
+never "private".
 
 The figure is the worst case over units (the example released most, the
 busiest client): for each distinct per-unit profile of release counts the
@@ -48,9 +50,11 @@ from keras_fedpriv.mechanisms.ledger import (
     CLIENT,
     EXAMPLE,
     SECRETS,
+    ReleaseKind,
     ReleaseLedger,
     holds_protections,
     is_protection,
+    non_private_event,
     register_protection,
 )
 from keras_fedpriv.mechanisms.validation import validate_eps
@@ -175,9 +179,42 @@ def find_protections(obj: Any) -> list[Any]:
     return found
 
 
+def _describe(obj):
+    if isinstance(obj, keras.callbacks.History):
+        return "a History" + ("" if obj.model is not None else " without a model")
+    name = getattr(obj, "name", None)
+    return f"{type(obj).__name__} {name!r}" if isinstance(name, str) else type(obj).__name__
+
+
+def _nothing_found(objs):
+    """The ledger of a search that found no protection: a release without DP of every secret.
+
+    Whatever was passed was trained, evaluated or served without anything
+    that records releases (or is not what the user meant to pass): nothing
+    found is never "private".
+    """
+    searched = ", ".join(_describe(o) for o in objs if o is not None) or "nothing"
+    ledger = ReleaseLedger()
+    for secret in SECRETS:
+        ledger.record(ReleaseKind(
+            f"no protection found in {searched}", secret, EXAMPLE, non_private_event(),
+            "nothing reachable from it records releases (searched its layers, optimizer and "
+            "the callbacks and drivers registered on it): data used without a protection is "
+            "released without DP. Pass the protected model, run or protection."), units=None)
+    return ledger
+
+
 def privacy_ledger(obj: Any) -> ReleaseLedger:
-    """The merged `ReleaseLedger` of every protection reachable from ``obj``."""
-    return ReleaseLedger.merged(p.privacy_ledger() for p in find_protections(obj))
+    """The merged `ReleaseLedger` of every protection reachable from ``obj``.
+
+    If no protection is reachable at all, the ledger holds one release
+    without DP of every secret (its composed eps is ``inf``): a model
+    without protections is not private, and neither is a wrong object.
+    """
+    found = find_protections(obj)
+    if not found:
+        return _nothing_found(list(obj) if isinstance(obj, (list, tuple)) else [obj])
+    return ReleaseLedger.merged(p.privacy_ledger() for p in found)
 
 
 # ------------------------------------------------------------------ report
