@@ -23,8 +23,10 @@ What crosses the wire (Flower ``Message`` contents):
   it could not serve the request, ``"error"`` (`failure_reason`: what was
   malformed, or only the error's type);
 * once, before training (``"query"``): the follower's party name and
-  `EmbeddingSpec`, which must match the leader's; at the end
-  (``"query.finish"``): nothing (the follower's ``on_finish`` runs).
+  `EmbeddingSpec`, which must match the leader's (two nodes claiming one
+  follower stop the run; a follower pinned to a node id is only that node:
+  see `vertical_server_app`); at the end (``"query.finish"``): nothing (the
+  follower's ``on_finish`` runs).
 
 The leader checks every reply (`decode_embedding`: keys, dtype, shape,
 padding bits, finite floats); an error reply, a missing or malformed one is
@@ -48,7 +50,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -98,6 +100,7 @@ logger = logging.getLogger("keras_fedpriv.flower")
 
 _STATE = "keras-fedpriv-vertical-state"
 _META = "keras-fedpriv-vertical-meta"
+_PIN = "party-node."  # run config: party-node.<party> = the node id pinned to that follower
 
 
 @dataclasses.dataclass
@@ -280,33 +283,112 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
     return app
 
 
-def _introduce(grid: Grid, nodes: list[int], leader: VerticalLeader, timeout: float
-               ) -> dict[str, int]:
-    """Ask every node its party and spec; party -> node id (specs must match the leader's)."""
+def _introduction(reply: Message) -> tuple[str, EmbeddingSpec]:
+    """The party name and spec of one ``"query"`` reply (`MalformedMessage` if it has none)."""
+    try:
+        content = reply.content
+        if "config" not in content:
+            raise MalformedMessage("the reply has no 'config' record")
+        config = content["config"]
+        if not isinstance(config, ConfigRecord):
+            raise MalformedMessage(f"'config' is a {type(config).__name__}, not a ConfigRecord")
+        party, spec = config.get("party"), config.get("spec")
+        if not isinstance(party, str) or not isinstance(spec, str):
+            raise MalformedMessage("'config' must hold the strings 'party' and 'spec'")
+        try:
+            return party, EmbeddingSpec.from_config(json.loads(spec))
+        except Exception as error:  # noqa: BLE001 - whatever the text is, it is not a spec
+            raise MalformedMessage(f"its embedding spec does not parse "
+                                   f"({type(error).__name__})") from None
+    except MalformedMessage:
+        raise
+    except Exception as error:  # noqa: BLE001 - no reply may stop the leader
+        raise MalformedMessage(f"the reply cannot be read ({type(error).__name__})") from None
+
+
+def _pins(party_nodes: Mapping[str, Any] | None, run_config: Mapping[str, Any],
+          leader: VerticalLeader) -> dict[str, int]:
+    """Party -> node id: ``party_nodes`` and the run config's ``party-node.<party>`` keys."""
+    pins: dict[str, int] = {}
+    given = [(f"`party_nodes`[{p!r}]", p, n) for p, n in dict(party_nodes or {}).items()]
+    given += [(f"run config {k!r}", k[len(_PIN):], v) for k, v in run_config.items()
+              if str(k).startswith(_PIN)]
+    for where, party, node in given:
+        if party not in leader.follower_specs:
+            raise ValueError(f"{where} pins {party!r}, which is not a follower of this leader "
+                             f"(followers: {sorted(leader.follower_specs)}).")
+        if isinstance(node, str) and node.strip().isdigit():
+            node = int(node)
+        if isinstance(node, bool) or not isinstance(node, (int, np.integer)) or node < 1:
+            raise ValueError(f"{where} must be a Flower node id (an integer >= 1, or its decimal "
+                             f"string); got {node!r}.")
+        if pins.get(party, int(node)) != int(node):
+            raise ValueError(f"{where} pins {party!r} to node {int(node)}, but it is already "
+                             f"pinned to node {pins[party]}.")
+        pins[party] = int(node)
+    return pins
+
+
+def _introduce(grid: Grid, nodes: list[int], leader: VerticalLeader, timeout: float,
+               pins: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Ask every node its party and spec; party -> node id (specs must match the leader's).
+
+    A reply that is an error, malformed (no ``config`` record, no party or
+    spec, a spec that does not parse), from a node that was not asked or a
+    second one from the same node is refused with a logged reason. Which node
+    is which follower: a follower pinned in ``pins`` is only its pinned node
+    (any other node claiming it is ignored, logged); an unpinned follower
+    claimed by two or more nodes stops the run (`RuntimeError` naming the
+    party and the nodes): the leader never guesses, since the node it takes
+    would receive that follower's example ids and cut gradients.
+    """
+    pins = dict(pins or {})
+    asked = set(nodes)
     replies = grid.send_and_receive(
         [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type="query")
          for n in nodes], timeout=timeout)
-    node_of: dict[str, int] = {}
+    claims: dict[str, list[tuple[int, EmbeddingSpec]]] = {}
+    answered: set[int] = set()
     for reply in replies:
         node = reply.metadata.src_node_id
+        if node not in asked or node in answered:
+            logger.warning("node %s: an introduction that was not asked for (%s); ignored", node,
+                           "a second reply" if node in answered else "not queried")
+            continue
+        answered.add(node)
         if reply.has_error():
             logger.warning("node %s did not introduce itself: %s", node,
                            _first_line(reply.error.reason))
             continue
-        config = reply.content["config"]
-        party = str(config["party"])
+        try:
+            party, spec = _introduction(reply)
+        except MalformedMessage as error:
+            logger.warning("node %s: its introduction was refused: %s", node, error)
+            continue
         if party not in leader.follower_specs:
             logger.warning("node %s is party %r, not a follower of this leader; ignored", node,
-                           party)
+                           party[:64])
             continue
-        if party in node_of:
-            logger.warning("two nodes claim party %r; using the first", party)
+        if party in pins and node != pins[party]:
+            logger.warning("node %s claims follower %r, which is pinned to node %s; ignored",
+                           node, party, pins[party])
             continue
-        try:
-            spec = EmbeddingSpec.from_config(json.loads(str(config["spec"])))
-        except (MalformedMessage, ValueError) as error:
-            raise RuntimeError(f"follower {party!r} announced an unreadable embedding spec: "
-                               f"{error}") from None
+        claims.setdefault(party, []).append((node, spec))
+    doubled = {p: sorted(n for n, _ in c) for p, c in claims.items() if len(c) > 1}
+    for party, claimants in sorted(doubled.items()):
+        logger.error("nodes %s all claim to be follower %r; the run does not start", claimants,
+                     party)
+    if doubled:
+        party, claimants = sorted(doubled.items())[0]
+        more = f" (and {len(doubled) - 1} more followers)" if len(doubled) > 1 else ""
+        raise RuntimeError(
+            f"nodes {claimants} all claim to be follower {party!r}{more}: the leader does not "
+            f"start rather than send {party!r}'s example ids and cut gradients to a node that "
+            "may not be it. Stop the extra node, or pin each follower to its node id "
+            f"(vertical_server_app(party_nodes=...) or the run config key '{_PIN}{party}') "
+            "with the SuperLink's node authentication on.")
+    node_of: dict[str, int] = {}
+    for party, ((node, spec),) in claims.items():
         if spec != leader.follower_specs[party]:
             raise RuntimeError(f"follower {party!r} sends {spec}, but the leader expects "
                                f"{leader.follower_specs[party]}; both must be built from the "
@@ -314,7 +396,10 @@ def _introduce(grid: Grid, nodes: list[int], leader: VerticalLeader, timeout: fl
         node_of[party] = node
     missing = sorted(set(leader.follower_specs) - set(node_of))
     if missing:
-        raise RuntimeError(f"the followers {missing} did not introduce themselves.")
+        raise RuntimeError(f"the followers {missing} did not introduce themselves"
+                           + (f" (pinned: { {p: pins[p] for p in missing if p in pins} })"
+                              if any(p in pins for p in missing) else "")
+                           + "; the reasons are logged on the 'keras_fedpriv.flower' logger.")
     return node_of
 
 
@@ -323,14 +408,23 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                         shuffle: bool = True, validation_fn: Callable[..., Any] | None = None,
                         validation_batch_size: int = 256, round_timeout: float = 600.0,
                         connect_timeout: float = 300.0,
-                        on_finish: Callable[[VerticalRunResult], None] | None = None
-                        ) -> ServerApp:
+                        on_finish: Callable[[VerticalRunResult], None] | None = None,
+                        party_nodes: Mapping[str, int] | None = None) -> ServerApp:
     """A Flower `ServerApp`: the leader of vertical FL, which drives the run.
 
     Run settings can be overridden per run with Flower's run config:
     ``num-epochs``, ``batch-size``, ``round-timeout``; ``result-path`` (a
     folder) makes the leader write ``history.json`` and ``leader.npz`` (its
-    weights) there at the end.
+    weights) there at the end; ``party-node.<party>`` pins a follower to a
+    node id (as ``party_nodes``).
+
+    Which node is which follower: each node names its party when the leader
+    asks (its operator's node config). A follower claimed by two nodes stops
+    the run before anything is sent (a `RuntimeError` naming the party and
+    the node ids), and a malformed introduction is refused with a logged
+    reason. A follower pinned to a node id is only that node; with the
+    SuperLink's node authentication on, a node id belongs to one registered
+    key, so no other node can take a pinned follower's place.
 
     Args:
         leader_fn: ``leader_fn()`` (with ``context=`` if declared) -> the
@@ -353,6 +447,11 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
             Simulation Engine this runs in the caller's process); its
             history adds ``wire_bytes_up`` / ``wire_bytes_down`` (Flower's
             message bytes) and ``epoch_time_s``.
+        party_nodes: None, or follower -> the Flower node id that alone may
+            be that follower (the id ``flwr supernode register`` printed);
+            the run config's ``party-node.<party>`` keys add to it (an int
+            or a decimal string; a follower pinned twice must get the same
+            id).
 
     Returns:
         A `flwr.serverapp.ServerApp`.
@@ -382,8 +481,9 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
         if validation_fn is not None:
             v_ids, v_x, v_y = _call(validation_fn, context=context)
             validation = (v_ids, v_y, v_x)
+        pins = _pins(party_nodes, run, leader)
         nodes = _wait_for_nodes(grid, len(leader.follower_specs), connect_timeout, what="followers")
-        node_of = _introduce(grid, nodes, leader, wait)
+        node_of = _introduce(grid, nodes, leader, wait, pins)
         party_of = {n: p for p, n in node_of.items()}
         traffic = {"up": 0, "down": 0}
 

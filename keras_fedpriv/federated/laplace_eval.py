@@ -51,7 +51,8 @@ from keras_fedpriv.mechanisms.validation import (
     validate_seed,
 )
 
-__all__ = ["MAX_EPS", "METRICS", "PROBABILITY_TOLERANCE", "LaplaceEvaluation"]
+__all__ = ["MAX_EPS", "MAX_REPORT_ROWS", "MAX_SCORED_ROWS", "METRICS", "PROBABILITY_TOLERANCE",
+           "LaplaceEvaluation"]
 
 #: The reference implementation's eps domain is (0, MAX_EPS].
 MAX_EPS = 500000.0
@@ -59,6 +60,10 @@ MAX_EPS = 500000.0
 PROBABILITY_TOLERANCE = 1e-3
 #: The clustering scores this callback can log, by name.
 METRICS = ("silhouette", "calinski_harabasz", "davies_bouldin")
+#: Default ``max_report_rows``: the most rows one client's report may hold.
+MAX_REPORT_ROWS = 10_000
+#: Default ``max_scored_rows``: the most rows one evaluation's scores are computed on.
+MAX_SCORED_ROWS = 5_000
 _INFERENCE_BATCH = 1024
 
 
@@ -113,8 +118,19 @@ def _as_rows(x, name):
     return arr
 
 
-def _split_eval_data(eval_data, num_eval_clients):
+def _split_eval_data(eval_data, num_eval_clients, max_report_rows):
     """Per-client input arrays from ``eval_data`` (see `LaplaceEvaluation`)."""
+    clients = _split(eval_data, num_eval_clients)
+    for i, x in enumerate(clients or []):
+        if len(x) > max_report_rows:
+            raise ValueError(f"`eval_data` client {i} has {len(x)} rows, more than "
+                             f"`max_report_rows`={max_report_rows} (the most a client may "
+                             "report); raise `max_report_rows` or split `eval_data` among more "
+                             "clients.")
+    return clients
+
+
+def _split(eval_data, num_eval_clients):
     if eval_data is None:
         return None
     if isinstance(eval_data, tuple):
@@ -130,6 +146,13 @@ def _split_eval_data(eval_data, num_eval_clients):
         raise ValueError(f"`eval_data` has {len(x)} rows, fewer than `num_eval_clients`="
                          f"{num_eval_clients}; every client needs at least one row.")
     return list(np.array_split(x, num_eval_clients))
+
+
+def _evenly_spaced(n, cap):
+    """Row indices ``i * n // cap`` (``i < cap``): at most ``cap`` of ``n`` rows, in order."""
+    if n <= cap:
+        return slice(None)
+    return np.arange(cap, dtype=np.int64) * n // cap
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
@@ -197,9 +220,22 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     model that outputs logits needs ``from_logits=True`` (softmax is then
     applied on the client first). Multi-output models are not supported.
 
+    **Bounded server work.** A client reports at most ``max_report_rows``
+    rows (with ``eval_data=None``: the first ``max_report_rows`` of its own
+    inputs; a fixed ``eval_data`` client with more rows is refused when the
+    callback is built). On Flower the server sends this cap with its
+    ``"evaluate"`` message and refuses a larger report from its byte size,
+    before parsing it. The scores of one evaluation are computed on at most
+    ``max_scored_rows`` rows: when the buffer holds more, on the evenly
+    spaced rows ``i * n // max_scored_rows`` of the buffer (oldest client
+    first), a deterministic subsample in which every buffered client keeps
+    its share. So no client, and no number of clients, can make one
+    evaluation's scoring cost more than that of ``max_scored_rows`` rows.
+
     **Scores.** scikit-learn's ``silhouette_score`` (Euclidean, with
     ``sample_size=silhouette_sample_size``: silhouette costs O(n^2) in the
-    number of scored rows, so set it for large buffers),
+    number of scored rows, so set it below ``max_scored_rows`` to make it
+    cheaper),
     ``calinski_harabasz_score`` (higher is better) and
     ``davies_bouldin_score`` (lower is better). Each needs between 2 and
     n - 1 distinct labels; otherwise (e.g. all noisy vectors have the same
@@ -211,6 +247,20 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     ``m`` such events (``dp_event(evaluations=m)``); `num_evaluations`
     counts the evaluations and `client_releases` how many times each client
     released. The argmax labels and scores are post-processing.
+
+    **Whose release it is (the ledger).** With ``eval_data=None`` each
+    report is a client's own data: it is recorded under that client's id.
+    A fixed ``eval_data`` is split into evaluation clients whose indices
+    ``0..n-1`` say nothing about who owns the rows: they would collide with
+    training clients' ids (`HorizontalFL`'s client ``0`` is not evaluation
+    client ``0``), and a training client whose rows are in ``eval_data``
+    would go uncounted. So each evaluation on a fixed ``eval_data`` is
+    recorded as one release about *every* client: whoever owns the rows,
+    every example of ``eval_data`` is released once per evaluation (its
+    evaluation clients hold disjoint rows; the count is that of the most
+    released evaluation client), and no client's composition can miss it.
+    This over-counts only for clients that own no evaluation row (never
+    under-counts).
 
     **Randomness.** ``seed=None`` (default): each client's noise comes from a
     fresh 64-bit OS-entropy secret at every evaluation, as on independent
@@ -260,6 +310,10 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         silhouette_sample_size: None (all scored rows) or the number of rows
             silhouette samples (an integer >= 2), with a random state drawn
             from the callback's generator.
+        max_report_rows: the most rows one client's report may hold (an
+            integer >= 1); the server refuses larger reports.
+        max_scored_rows: the most rows one evaluation's scores are computed
+            on (an integer >= 2); a larger buffer is subsampled evenly.
         seed: None (fresh OS-entropy secrets) or an int for reproducible noise.
 
     Attributes:
@@ -270,7 +324,8 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
             index in ``eval_data``'s clients, or `HorizontalFL`'s client id).
         last_scores: the logged values of the last evaluation (a dict).
         last_server_view: ``(noisy_vectors, labels)``, what the server scored
-            in the last evaluation (float64 ``(n, K)`` and int ``(n,)``).
+            in the last evaluation (float64 ``(n, K)`` and int ``(n,)``; at
+            most ``max_scored_rows`` rows).
         last_clean_view: ``(clean_vectors, labels)`` of the same rows when
             ``log_clean`` (else None).
         last_client_ids: the ids of the clients whose rows were scored, in
@@ -291,7 +346,8 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                  cluster_client_num: int | None = None, every_n_epochs: int = 1,
                  num_eval_clients: int = 10, from_logits: bool = False, log_clean: bool = False,
                  sampler: str = "discrete", silhouette_sample_size: int | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, max_report_rows: int = MAX_REPORT_ROWS,
+                 max_scored_rows: int = MAX_SCORED_ROWS) -> None:
         super().__init__()
         self.eps = validate_eps(eps, "eps", lower_open=True, upper=MAX_EPS)
         self.sensitivity = validate_real(sensitivity, "sensitivity", low=0, low_open=True)
@@ -308,7 +364,10 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         self.silhouette_sample_size = validate_positive_int(
             silhouette_sample_size, "silhouette_sample_size", minimum=2, allow_none=True)
         self.seed = validate_seed(seed)
-        self._clients = _split_eval_data(eval_data, self.num_eval_clients)
+        self.max_report_rows = validate_positive_int(max_report_rows, "max_report_rows")
+        self.max_scored_rows = validate_positive_int(max_scored_rows, "max_scored_rows",
+                                                     minimum=2)
+        self._clients = _split_eval_data(eval_data, self.num_eval_clients, self.max_report_rows)
         if self.sensitivity < 2.0:
             warnings.warn(
                 f"LaplaceEvaluation(sensitivity={self.sensitivity:g}): two probability vectors "
@@ -441,7 +500,8 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
             return {}
         if self._clients is None:
             ids = [int(i) for i in client_inputs]
-            inputs = [client_inputs[i] for i in client_inputs]
+            # each client reports at most max_report_rows rows: its first ones
+            inputs = [np.asarray(client_inputs[i])[:self.max_report_rows] for i in client_inputs]
         else:
             ids = list(range(len(self._clients)))
             inputs = self._clients
@@ -506,18 +566,45 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         clean = np.asarray(outputs) if self.log_clean else None
         cid = int(client_id)
         self.client_releases[cid] = self.client_releases.get(cid, 0) + 1
-        self._ledger.record(self._release_kind(), [cid])
+        kinds = [self._release_kind()]
         if self.log_clean:
-            self._ledger.record(ReleaseKind(
+            kinds.append(ReleaseKind(
                 "LaplaceEvaluation clean_*", "client data", CLIENT, non_private_event(),
                 "log_clean=True: scores of the noiseless outputs in the logs "
-                "(simulation-only)"), [cid])
+                "(simulation-only)"))
+        for kind in kinds:
+            if self._clients is None:  # the client's own rows: its own release
+                self._ledger.record(kind, [cid])
+            else:
+                # A fixed eval_data's rows may be any client's: releases about every client,
+                # as many as its most released (disjoint) evaluation client has made, i.e.
+                # one per evaluation (see the class doc).
+                done = next((self._ledger.total(k) for k in self._ledger.kinds
+                             if k.key == kind.key), 0)
+                self._ledger.record(kind, None,
+                                    count=max(max(self.client_releases.values()) - done, 0))
         return noisy, clean
 
-    def client_outputs(self, model: keras.Model, x: ArrayLike) -> np.ndarray:
+    def client_outputs(self, model: keras.Model, x: ArrayLike, max_rows: Any = None
+                       ) -> np.ndarray:
         """The client's inference: the model's probability rows on ``x`` (softmax of logits
-        with ``from_logits=True``), checked to be one 2-D output."""
-        return self._predict(model, [np.asarray(x)])
+        with ``from_logits=True``), checked to be one 2-D output.
+
+        Args:
+            model: the model to run.
+            x: the client's inputs; only the first ``min(max_report_rows,
+                max_rows)`` rows are used.
+            max_rows: None, or the most rows the server asked for (an integer
+                >= 1, e.g. from its ``"evaluate"`` message: it can only
+                lower what this client releases).
+
+        Returns:
+            The ``(n, K)`` probability rows.
+        """
+        cap = self.max_report_rows
+        if max_rows is not None:
+            cap = min(cap, validate_positive_int(max_rows, "max_rows"))
+        return self._predict(model, [np.asarray(x)[:cap]])
 
     def receive_reports(self, reports: Sequence[tuple[int, np.ndarray, np.ndarray | None]],
                         started: float | None = None) -> dict[str, float]:
@@ -532,6 +619,10 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
             The logs, as `evaluate`.
         """
         started = time.perf_counter() if started is None else started
+        for cid, noisy, _ in reports:
+            if len(noisy) > self.max_report_rows:
+                raise ValueError(f"client {cid}'s report has {len(noisy)} rows, more than "
+                                 f"`max_report_rows`={self.max_report_rows}.")
         self.num_evaluations += 1
         if self.cluster_client_num is None:
             self._buffer.clear()
@@ -543,12 +634,15 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                 self._buffer.popitem(last=False)
         self.last_client_ids = list(self._buffer)
         noisy = np.concatenate([v[0] for v in self._buffer.values()])
+        scored = _evenly_spaced(len(noisy), self.max_scored_rows)
+        noisy = noisy[scored]
         labels = np.argmax(noisy, axis=1)
         self.last_server_view = (noisy, labels)
         values = {f"laplace_{m}": self._score(m, noisy, labels, "noisy") for m in self.metrics}
         self.last_clean_view = None
         if self.log_clean:
-            clean = np.concatenate([v[1] for v in self._buffer.values()]).astype(np.float64)
+            clean = np.concatenate([v[1] for v in self._buffer.values()])[scored].astype(
+                np.float64)
             clean_labels = np.argmax(clean, axis=1)
             self.last_clean_view = (clean, clean_labels)
             values.update({f"clean_{m}": self._score(m, clean, clean_labels, "clean")
@@ -584,6 +678,10 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         # Clients run inference independently; simulated as one batched pass
         # (per-example outputs do not depend on the batch at inference time).
         sizes = [len(x) for x in client_inputs]
+        for cid, size in zip(client_ids, sizes):
+            if size > self.max_report_rows:  # refused before anything is released
+                raise ValueError(f"client {cid} has {size} rows to report, more than "
+                                 f"`max_report_rows`={self.max_report_rows}.")
         outputs = self._predict(model, client_inputs)
         reports = []
         for cid, rows in zip(client_ids, np.split(outputs, np.cumsum(sizes)[:-1])):
@@ -681,6 +779,8 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
             "log_clean": self.log_clean,
             "sampler": self.sampler,
             "silhouette_sample_size": self.silhouette_sample_size,
+            "max_report_rows": self.max_report_rows,
+            "max_scored_rows": self.max_scored_rows,
         }
         return config_with_seed(config, self.seed)
 

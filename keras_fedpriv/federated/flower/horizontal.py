@@ -307,7 +307,8 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                                 msg.content["batch-norm"].to_numpy_ndarrays()):
                     v.assign(w)
             spend(context, party, sending=False)
-            outputs = party.laplace.client_outputs(model, party.x)
+            asked = msg.content["config"] if "config" in msg.content else {}
+            outputs = party.laplace.client_outputs(model, party.x, max_rows=asked.get("max-rows"))
             noisy, _ = party.laplace.report_outputs(outputs, party.client_id)
             spend(context, party, sending=True)
             _save_state(context, party)

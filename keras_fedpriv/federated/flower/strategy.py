@@ -32,6 +32,7 @@ from keras_fedpriv.federated.flower.common import (
     message_nbytes,
 )
 from keras_fedpriv.federated.horizontal_parties import HorizontalServer
+from keras_fedpriv.federated.laplace_eval import MAX_REPORT_ROWS
 from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.federated.uploads import MalformedUpload, as_upload
 from keras_fedpriv.mechanisms.ledger import (
@@ -105,7 +106,9 @@ class HorizontalStrategy(Strategy):
         magrr: a `keras_fedpriv.callbacks.MagRR` (SignDS only) or None; its
             ``eps_rr`` must match the clients' ``magrr_eps``.
         laplace_eval: a `keras_fedpriv.callbacks.LaplaceEvaluation` with
-            ``eval_data=None``, or None.
+            ``eval_data=None``, or None. Each client is asked for at most its
+            ``max_report_rows`` rows and a larger report is refused before it
+            is parsed; its ``max_scored_rows`` bounds each round's scoring.
         validation_data: ``(x, y)`` the strategy scores the global model on
             after every round (``val_*`` metrics), or None.
         connect_timeout: seconds to wait for ``num_clients`` clients and their
@@ -342,7 +345,9 @@ class HorizontalStrategy(Strategy):
         if self.laplace is None or not self.laplace._due(rnd) or \
                 self._round.get("round") != rnd:
             return []
-        content = RecordDict({"weights": ArrayRecord(numpy_ndarrays=self.server.global_weights())})
+        # what is asked: at most max_report_rows rows per client (a larger report is refused)
+        content = RecordDict({"weights": ArrayRecord(numpy_ndarrays=self.server.global_weights()),
+                              "config": ConfigRecord({"max-rows": self.laplace.max_report_rows})})
         bn = self.server.global_batch_norm()
         if bn:
             content["batch-norm"] = ArrayRecord(numpy_ndarrays=bn)
@@ -377,7 +382,9 @@ class HorizontalStrategy(Strategy):
                 reason = "a second report from the same client"
             else:
                 try:
-                    reports[cid] = _parse_report(reply, state["width"])
+                    reports[cid] = _parse_report(reply, state["width"] or
+                                                 self.laplace.num_classes,
+                                                 self.laplace.max_report_rows)
                 except MalformedMessage as err:
                     reason = f"malformed report: {err}"
                 except Exception as err:  # noqa: BLE001 - no reply may stop the server
@@ -479,11 +486,18 @@ def _parse_reply(reply: Message, server: HorizontalServer, with_magrr: bool,
     return out
 
 
-def _parse_report(reply: Message, width: int | None) -> np.ndarray:
-    """A client's LaplaceEvaluation report, checked (`MalformedUpload` if not as promised)."""
+def _parse_report(reply: Message, width: int | None,
+                  max_rows: int = MAX_REPORT_ROWS) -> np.ndarray:
+    """A client's LaplaceEvaluation report, checked (`MalformedUpload` if not as promised).
+
+    Its size is checked before anything is deserialized: no more bytes than a
+    float64 ``(max_rows, width)`` array (the rows the server asked for).
+    """
     if set(reply.content.keys()) != {"report", "config"}:
         raise MalformedUpload("the reply must hold exactly 'report' and 'config'.")
-    rows = _arrays(reply.content["report"], "report", 8 * 10**8)
+    if width is None:  # pragma: no cover - the strategy knows K before it asks
+        raise MalformedUpload("the server does not know the model's output width.")
+    rows = _arrays(reply.content["report"], "report", 8 * max_rows * width + 4096)
     if set(rows) != {"report"}:
         raise MalformedUpload("'report' must hold exactly the array 'report'.")
     noisy = rows["report"]
@@ -491,6 +505,9 @@ def _parse_report(reply: Message, width: int | None) -> np.ndarray:
             width is not None and noisy.shape[1] != width):
         raise MalformedUpload(f"the report must be a non-empty float64 array of shape "
                               f"(n, {width}); got {noisy.dtype} {noisy.shape}.")
+    if len(noisy) > max_rows:
+        raise MalformedUpload(f"the report holds {len(noisy)} rows, more than the {max_rows} "
+                              "asked for.")
     if not np.isfinite(noisy).all():
         raise MalformedUpload("the report holds NaN or infinity.")
     return noisy

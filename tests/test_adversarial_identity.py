@@ -1,0 +1,217 @@
+"""Issue 18, case 8: a node that lies about which follower it is (vertical FL on Flower).
+
+The vertical leader asks every connected node which party it is. A rogue node that claims a
+follower's name must never receive that follower's example ids or cut gradients: two nodes
+claiming one follower stop the run before anything is sent (unless the follower is pinned to its
+node id, when only that node is it), and a malformed introduction is refused with a logged
+reason instead of crashing the ServerApp. A stand-in Grid plays the SuperLink; the real
+followers behind it are `VerticalFollower` objects serving the leader's messages.
+"""
+
+import json
+import logging
+
+import keras
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
+
+import keras_fedpriv as kf  # noqa: E402
+from keras_fedpriv.federated import VerticalModel  # noqa: E402
+from keras_fedpriv.federated.flower.common import _record  # noqa: E402
+from keras_fedpriv.federated.flower_vertical import vertical_server_app  # noqa: E402
+from keras_fedpriv.federated.vertical_driver import (  # noqa: E402
+    FeatureTable,
+    FollowerRequest,
+    serve_request,
+)
+
+from flower_stubs import Reply  # noqa: E402
+
+pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
+
+N = 24
+RNG = np.random.default_rng(0)
+X = {"f1": RNG.normal(size=(N, 3)).astype("float32"),
+     "f2": RNG.normal(size=(N, 2)).astype("float32"),
+     "lead": RNG.normal(size=(N, 2)).astype("float32")}
+Y = (X["f1"][:, 0] + X["lead"][:, 0] > 0).astype("float32")
+F1, F2, ROGUE = 10, 11, 5  # node ids; the rogue's is the smallest, so it answers first
+
+
+@pytest.fixture
+def in_a_run(monkeypatch):
+    """Flower builds a Message only inside a run: a stand-in run id for these tests."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
+
+
+def model_fn():
+    seeds = iter(range(100))
+
+    def bottom(k):
+        return keras.Sequential([keras.Input((k,)), keras.layers.Dense(
+            4, kernel_initializer=keras.initializers.GlorotUniform(seed=next(seeds)))])
+
+    top = keras.Sequential([keras.Input((12,)), keras.layers.Dense(
+        1, activation="sigmoid", kernel_initializer=keras.initializers.GlorotUniform(seed=50))])
+    model = VerticalModel({"f1": bottom(3), "f2": bottom(2), "lead": bottom(2)}, top,
+                          leader="lead", embedding_dp=kf.EmbeddingDPLayer(eps=4.0, seed=3))
+    model.compile(keras.optimizers.SGD(0.1), "binary_crossentropy")
+    return model
+
+
+def _hello(party, spec):
+    return RecordDict({"config": ConfigRecord({"party": party, "spec": spec})})
+
+
+class _Grid:
+    """A SuperLink stand-in: real followers at their nodes, and whatever else is connected.
+
+    ``others`` maps a node id to the content it answers the leader's query with (a RecordDict,
+    or a string: an error reply). Every message the leader sends is kept in ``sent``.
+    """
+
+    def __init__(self, others=None):
+        parties = model_fn().split_parties()
+        self.followers = {F1: parties.followers["f1"], F2: parties.followers["f2"]}
+        self.tables = {F1: FeatureTable(X["f1"]), F2: FeatureTable(X["f2"])}
+        self.others = dict(others or {})
+        self.sent = []
+
+    def spec(self, node=F1):
+        return json.dumps(self.followers[node].spec.to_config())
+
+    def get_node_ids(self):
+        return sorted([*self.followers, *self.others])
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = []
+        for m in messages:
+            node, kind = m.metadata.dst_node_id, m.metadata.message_type
+            self.sent.append((node, kind))
+            if node in self.others:  # a rogue answers the rest with an error reply
+                answer = self.others[node] if kind == "query" else "not a follower"
+                replies.append(Reply(None, node, error=answer) if isinstance(answer, str)
+                               else Reply(answer, node))
+            elif kind == "query":
+                follower = self.followers[node]
+                replies.append(Message(_hello(follower.name, self.spec(node)), reply_to=m))
+            elif kind in ("train", "evaluate"):
+                content = m.content
+                request = FollowerRequest(
+                    gradient=({k: a.numpy() for k, a in content["gradient"].items()}
+                              if "gradient" in content else None),
+                    example_ids=content["ids"]["ids"].numpy() if "ids" in content else None,
+                    training=kind == "train")
+                arrays = serve_request(self.followers[node], request, self.tables[node])
+                replies.append(Message(RecordDict({"embedding": _record(arrays)}), reply_to=m))
+            else:
+                replies.append(Message(RecordDict({"config": ConfigRecord({})}), reply_to=m))
+        return replies
+
+    def messages_to(self, node):
+        return [kind for n, kind in self.sent if n == node]
+
+
+def _run(grid, run_config=None, **kwargs):
+    out = {}
+    app = vertical_server_app(lambda: model_fn().split_parties().leader,
+                              lambda: (np.arange(N), X["lead"], Y), epochs=1, batch_size=8,
+                              seed=0, connect_timeout=5, on_finish=lambda r: out.update(r=r),
+                              **kwargs)
+    app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=dict(run_config or {})))
+    return out["r"]
+
+
+def _capture(caplog):
+    return caplog.at_level(logging.WARNING, logger="keras_fedpriv.flower")
+
+
+def test_case8_two_nodes_claiming_one_follower_stop_the_run_before_anything_is_sent(in_a_run,
+                                                                                     caplog):
+    """Case 8: the rogue answered first and became f1; now nobody is f1 and nothing is sent."""
+    grid = _Grid()
+    grid.others[ROGUE] = _hello("f1", grid.spec(F1))
+    with _capture(caplog), pytest.raises(RuntimeError, match=r"nodes \[5, 10\] all claim to be "
+                                                            r"follower 'f1'.*party-node\.f1"):
+        _run(grid)
+    assert {kind for _, kind in grid.sent} == {"query"}  # no ids, no gradients to anyone
+    assert "nodes [5, 10] all claim to be follower 'f1'" in caplog.text
+
+
+def test_case8_a_pinned_follower_is_only_its_node(in_a_run, caplog):
+    """Case 8: with f1 pinned (code) and f2 pinned (run config, a decimal string), the rogue
+    claiming f1 is ignored: it gets the query and nothing else, and the run uses the real f1."""
+    grid = _Grid()
+    grid.others[ROGUE] = _hello("f1", grid.spec(F1))
+    with _capture(caplog):
+        result = _run(grid, run_config={"party-node.f2": str(F2)}, party_nodes={"f1": F1})
+    assert grid.messages_to(ROGUE) == ["query"]
+    # a message per batch, and one that carries the last batch's gradient
+    assert grid.messages_to(F1).count("train") == N // 8 + 1
+    assert grid.messages_to(F2).count("train") == N // 8 + 1
+    assert grid.messages_to(F1)[-1] == "query.finish"
+    assert result.rejected == [] and result.history["skipped"] == [0.0]
+    assert "node 5 claims follower 'f1', which is pinned to node 10; ignored" in caplog.text
+
+
+def test_case8_a_pin_to_a_node_that_claims_another_party_stops_the_run(in_a_run):
+    grid = _Grid()
+    with pytest.raises(RuntimeError, match=r"\['f1'\] did not introduce themselves.*pinned"):
+        _run(grid, party_nodes={"f1": F2, "f2": F2})
+    assert {kind for _, kind in grid.sent} == {"query"}
+
+
+@pytest.mark.parametrize("pins, run_config, match", [
+    ({"f3": 10}, {}, "'f3', which is not a follower"),
+    ({"f1": 0}, {}, "node id"),
+    ({"f1": True}, {}, "node id"),
+    ({"f1": "ten"}, {}, "node id"),
+    ({"f1": 10}, {"party-node.f1": 11}, "already pinned to node 10"),
+])
+def test_bad_pins_are_refused_by_name(in_a_run, pins, run_config, match):
+    grid = _Grid()
+    with pytest.raises(ValueError, match=match):
+        _run(grid, run_config=run_config, party_nodes=pins)
+    assert grid.sent == []
+
+
+def test_case8_a_malformed_introduction_is_refused_with_a_logged_reason(in_a_run, caplog):
+    """Case 8: a query reply without a 'config' record crashed the ServerApp with a KeyError."""
+    grid = _Grid()
+    grid.others.update({
+        1: RecordDict({}),                                               # no 'config'
+        2: RecordDict({"config": ConfigRecord({"party": "f1"})}),         # no spec
+        3: _hello("f1", "{not json"),                                    # a spec that is not one
+        4: RecordDict({"config": ArrayRecord()}),                         # not a ConfigRecord
+        6: "boom\nsecret trace",                                          # an error reply
+    })
+    with _capture(caplog):
+        result = _run(grid)
+    assert result.history["skipped"] == [0.0]
+    for node in (1, 2, 3, 4, 6):
+        assert grid.messages_to(node) == ["query"]
+    assert "node 1: its introduction was refused: the reply has no 'config' record" in \
+        caplog.text
+    assert "node 2: its introduction was refused: 'config' must hold the strings" in caplog.text
+    assert "node 3: its introduction was refused: its embedding spec does not parse" in \
+        caplog.text
+    assert "node 4: its introduction was refused: 'config' is a ArrayRecord" in caplog.text
+    assert "secret trace" not in caplog.text
+
+
+def test_case8_a_follower_whose_only_introduction_is_malformed_is_missing_not_a_crash(in_a_run):
+    grid = _Grid()
+    grid.followers.pop(F2)
+    grid.others[F2] = RecordDict({})
+    with pytest.raises(RuntimeError, match=r"the followers \['f2'\] did not introduce"):
+        _run(grid)
+    assert {kind for _, kind in grid.sent} == {"query"}
