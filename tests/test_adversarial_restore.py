@@ -13,6 +13,7 @@ Each test below failed on the code before this rule (issue 18, cases 1 and 2).
 """
 
 import copy
+import math
 import os
 import pickle
 
@@ -226,3 +227,46 @@ def test_load_state_dict_refuses_a_state_behind_the_object():
     unseeded.client_message(DELTA, 10, client_id=1)
     with pytest.raises(ValueError, match="behind"):
         unseeded.load_state_dict(state)
+
+
+# --- vertical FL: the follower's state and the model's count of releases without DP ----------
+def test_a_follower_refuses_a_state_behind_its_releases():
+    from vertical_stubs import COLUMNS, model_fn, vertical_data
+
+    data = vertical_data()
+    follower = model_fn().split_parties().followers["f1"]
+    ids = np.arange(16)
+    x = data["features"][ids, COLUMNS["f1"]]
+    follower.embed(x, example_ids=ids)
+    follower._pending = None
+    stale = {k: np.array(v) for k, v in follower.state_dict().items()}
+    sent = follower.embed(x, example_ids=ids)["bits"]
+    follower._pending = None
+    before = privacy_report(follower).epsilon
+    with pytest.raises(ValueError, match="behind"):
+        follower.load_state_dict(stale)
+    assert privacy_report(follower).epsilon == before
+    assert not np.array_equal(follower.embed(x, example_ids=ids)["bits"], sent)
+    # a new copy built the same way takes the state (what a Flower node does every message)
+    copy_ = model_fn().split_parties().followers["f1"]
+    copy_.load_state_dict(stale)
+
+
+@pytest.mark.parametrize("how", ["weights.h5", "checkpoint"])
+def test_a_vertical_models_releases_without_dp_are_not_rewound(tmp_path, how):
+    from vertical_stubs import compile_model, two_party, two_party_data
+
+    data = two_party_data()
+    model = compile_model(two_party(label_dp=kf.LabelDPLayer(2.0, per_batch=True)))
+    prefix = tf.train.Checkpoint(model=model).write(os.path.join(tmp_path, "ckpt"))
+    model.predict(data["test"], verbose=0)
+    path = os.path.join(tmp_path, "early.weights.h5")
+    model.save_weights(path)
+    model.fit(data["train"], data["y"], epochs=1, batch_size=64, verbose=0)
+    count = model.unprotected_releases.numpy().copy()
+    if how == "weights.h5":
+        model.load_weights(path)
+    else:
+        tf.train.Checkpoint(model=model).read(prefix)
+    np.testing.assert_array_equal(model.unprotected_releases.numpy(), count)
+    assert math.isinf(privacy_report(model).epsilon)

@@ -43,7 +43,7 @@ from keras_fedpriv.federated.vertical_parties.party import (
 from keras_fedpriv.federated.vertical_parties.wire import up_bytes
 from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
 from keras_fedpriv.layers.label_dp import LabelDPLayer
-from keras_fedpriv.layers.secret_rng import _LocalVariable
+from keras_fedpriv.layers.secret_rng import _MonotoneVariable
 from keras_fedpriv.mechanisms.ledger import ReleaseLedger
 
 __all__ = ["VerticalModel", "derive_party_seed"]
@@ -197,7 +197,7 @@ class VerticalModel(keras.Model):
         # What leaves a party without a DP mechanism, counted where it is sent:
         # one slot per follower (embedding calls), the last for training steps
         # whose cut gradients come from unprotected labels.
-        self.unprotected_releases = _LocalVariable(
+        self.unprotected_releases = _MonotoneVariable(
             np.zeros(len(self._followers) + 1, np.int64), trainable=False,
             name="unprotected_releases")
         self._label_class_weight = None  # fit(class_weight=) with label_dp: applied in train_step
@@ -357,7 +357,9 @@ class VerticalModel(keras.Model):
 
     def load_own_variables(self, store: Any) -> None:
         if "unprotected_releases" in store:
-            self.unprotected_releases.assign(np.asarray(store["unprotected_releases"], np.int64))
+            saved = np.asarray(store["unprotected_releases"], np.int64).reshape(
+                self.unprotected_releases.shape)  # restoring never rewinds: the larger count
+            self.unprotected_releases.assign(np.maximum(self.unprotected_releases.numpy(), saved))
             store = {k: store[k] for k in store.keys() if k != "unprotected_releases"}
         super().load_own_variables(store)
 

@@ -102,6 +102,29 @@ def merge_release_totals(live: Any, saved: Any, owner: str) -> np.ndarray:
     return merged
 
 
+def refuse_if_behind(live: Any, saved: Any, owner: str) -> None:
+    """Raise unless loading the totals ``saved`` as they are keeps every count of ``live``.
+
+    For state that is loaded by assignment (a party's own state, e.g. a
+    vertical follower's `state_dict`): a layer that has released accepts
+    only a state of its own lineage whose counts are all at least its own.
+
+    Raises:
+        ValueError: the state is behind the live layer, or from another one.
+    """
+    live = np.asarray(live, np.int64).reshape(-1)
+    saved = np.asarray(saved, np.int64).reshape(-1)
+    if saved.size != live.size or np.any(saved[:LINEAGE] < 0):
+        raise ValueError(f"{owner}: the saved release counts are malformed; nothing was loaded.")
+    if _released(live) and (saved[LINEAGE] != live[LINEAGE]
+                            or np.any(saved[:LINEAGE] < live[:LINEAGE])):
+        raise ValueError(
+            f"{owner}: the state being loaded is behind this layer's releases (or was saved by "
+            f"another layer). Loading it would rewind the release count and replay noise already "
+            f"sent; load a state only into a new copy, or one that has released no more than "
+            f"the state records.")
+
+
 class _ReleaseTotalsVariable(_LocalVariable):
     """``release_totals``: a checkpoint restore merges with `merge_release_totals`."""
 
@@ -110,10 +133,12 @@ class _ReleaseTotalsVariable(_LocalVariable):
     def _restore_from_tensors(self, restored_tensors):
         restored = restored_tensors["VARIABLE_VALUE"]
         if not tf.executing_eagerly():  # a graph-mode restore: never rewind, keep the lineage
+            restored = tf.cast(tf.reshape(restored, [-1]), tf.int64)
+            if restored.shape[0] == len(SLOTS) - 1:  # saved before lineages existed
+                restored = tf.concat([restored, tf.zeros([1], tf.int64)], 0)
             keep = tf.one_hot(LINEAGE, len(SLOTS), on_value=True, off_value=False)
             live = self.read_value()
-            return self.assign(tf.where(keep, live, tf.maximum(live, tf.cast(restored,
-                                                                                tf.int64))))
+            return self.assign(tf.where(keep, live, tf.maximum(live, restored)))
         return self.assign(merge_release_totals(self.numpy(), np.asarray(restored), self.owner))
 
 

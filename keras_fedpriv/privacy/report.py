@@ -322,7 +322,8 @@ class PrivacyReport:
                       _fmt(self.epsilon)))
         lines = [text_table(header, cells),
                  f"Accountant: {self.accountant.upper()} (dp-accounting)."]
-        lines += [f"- {r.mechanism}: {r.note}" for r in self.releases if r.note]
+        lines += list(dict.fromkeys(f"- {r.mechanism}: {r.note}" for r in self.releases
+                                    if r.note))  # one line per distinct note
         lines += [f"- {n}" for n in self.notes()]
         return "\n".join(lines)
 

@@ -246,8 +246,14 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         key = (context.run_id, context.node_id)
         if key in clients:
             party = clients[key]
-            _load_state(context, party)
-            return party
+            try:
+                _load_state(context, party)
+                return party
+            except ValueError:
+                # this process's copy is ahead of the node state (a message that drew noise
+                # failed before its state was saved: nothing of it was sent); load_state_dict
+                # never rewinds a live object, so the client is rebuilt from the node state
+                clients.pop(key, None)
         x, y = data_fn(context)
         x, y = np.asarray(x), np.asarray(y)
         if x.dtype.kind == "f":

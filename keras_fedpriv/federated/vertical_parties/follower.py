@@ -34,6 +34,7 @@ from keras_fedpriv.layers.local_state import (
     restore,
     snapshot,
 )
+from keras_fedpriv.layers.release_counter import refuse_if_behind
 from keras_fedpriv.mechanisms.ledger import ReleaseLedger
 
 __all__ = ["VerticalFollower"]
@@ -267,8 +268,36 @@ class VerticalFollower(PartyBottom):
             out.update({f"pending/before/{k}": v for k, v in before.items()})
         return out
 
+    def _refuse_if_behind(self, state):
+        """Restoring never rewinds: a state behind this follower's releases is refused."""
+        live = local_state(self.layers)
+        for name, value in live.items():
+            saved = state.get(f"local/{name}")
+            if saved is None:
+                continue
+            if name.endswith("/release_totals"):
+                refuse_if_behind(value, saved, f"{self._owner}.load_state_dict")
+            elif name.endswith("/rng_counter") and np.any(
+                    np.reshape(np.asarray(saved, np.int64), value.shape) < value):
+                raise ValueError(f"{self._owner}.load_state_dict: the state's random counter is "
+                                 "behind this follower's: loading it would replay noise already "
+                                 "sent; load a state only into a new copy.")
+        if self._counter is not None and "unprotected" in state:
+            live_count = int(self._counter.variable.numpy()[self._counter.slot])
+            if int(np.asarray(state["unprotected"]).reshape(-1)[0]) < live_count:
+                raise ValueError(f"{self._owner}.load_state_dict: the state counts fewer "
+                                 "releases without DP than this follower made; loading it would "
+                                 "rewind the count.")
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore `state_dict` (taken from this follower or a copy built the same way)."""
+        """Restore `state_dict` (taken from this follower or a copy built the same way).
+
+        Restoring never rewinds: a state behind what this follower has
+        already released (its release counts, random counter or count of
+        releases without DP) is refused with a ValueError, and nothing is
+        loaded.
+        """
+        self._refuse_if_behind(state)
         try:
             for i, v in enumerate(self.trainable_variables):
                 v.assign(np.reshape(state[f"weights/{i}"], v.shape))

@@ -28,7 +28,7 @@ from keras_fedpriv.federated.messages import EXAMPLE_IDS_KEY
 from keras_fedpriv.federated.vertical_parties.wire import EmbeddingSpec
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
 from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
-from keras_fedpriv.layers.secret_rng import SecretRandomMixin, _LocalVariable
+from keras_fedpriv.layers.secret_rng import SecretRandomMixin, _MonotoneVariable
 from keras_fedpriv.mechanisms.ledger import (
     EXAMPLE,
     ReleaseKind,
@@ -219,7 +219,7 @@ class _Counter:
 
     def __init__(self, variable: tf.Variable | None = None, slot: int = 0) -> None:
         if variable is None:
-            variable = _LocalVariable(np.zeros(1, np.int64), trainable=False,
+            variable = _MonotoneVariable(np.zeros(1, np.int64), trainable=False,
                                       name="unprotected_releases")
             slot = 0
         self.variable = variable
