@@ -93,9 +93,16 @@ _PLAN_EPILOG = """examples:
   keras-fedpriv plan --target-eps 8 --releases 10 --mechanism embedding_dp --num-coordinates 16
   keras-fedpriv plan --target-eps 4 --delta 1e-6 --releases 50 --mechanism gaussian
 
---releases counts the releases of the busiest unit: 1 for labels privatized
-once, the epochs for EmbeddingDPLayer or a per-batch LabelDPLayer, the rounds
-a client takes part in for SignDS, MagRR and the Gaussian upload.
+--releases counts the releases of the busiest unit, in the release pattern
+--pattern names (printed with the plan):
+  per_example    (label_dp, embedding_dp default) the layer sees example ids:
+                 1 for labels privatized once, the epochs (plus inference
+                 passes) for EmbeddingDPLayer or a per-batch LabelDPLayer
+  every_example  no example ids (e.g. a plain model.fit): every call counts
+                 for every example, so releases = batches per epoch x epochs
+  per_client     (signds, magrr, gaussian) the rounds a client takes part in
+In Python, keras_fedpriv.privacy.plan_run returns the plan, and its PlanCheck
+callback stops a fit whose releases do not match it.
 """
 
 
@@ -185,6 +192,10 @@ def build_parser():
                       help="K for label_dp (default 2)")
     plan.add_argument("--num-coordinates", type=_positive_int, default=None,
                       help="embedding size d for embedding_dp (required there)")
+    plan.add_argument("--pattern", choices=("per_example", "every_example", "per_client"),
+                      default=None,
+                      help="release pattern --releases counts in (default: per_example for "
+                           "label_dp and embedding_dp, per_client otherwise)")
     return parser
 
 
@@ -221,6 +232,7 @@ def _run_audit(parser, args, out):
 
 def _run_plan(parser, args, out):
     from keras_fedpriv.privacy import plan_epsilon, plan_noise_multiplier
+    from keras_fedpriv.privacy.planning import PATTERNS, release_pattern
 
     if args.num_classes is not None and args.mechanism != "label_dp":
         parser.error("argument --num-classes: only used with --mechanism label_dp")
@@ -228,13 +240,19 @@ def _run_plan(parser, args, out):
         parser.error("argument --num-coordinates: only used with --mechanism embedding_dp")
     if args.mechanism == "embedding_dp" and args.num_coordinates is None:
         parser.error("argument --num-coordinates: required with --mechanism embedding_dp")
+    try:
+        pattern = release_pattern(args.mechanism, args.pattern)
+    except ValueError as err:
+        parser.error(f"argument --pattern: {err}")
     budget = (f"target eps={args.target_eps:g}, delta={args.delta:g} over "
               f"{args.releases} release(s)")
+    assumes = f"  release pattern: {pattern}: {PATTERNS[pattern]}"
     try:
         if args.mechanism == "gaussian":
             z = plan_noise_multiplier(args.target_eps, args.delta, releases=args.releases)
             print(f"gaussian: {budget}", file=out)
             print(f"  noise multiplier: {z:.4f}", file=out)
+            print(assumes, file=out)
             return 0
         kwargs = {}
         if args.num_classes is not None:
@@ -247,6 +265,7 @@ def _run_plan(parser, args, out):
         parser.error(str(err))
     print(f"{args.mechanism}: {budget}", file=out)
     print(f"  per-release eps: {eps:.4f}", file=out)
+    print(assumes, file=out)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Tune eps with keras-tuner: eps as a hyperparameter and a privacy-utility objective.
 
-Three pieces:
+The pieces:
 
 * `eps_hyperparameter(hp, ...)`: ``hp.Float("eps", ..., sampling="log")`` with
   the package's eps validation on the bounds; use its value to build the
@@ -15,14 +15,23 @@ Three pieces:
   `RandomSearch`, `BayesianOptimization` and `Hyperband` alike.
 
 Hyperparameter search on private data leaks too. Every trial trains on the
-same private data and the tuner's choice depends on the trials' results; the
-eps that `PrivacyUtility` logs is that of ONE trial's training run, not of the
-search. By basic composition, a search costs the sum of its trials' eps
-(`search_epsilon`; Papernot and Steinke, "Hyperparameter tuning with Renyi
-differential privacy", ICLR 2022, give much better bounds for random search
-with a random number of trials; we do not implement them). The sound ways
-out: tune on public or proxy data and train once on the private data, or
-report the search's eps.
+same private data, every execution of a trial (``executions_per_trial``)
+trains a new model on it, and every epoch of each releases again; the
+tuner's choice depends on the results. The eps that `PrivacyUtility` logs is
+that of ONE execution's training run, and keras-tuner keeps only a trial's
+best epoch, averaged over its executions: neither is what the search spent.
+
+* `track_search(tuner)`, called before ``tuner.search``, records the full
+  release ledger of every execution of every trial (whatever was released
+  about the data, every epoch, evaluation included) as a `SearchLedger`.
+* `search_epsilon(tuner)` composes all of them for the worst example
+  (dp-accounting, as `privacy_report` does); `trial_epsilon(trial)` one
+  trial's executions. Papernot and Steinke, "Hyperparameter tuning with Renyi
+  differential privacy", ICLR 2022, give much better bounds for random search
+  with a random number of trials; we do not implement them.
+
+The sound ways out: tune on public or proxy data and train once on the
+private data, or report the search's eps.
 
 Example::
 
@@ -33,8 +42,10 @@ Example::
         return model
 
     tuner = keras_tuner.RandomSearch(build, objective=privacy_objective(), max_trials=10)
+    spent = track_search(tuner)
     tuner.search(x, y, validation_data=(xv, yv), epochs=20,
-                 callbacks=[PrivacyUtility(budget=2.0)])
+                 callbacks=[PrivacyUtility(budget=2.0, protects="labels")])
+    print(spent.report(protects="labels"))         # the whole search, every release composed
 """
 
 from __future__ import annotations
@@ -44,13 +55,19 @@ import numbers
 from typing import Any
 
 import keras
-import numpy as np
 
+from keras_fedpriv.mechanisms.ledger import (
+    EXAMPLE,
+    SECRETS,
+    ReleaseKind,
+    ReleaseLedger,
+    non_private_event,
+)
 from keras_fedpriv.mechanisms.validation import validate_eps
-from keras_fedpriv.privacy.report import privacy_report
+from keras_fedpriv.privacy.report import PrivacyReport, privacy_ledger, privacy_report
 
-__all__ = ["PrivacyUtility", "eps_hyperparameter", "privacy_objective", "search_epsilon",
-           "trial_epsilon"]
+__all__ = ["PrivacyUtility", "SearchLedger", "eps_hyperparameter", "privacy_objective",
+           "search_epsilon", "track_search", "trial_epsilon"]
 
 OBJECTIVE_NAME = "privacy_utility"
 
@@ -148,51 +165,229 @@ class PrivacyUtility(keras.callbacks.Callback):
         logs[OBJECTIVE_NAME] = self.score(logs[self.utility], eps)
 
 
-def trial_epsilon(trial: Any, name: str = "epsilon") -> float:
-    """What a finished keras-tuner trial spent: the largest ``epsilon`` it logged.
+# ------------------------------------------------------------------ what a search spent
+_SEARCH = "_fedpriv_search"          # the SearchLedger of a tracked tuner / oracle
 
-    keras-tuner keeps a trial's *best* epoch (``trial.metrics.get_best_value``
-    and the trial's score), but the trial trained on the data for all its
-    epochs: its eps is that of its last epoch, the largest value in the
-    ``epsilon`` history (`PrivacyUtility` logs the eps spent so far, which
-    only grows).
+
+class _SeeModels(keras.callbacks.Callback):
+    """Collects the models its copies are set on (keras-tuner deep-copies callbacks)."""
+
+    def __init__(self, models: list) -> None:
+        super().__init__()
+        self._models = models
+
+    def __deepcopy__(self, memo: dict) -> _SeeModels:
+        return _SeeModels(self._models)
+
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        if not any(m is model for m in self._models):
+            self._models.append(model)
+
+
+def _unseen_ledger(trial_id):
+    """A trial that returned without a model we could see: its releases are unknown."""
+    ledger = ReleaseLedger()
+    for secret in SECRETS:
+        ledger.record(ReleaseKind(
+            f"trial {trial_id!r} (no model seen)", secret, EXAMPLE, non_private_event(),
+            "the trial ran without a fit that took the search's callbacks and returned no "
+            "History: what it released is unknown, so it counts as released without DP"),
+            units=None)
+    return ledger
+
+
+class SearchLedger:
+    """What a keras-tuner search released: the ledger of every execution of every trial.
+
+    Made by `track_search`. It wraps the tuner's ``run_trial``: every model
+    an execution trains (found through the callbacks, which keras-tuner
+    passes to each execution's ``fit``, and through the returned
+    `History` objects) is read with `keras_fedpriv.privacy.privacy_ledger` when
+    the trial's ``run_trial`` returns or fails, so every epoch, every
+    execution and every retry counts, and the evaluation passes too.
+
+    The figures compose the merged ledgers for the worst example: the same
+    example ids in every trial are the same examples. Protections shared by
+    several trials' models (layers built outside the tuner's ``build``) are
+    counted once per execution that used them, an over-count: build new
+    protections in ``build``. Only trials run by this process are recorded.
+
+    Attributes:
+        tuner: the tracked tuner.
+        executions: trial id -> the `ReleaseLedger` of each of its executions.
+    """
+
+    def __init__(self, tuner: Any) -> None:
+        run_trial = getattr(tuner, "run_trial", None)
+        if not callable(run_trial) or getattr(tuner, "oracle", None) is None:
+            raise TypeError(f"`tuner` must be a keras-tuner Tuner; got {type(tuner).__name__}.")
+        self.tuner = tuner
+        self.executions: dict[str, list[ReleaseLedger]] = {}
+        self._training: dict[str, list] = {}  # trial id -> models of a trial still running
+
+        def tracked_run_trial(trial: Any, *args: Any, **kwargs: Any) -> Any:
+            models = self._training.setdefault(trial.trial_id, [])
+            kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [_SeeModels(models)]
+            executions = self.executions.setdefault(trial.trial_id, [])
+            object.__setattr__(trial, _SEARCH, self)
+            result = None
+            try:
+                result = run_trial(trial, *args, **kwargs)
+            finally:
+                results = result if isinstance(result, (list, tuple)) else [result]
+                for item in results:
+                    model = getattr(item, "model", None)
+                    if isinstance(item, keras.callbacks.History) and model is not None and not any(
+                            m is model for m in models):
+                        models.append(model)
+                executions.extend(privacy_ledger(m) for m in models)
+                del self._training[trial.trial_id]
+            if not models:
+                executions.append(_unseen_ledger(trial.trial_id))
+            return result
+
+        tuner.run_trial = tracked_run_trial
+        object.__setattr__(tuner, _SEARCH, self)
+        object.__setattr__(tuner.oracle, _SEARCH, self)
+
+    def _ledgers(self, trial_id: str | None) -> list[ReleaseLedger]:
+        """The recorded ledgers, and those of the models of trials still running."""
+        if trial_id is not None:
+            if trial_id not in self.executions:
+                raise ValueError(f"`trial_id` {trial_id!r} has not run under this SearchLedger "
+                                 f"(recorded: {sorted(self.executions)}).")
+            ids = [trial_id]
+        else:
+            untracked = [t for t, trial in getattr(self.tuner.oracle, "trials", {}).items()
+                         if t not in self.executions and getattr(trial, "status", None) != "IDLE"]
+            if untracked:
+                raise ValueError(f"trials {sorted(untracked)} ran before track_search() or in "
+                                 f"another process: what they released is unknown.")
+            if not self.executions:
+                raise ValueError("no trial has run under this SearchLedger yet.")
+            ids = list(self.executions)
+        return [ledger for t in ids
+                for ledger in self.executions[t] + [privacy_ledger(m)
+                                                   for m in self._training.get(t, [])]]
+
+    def privacy_ledger(self, trial_id: str | None = None) -> ReleaseLedger:
+        """The merged ledger of every execution (of one trial with ``trial_id``).
+
+        Args:
+            trial_id: None (the whole search) or a trial's id.
+
+        Returns:
+            A `ReleaseLedger`; `privacy_report(search_ledger)` composes it.
+        """
+        return ReleaseLedger.merged(self._ledgers(trial_id))
+
+    def report(self, trial_id: str | None = None, delta: float = 1e-5,
+               accountant: str = "pld", protects: str | None = None) -> PrivacyReport:
+        """The `PrivacyReport` of the whole search (or of one trial's executions).
+
+        Args:
+            trial_id: None (every trial) or a trial's id.
+            delta, accountant, protects: as in `privacy_report`.
+
+        Returns:
+            The report; ``.epsilon`` is the worst example's composed eps.
+        """
+        if trial_id is None:
+            return privacy_report(self, delta=delta, accountant=accountant, protects=protects)
+        return privacy_report(_Ledgers(self._ledgers(trial_id)), delta=delta,
+                              accountant=accountant, protects=protects)
+
+
+class _Ledgers:
+    """A protection-like holder of recorded ledgers (what `privacy_report` composes)."""
+
+    def __init__(self, ledgers: list[ReleaseLedger]) -> None:
+        self._ledgers = ledgers
+
+    def privacy_ledger(self) -> ReleaseLedger:
+        return ReleaseLedger.merged(self._ledgers)
+
+
+def track_search(tuner: Any) -> SearchLedger:
+    """Record what every trial of ``tuner``'s search releases; call before ``tuner.search``.
 
     Args:
-        trial: a `keras_tuner.engine.trial.Trial` (e.g. from
-            ``tuner.oracle.trials.values()``).
-        name: the logged metric (default ``"epsilon"``).
+        tuner: a keras-tuner tuner (``RandomSearch``, ``BayesianOptimization``,
+            ``Hyperband``, or a subclass).
 
     Returns:
-        The eps the trial spent (``inf`` if any epoch was not private).
+        The tuner's `SearchLedger` (the same one if it is already tracked).
     """
-    metrics = getattr(trial, "metrics", None)
-    if metrics is None or not metrics.exists(name):
-        raise ValueError(f"trial_epsilon: the trial has no {name!r} history; train it with the "
-                         f"PrivacyUtility callback.")
-    values = [v for obs in metrics.get_history(name) for v in np.ravel(obs.value)]
-    if not values:
-        raise ValueError(f"trial_epsilon: the trial's {name!r} history is empty.")
-    return float(max(values))
+    return getattr(tuner, _SEARCH, None) or SearchLedger(tuner)
 
 
-def search_epsilon(trial_epsilons: Any) -> float:
-    """A valid eps for a whole search on the same private data: the sum of the trials' eps.
+_UNTRACKED = ("keras-tuner keeps only a trial's best epoch, averaged over its executions, which "
+              "under-counts what the trial released; call `track_search(tuner)` before "
+              "`tuner.search` so every execution's ledger is recorded.")
 
-    Basic composition: each trial released the data once at its own eps (and,
-    for trials with a delta, the deltas add up likewise). Loose, but valid
-    for any tuner and any way it picks the next trial.
+
+def trial_epsilon(trial: Any, delta: float = 1e-5, accountant: str = "pld",
+                  protects: str | None = None) -> float:
+    """What one trial of a tracked search spent: every epoch of every execution, composed.
 
     Args:
-        trial_epsilons: a keras-tuner tuner or oracle (every trial that ran
-            is counted with `trial_epsilon`, what it spent, not its best
-            epoch's figure), a list of trials, or a list of numbers (the
-            eps each trial spent).
+        trial: a `keras_tuner.engine.trial.Trial` of a search tracked by
+            `track_search` (e.g. from ``tuner.oracle.trials.values()``).
+        delta, accountant, protects: as in `privacy_report`.
+
+    Returns:
+        The worst example's composed eps (``inf`` if anything was released
+        without DP).
+
+    Raises:
+        ValueError: the trial did not run under `track_search` (its logged
+            metrics cannot say what it spent).
     """
-    oracle = getattr(trial_epsilons, "oracle", trial_epsilons)
-    trials = getattr(oracle, "trials", None)
-    items = list(trials.values()) if isinstance(trials, dict) else list(trial_epsilons)
-    values = [trial_epsilon(t) if hasattr(t, "metrics") else validate_eps(t, "trial_epsilons")
-              for t in items]
-    if not values:
+    search = getattr(trial, _SEARCH, None)
+    if search is None:
+        raise ValueError(f"trial_epsilon: trial {getattr(trial, 'trial_id', trial)!r} was not "
+                         f"recorded by track_search(); {_UNTRACKED}")
+    return search.report(trial.trial_id, delta=delta, accountant=accountant,
+                         protects=protects).epsilon
+
+
+def search_epsilon(trial_epsilons: Any, delta: float = 1e-5, accountant: str = "pld",
+                   protects: str | None = None) -> float:
+    """A valid eps for a whole search on the same private data.
+
+    Args:
+        trial_epsilons: a keras-tuner tuner or oracle tracked by
+            `track_search` (every release of every execution of every trial,
+            merged and composed for the worst example), a list of its trials
+            (the same, for those trials), or a list of numbers, the eps each
+            trial spent (basic composition: their sum).
+        delta, accountant, protects: as in `privacy_report` (not used for a
+            list of numbers).
+
+    Returns:
+        The search's eps (``inf`` if anything was released without DP).
+
+    Raises:
+        ValueError: a tuner, oracle or trial that was not tracked, or an
+            empty list.
+    """
+    search = getattr(trial_epsilons, _SEARCH, None)
+    if search is not None:
+        return search.report(delta=delta, accountant=accountant, protects=protects).epsilon
+    if hasattr(trial_epsilons, "oracle") or hasattr(trial_epsilons, "trials"):
+        raise ValueError(f"search_epsilon: the search was not recorded; {_UNTRACKED}")
+    items = list(trial_epsilons)
+    if not items:
         raise ValueError("`trial_epsilons` must list the eps of at least one trial.")
+    if all(hasattr(t, "metrics") for t in items):
+        missing = [getattr(t, "trial_id", t) for t in items if not hasattr(t, _SEARCH)]
+        if missing:
+            raise ValueError(f"search_epsilon: trials {missing} were not recorded by "
+                             f"track_search(); {_UNTRACKED}")
+        unique = {(id(getattr(t, _SEARCH)), t.trial_id): t for t in items}.values()
+        ledgers = [ledger for t in unique for ledger in getattr(t, _SEARCH)._ledgers(t.trial_id)]
+        return privacy_report(_Ledgers(ledgers), delta=delta, accountant=accountant,
+                              protects=protects).epsilon
+    values = [validate_eps(t, "trial_epsilons") for t in items]
     return float(sum(values))

@@ -167,16 +167,20 @@ def test_case15_laplace_evaluation_counts_the_clients_it_evaluated():
 
 
 def test_case16_a_trial_spent_its_last_epoch_not_its_best():
-    """Case 16: keras-tuner records a trial's best epoch; the eps it spent is its last."""
+    """Case 16: keras-tuner records a trial's best epoch; the eps it spent is its last.
+
+    Since issue 18 (case 7) a trial's logged metrics are not trusted at all (they are also
+    averaged over executions): only a search recorded by `track_search` has a figure
+    (tests/test_adversarial_tuning.py)."""
     trial = kt.engine.trial.Trial(kt.HyperParameters())
     trial.metrics.register("epsilon", direction="min")
     for step, eps in enumerate([4.0, 9.0, 16.9, 19.0]):
         trial.metrics.update("epsilon", eps, step=step)
     assert trial.metrics.get_best_value("epsilon") == 4.0  # what the tuner would keep
-    assert trial_epsilon(trial) == 19.0
-    assert search_epsilon([trial, trial]) == 38.0
-    with pytest.raises(ValueError, match="epsilon"):
-        trial_epsilon(kt.engine.trial.Trial(kt.HyperParameters()))
+    with pytest.raises(ValueError, match="track_search"):
+        trial_epsilon(trial)
+    with pytest.raises(ValueError, match="track_search"):
+        search_epsilon([trial, trial])
 
 
 def test_case17_rdp_is_dp_accountings_rdp_accountant():

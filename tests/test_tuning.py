@@ -14,6 +14,8 @@ from keras_fedpriv.tuning import (
     eps_hyperparameter,
     privacy_objective,
     search_epsilon,
+    track_search,
+    trial_epsilon,
 )
 
 
@@ -105,3 +107,50 @@ def test_missing_utility_metric_is_a_clear_error():
     model = _build(kt.HyperParameters())
     with pytest.raises(ValueError, match="val_accuracy"):
         model.fit(x, y, epochs=1, verbose=0, callbacks=[PrivacyUtility(budget=1.0)])
+
+
+# ------------------------------------------------------------ what a search spent
+class _BlackBox(kt.RandomSearch):
+    """A tuner whose trials train nothing the search can see (no fit with its callbacks)."""
+
+    def run_trial(self, trial, *args, **kwargs):
+        return {"privacy_utility": 0.5}
+
+
+def test_a_trial_that_trains_out_of_sight_counts_as_not_private(tmp_path):
+    tuner = _BlackBox(hypermodel=None, objective=privacy_objective(), max_trials=1,
+                      directory=str(tmp_path), project_name="b", overwrite=True, seed=0)
+    spent = track_search(tuner)
+    assert track_search(tuner) is spent  # tracked once
+    tuner.search(verbose=0)
+    (trial,) = tuner.oracle.trials.values()
+    assert trial_epsilon(trial) == float("inf")
+    assert "no model seen" in str(spent.report())
+
+
+def test_the_search_figure_counts_a_trial_while_it_trains(tmp_path):
+    (x, y), val = _data()
+    seen = []
+
+    class Watch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(search_epsilon(tuner, protects="labels"))
+
+    keras.utils.set_random_seed(0)
+    tuner = kt.RandomSearch(_build, objective=privacy_objective(), max_trials=1,
+                            directory=str(tmp_path), project_name="w", overwrite=True, seed=0)
+    track_search(tuner)
+    tuner.search(x, y, validation_data=val, epochs=2, batch_size=64, verbose=0,
+                 callbacks=[PrivacyUtility(budget=8.0, protects="labels"), Watch()])
+    (trial,) = tuner.oracle.trials.values()
+    eps = trial.hyperparameters.get("eps")
+    # labels randomized once per key: the first epoch already released them
+    assert seen[0] == pytest.approx(eps, rel=2e-3)
+    assert search_epsilon(tuner, protects="labels") == pytest.approx(eps, rel=2e-3)
+
+
+def test_tracking_needs_a_tuner():
+    with pytest.raises(TypeError, match="`tuner` must be a keras-tuner Tuner"):
+        track_search(object())
+    with pytest.raises(TypeError):
+        search_epsilon([True])

@@ -8,7 +8,9 @@
   past ones (a ledger file on its machine); `BudgetExhausted` when a
   release would go over it.
 * `plan_epsilon` / `plan_noise_multiplier`: the per-release eps or noise
-  that meets a target (eps, delta) for a planned number of releases.
+  that meets a target (eps, delta) for a planned number of releases;
+  `plan_run` gives a `Plan` that names the release pattern it assumes and
+  checks the run against it (`Plan.check`, the `PlanCheck` callback).
 * `audit` and one auditor per mechanism (`audit_binary_rr`, ...,
   `audit_signds`): empirical lower bounds on eps with Clopper-Pearson
   confidence (docs/audit.md).
@@ -34,7 +36,16 @@ from keras_fedpriv.privacy.audit import (
 from keras_fedpriv.privacy.budget import BudgetExhausted, PrivacyBudget
 from keras_fedpriv.privacy.deldp import DELDPReport, deldp, max_pairwise_distance
 from keras_fedpriv.privacy.accountant import MixedPLDAccountant
-from keras_fedpriv.privacy.planning import plan_epsilon, plan_noise_multiplier, planned_epsilon
+from keras_fedpriv.privacy.planning import (
+    Plan,
+    PlanCheck,
+    PlanExceeded,
+    PlanMismatchWarning,
+    plan_epsilon,
+    plan_noise_multiplier,
+    plan_run,
+    planned_epsilon,
+)
 from keras_fedpriv.privacy.report import (
     EpsilonLogger,
     PrivacyReport,
@@ -52,5 +63,6 @@ __all__ = ["AuditResult", "audit", "audit_binary_rr", "audit_embedding_dp_layer"
            "PrivacyBudget",
            "DELDPReport", "EpsilonLogger", "MixedPLDAccountant", "PrivacyReport", "Release",
            "compose_epsilon", "deldp", "find_protections", "max_pairwise_distance",
-           "plan_epsilon", "plan_noise_multiplier", "planned_epsilon", "privacy_ledger",
+           "Plan", "PlanCheck", "PlanExceeded", "PlanMismatchWarning", "plan_epsilon",
+           "plan_noise_multiplier", "plan_run", "planned_epsilon", "privacy_ledger",
            "privacy_report", "pure_epsilon"]

@@ -10,28 +10,68 @@ uses; `dp_accounting.calibrate_dp_mechanism` for noise multipliers), so the repo
 the finished run comes out at the target (up to the calibration tolerance,
 and never above it).
 
+A plan is only as good as its count of releases, and the count depends on
+how the run releases: `plan_run` returns a `Plan` that names the **release
+pattern** it assumes (`PATTERNS`) and checks a run against it: `Plan.check`
+(or the `PlanCheck` callback, every epoch) raises `PlanExceeded` when the
+run's report is already over the target, naming how the run's releases
+differ from the plan's, and warns (`PlanMismatchWarning`) when the pattern
+differs before the target is reached.
+
 Example:
     >>> eps = plan_epsilon(8.0, 1e-5, releases=20)                 # one label, 20 releases
     >>> z = plan_noise_multiplier(4.0, 1e-5, releases=50)          # GaussianUpload
     >>> eps = plan_epsilon(8.0, 1e-5, releases=10, mechanism="embedding_dp",
     ...                    num_coordinates=16)                     # EmbeddingDPLayer(eps=...)
+    >>> plan = plan_run(8.0, releases=3, mechanism="embedding_dp", num_coordinates=16,
+    ...                 pattern="per_example")                     # 3 epochs, with example ids
+    >>> model.fit(x, y, epochs=3, callbacks=[PlanCheck(plan)])    # raises if the run differs
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import warnings
+from typing import Any, Iterable
+
 import dp_accounting
+import keras
 
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
 from keras_fedpriv.mechanisms.quantize import quantize_rr_dp_event
 from keras_fedpriv.mechanisms.randomized_response import randomized_response_dp_event
 from keras_fedpriv.mechanisms.signds import signds_dp_event
+from keras_fedpriv.mechanisms.ledger import CLIENT, CLIENT_DATA, EXAMPLE, FEATURES, LABELS
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
 from keras_fedpriv.privacy.accountant import MixedPLDAccountant
+from keras_fedpriv.privacy.report import compose_epsilon, privacy_report
 
-__all__ = ["MECHANISMS", "plan_epsilon", "plan_noise_multiplier", "planned_epsilon"]
+__all__ = ["EVERY_EXAMPLE", "MECHANISMS", "PATTERNS", "PER_CLIENT", "PER_EXAMPLE", "Plan",
+           "PlanCheck", "PlanExceeded", "PlanMismatchWarning", "plan_epsilon",
+           "plan_noise_multiplier", "plan_run", "planned_epsilon", "release_pattern"]
 
 #: Mechanisms whose per-release parameter is an eps.
 MECHANISMS = ("label_dp", "embedding_dp", "signds", "magrr")
+#: Every mechanism `plan_run` plans (``"gaussian"``: `GaussianUpload`, a noise multiplier).
+PLANNED_MECHANISMS = MECHANISMS + ("gaussian",)
+
+PER_EXAMPLE = "per_example"
+EVERY_EXAMPLE = "every_example"
+PER_CLIENT = "per_client"
+#: The release patterns a plan can assume, and what ``releases`` counts under each.
+PATTERNS = {
+    PER_EXAMPLE: "per-example releases with example ids: `releases` is how often the busiest "
+                 "example is released (epochs plus inference passes; 1 for labels randomized "
+                 "once)",
+    EVERY_EXAMPLE: "releases without example ids, each counted for every example: `releases` "
+                   "is the number of calls (batches per epoch x epochs, plus inference batches)",
+    PER_CLIENT: "per-client releases: `releases` is the rounds the busiest client takes part in",
+}
+_UNIT = {"label_dp": EXAMPLE, "embedding_dp": EXAMPLE, "signds": CLIENT, "magrr": CLIENT,
+         "gaussian": CLIENT}
+_SECRET = {"label_dp": LABELS, "embedding_dp": FEATURES, "signds": CLIENT_DATA,
+           "magrr": CLIENT_DATA, "gaussian": CLIENT_DATA}
 
 _MAX_EPS = {"label_dp": 60.0, "embedding_dp": 60.0, "signds": 100.0, "magrr": 60.0}
 
@@ -161,3 +201,248 @@ def plan_noise_multiplier(target_epsilon: float, target_delta: float = 1e-5, *, 
     return float(dp_accounting.calibrate_dp_mechanism(
         MixedPLDAccountant, make_event, target_epsilon, target_delta,
         bracket_interval=dp_accounting.ExplicitBracketInterval(low, high), tol=tolerance))
+
+
+# ------------------------------------------------------------------ plans that check the run
+class PlanExceeded(RuntimeError):
+    """A run's report is over the target of its `Plan` (raised by `Plan.check` and `PlanCheck`)."""
+
+
+class PlanMismatchWarning(UserWarning):
+    """A run releases in another pattern than its `Plan` assumed (not over the target yet)."""
+
+
+def release_pattern(mechanism: str, pattern: str | None = None) -> str:
+    """Check a release pattern against a mechanism; ``None`` gives the mechanism's default.
+
+    Args:
+        mechanism: one of `PLANNED_MECHANISMS`.
+        pattern: one of `PATTERNS` (``"per_example"``, ``"every_example"``
+            for `label_dp` / `embedding_dp`; ``"per_client"`` for `signds`,
+            `magrr` and `gaussian`), or None.
+
+    Returns:
+        The pattern (default: ``"per_example"`` for the example mechanisms,
+        ``"per_client"`` for the client ones).
+    """
+    if mechanism not in PLANNED_MECHANISMS:
+        raise ValueError(f"`mechanism` must be one of {PLANNED_MECHANISMS}; got {mechanism!r}.")
+    allowed = (PER_EXAMPLE, EVERY_EXAMPLE) if _UNIT[mechanism] == EXAMPLE else (PER_CLIENT,)
+    if pattern is None:
+        return allowed[0]
+    if pattern not in allowed:
+        raise ValueError(f"`pattern` must be one of {allowed} for mechanism {mechanism!r}; got "
+                         f"{pattern!r}.")
+    return pattern
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A planned run: the per-release parameter, and the release pattern it assumes.
+
+    Attributes:
+        mechanism: one of `PLANNED_MECHANISMS`.
+        value: the per-release eps (the mechanism's ``eps``; `MagRR`'s
+            ``eps_rr``), or the noise multiplier for ``"gaussian"``.
+        releases: the planned releases of the busiest unit, counted as
+            ``pattern`` says.
+        pattern: the release pattern assumed (a key of `PATTERNS`).
+        target_epsilon, target_delta: what the run's report may say at most.
+        num_classes, num_coordinates: the event's K (``"label_dp"``) and d
+            (``"embedding_dp"``).
+    """
+
+    mechanism: str
+    value: float
+    releases: int
+    pattern: str
+    target_epsilon: float
+    target_delta: float
+    num_classes: int = 2
+    num_coordinates: int | None = None
+
+    @property
+    def epsilon(self) -> float:
+        """The per-release eps to give the mechanism (not for ``"gaussian"``)."""
+        if self.mechanism == "gaussian":
+            raise ValueError("a 'gaussian' plan gives `noise_multiplier`, not a per-release eps.")
+        return self.value
+
+    @property
+    def noise_multiplier(self) -> float:
+        """The `GaussianUpload` noise multiplier (``"gaussian"`` plans only)."""
+        if self.mechanism != "gaussian":
+            raise ValueError(f"a {self.mechanism!r} plan gives `epsilon`, not a noise "
+                             f"multiplier.")
+        return self.value
+
+    @property
+    def protects(self) -> str:
+        """The secret the planned releases are about (``"labels"``, ``"features"``, ...)."""
+        return _SECRET[self.mechanism]
+
+    def event(self) -> dp_accounting.DpEvent:
+        """The `dp_accounting.DpEvent` of one planned release about one unit."""
+        if self.mechanism == "gaussian":
+            return gaussian_dp_event(self.value)
+        return _event(self.mechanism, self.value, self.num_classes, self.num_coordinates)
+
+    def assumption(self) -> str:
+        """The release pattern assumed, in words (used in errors and by the CLI)."""
+        if self.pattern == PER_EXAMPLE:
+            return (f"per-example releases with example ids, at most {self.releases} per "
+                    f"example")
+        if self.pattern == EVERY_EXAMPLE:
+            return (f"at most {self.releases} calls without example ids, each counted for "
+                    f"every example")
+        return f"per-client releases, at most {self.releases} per client"
+
+    def check(self, obj: Any, callbacks: Iterable[Any] = ()) -> Any:
+        """Compare what a run recorded with this plan.
+
+        Args:
+            obj: what `keras_fedpriv.privacy.privacy_report` takes (a model,
+                a `History`, a `HorizontalFL`, a protection, a list).
+            callbacks: more objects whose releases count.
+
+        Returns:
+            The run's `PrivacyReport` about `protects`, at ``target_delta``.
+
+        Raises:
+            PlanExceeded: the report is over ``target_epsilon`` (the message
+                names the plan's pattern and what the run recorded).
+
+        Warns:
+            PlanMismatchWarning: the run records releases in another pattern
+                than planned (e.g. without example ids where the plan assumed
+                ids), or none of the planned secret, while still within the
+                target.
+        """
+        report = privacy_report(obj, delta=self.target_delta, callbacks=callbacks,
+                                protects=self.protects)
+        spent = report.epsilon
+        observed, mismatch = self._observed(report)
+        slack = 1e-6 * max(1.0, self.target_epsilon)
+        if spent > self.target_epsilon + slack:
+            raise PlanExceeded(
+                f"The run has spent eps {spent:.4g} (delta={self.target_delta:g}) on the "
+                f"{self.protects}, over the plan's target of {self.target_epsilon:g}. The plan "
+                f"assumed {self.assumption()}, at {self._per_release()}; this run records "
+                f"{observed}.{_ADVICE[self.pattern] if mismatch else ''}")
+        if mismatch or not report.releases:
+            warnings.warn(PlanMismatchWarning(
+                f"The plan assumed {self.assumption()}; this run records {observed} (eps "
+                f"{spent:.4g} so far, target {self.target_epsilon:g})."
+                f"{_ADVICE[self.pattern] if mismatch else ''}"), stacklevel=2)
+        return report
+
+    def _per_release(self):
+        eps = compose_epsilon([(self.event(), 1)], self.target_delta)
+        name = "noise multiplier" if self.mechanism == "gaussian" else "eps"
+        return f"eps {eps:.4g} per release (the mechanism's {name}={self.value:.4g})"
+
+    def _observed(self, report):
+        """(what the run recorded in words, whether its pattern differs from the plan's)."""
+        if not report.releases:
+            return f"no release of the {self.protects} (is the planned mechanism used?)", False
+        try:
+            anonymous = [int(k["everyone"]) for k in report.ledger.to_dict()["kinds"]]
+        except ValueError:  # an event the ledger cannot save: counts only
+            anonymous = [0] * len(report.ledger.kinds)
+        anonymous = dict(zip((k.key for k in report.ledger.kinds), anonymous))
+        parts, mismatch = [], False
+        for kind, row in zip([k for k in report.ledger.kinds if report.ledger.total(k) > 0],
+                             report.releases):
+            everyone = anonymous.get(kind.key, 0)
+            named = row.count - everyone
+            per = report.per_release_epsilon(row)
+            what = []
+            if everyone:
+                what.append(f"{everyone} release(s) without {kind.unit} ids, each counted for "
+                            f"every {kind.unit}")
+                mismatch = mismatch or self.pattern == PER_EXAMPLE
+            if named:
+                what.append(f"{named} release(s) of the busiest {kind.unit} named by its id")
+            at = "inf (no DP)" if math.isinf(per) else f"{per:.4g}"
+            parts.append(f"{row.mechanism}: {' + '.join(what)} at eps {at} per release")
+        return "; ".join(parts), mismatch
+
+
+_ADVICE = {
+    PER_EXAMPLE: (" A layer called without `example_ids` (e.g. a plain `model.fit`, or a "
+                  "`VerticalModel` whose inputs lack `example_ids`) releases every row once per "
+                  "batch and counts each call for every example: pass example ids "
+                  "(`with_example_ids`), or plan with pattern='every_example' and releases = "
+                  "batches per epoch x epochs (+ inference batches)."),
+    EVERY_EXAMPLE: "",
+    PER_CLIENT: "",
+}
+
+
+def plan_run(target_epsilon: float, target_delta: float = 1e-5, *, releases: int,
+             mechanism: str = "label_dp", pattern: str | None = None, num_classes: int = 2,
+             num_coordinates: int | None = None, tolerance: float = 1e-3) -> Plan:
+    """Plan a run: the per-release parameter for a target, and the release pattern it assumes.
+
+    Args:
+        target_epsilon, target_delta: what the run's report may say at most.
+        releases: the releases of the busiest unit, counted as ``pattern``
+            says (`PATTERNS`).
+        mechanism: one of `PLANNED_MECHANISMS` (``"gaussian"`` plans the
+            `GaussianUpload` noise multiplier).
+        pattern: ``"per_example"`` (default for ``"label_dp"`` and
+            ``"embedding_dp"``: the layer sees example ids, `releases` =
+            passes over the busiest example), ``"every_example"`` (no ids:
+            `releases` = calls), or ``"per_client"`` (the client mechanisms).
+        num_classes: K for ``"label_dp"``.
+        num_coordinates: d for ``"embedding_dp"``.
+        tolerance: the calibration's tolerance.
+
+    Returns:
+        A `Plan`: ``plan.epsilon`` (or ``plan.noise_multiplier``) configures
+        the mechanism; ``plan.check(model)`` or the `PlanCheck` callback
+        checks the run against it.
+    """
+    pattern = release_pattern(mechanism, pattern)
+    target_epsilon, target_delta, releases = _check(target_epsilon, target_delta, releases)
+    if mechanism == "gaussian":
+        value = plan_noise_multiplier(target_epsilon, target_delta, releases=releases,
+                                      tolerance=tolerance)
+    else:
+        value = plan_epsilon(target_epsilon, target_delta, releases=releases,
+                             mechanism=mechanism, num_classes=num_classes,
+                             num_coordinates=num_coordinates, tolerance=tolerance)
+    return Plan(mechanism, float(value), releases, pattern, target_epsilon, target_delta,
+                int(num_classes), None if num_coordinates is None else int(num_coordinates))
+
+
+class PlanCheck(keras.callbacks.Callback):
+    """Check a run against its `Plan` at the end of every epoch (or round).
+
+    Raises `PlanExceeded` (which stops the fit) as soon as the run's report
+    is over the plan's target, and warns `PlanMismatchWarning` when the run
+    releases in another pattern than planned. Works with ``model.fit`` and
+    `HorizontalFL.fit`; place it after the callbacks that release.
+
+    Args:
+        plan: the `Plan` (from `plan_run`).
+        callbacks: other objects whose releases count (as in `privacy_report`).
+    """
+
+    def __init__(self, plan: Plan, callbacks: Iterable[Any] = ()) -> None:
+        super().__init__()
+        if not isinstance(plan, Plan):
+            raise TypeError(f"`plan` must be a Plan from plan_run(); got {type(plan).__name__}.")
+        self.plan = plan
+        self.callbacks = list(callbacks)
+        self._fl = None
+        self.last_report = None
+
+    def on_federated_train_begin(self, fl: Any) -> None:
+        """Check the `HorizontalFL` run rather than its model."""
+        self._fl = fl
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        """Check the run so far (raises `PlanExceeded` when over the target)."""
+        target = self._fl if self._fl is not None else self.model
+        self.last_report = self.plan.check(target, callbacks=self.callbacks)
