@@ -40,12 +40,14 @@ def privatize_labels(labels: ArrayLike, eps: float | None = None, mode: str = "a
 
     Args:
         labels: array-like of binary (N,)/(N, 1), one-hot (N, K) or sparse
-            (N,) labels (see `LabelDPLayer`).
+            (N,) labels (see `LabelDPLayer`); bool labels are read as 0/1.
         eps: privacy parameter, finite and >= 0.
         mode: ``"auto"``, ``"binary"``, ``"onehot"`` or ``"sparse"``.
         num_classes: number of classes (required for sparse labels).
         prior: optional (N, K) per-example class probabilities for
-            RR-with-prior (they must not depend on the example's own label).
+            RR-with-prior (they must not depend on the example's own label):
+            one row per label, finite, in [0, 1], each row summing to 1
+            within 0.01 (else a ValueError naming the row, not the values).
         seed: None for a fresh OS-entropy secret, or an int (reproducible).
         layer: instead of ``eps``/``mode``/``num_classes``/``seed``, an
             existing `LabelDPLayer` to randomize with. Its ledger records the

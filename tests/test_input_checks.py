@@ -79,7 +79,7 @@ def test_the_xla_error_counter_raises_once_on_the_host_and_resets():
     layer = kf.LabelDPLayer(1.0, seed=1)
     layer.check_input_errors()  # nothing counted: no error
     layer.input_errors.assign([2, 0])
-    with pytest.raises(ValueError, match=r"LabelDPLayer .*invalid labels \(2 call\(s\)\)\. "
+    with pytest.raises(ValueError, match=r"LabelDPLayer .*invalid labels or prior \(2 call\(s\)\)\. "
                                          r"Those outputs were replaced"):
         layer.check_input_errors()
     layer.check_input_errors()  # reset by the first check

@@ -60,6 +60,16 @@ def test_prior_mode_uses_the_prior_and_reports_a_dominating_event():
     layer = kf.LabelDPLayer(1.0, num_classes=k)
     layer(y, example_ids=np.arange(n), prior=prior, training=True)
     assert layer.dp_event().num_buckets == 2  # binary RR at eps dominates every eps-DP mechanism
+    # Every call with a prior is fresh noise: E epochs are E releases, as the ledger counts.
+    event = layer.dp_event(num_epochs=3)
+    assert isinstance(event, dp_accounting.ComposedDpEvent) and len(event.events) == 3
+    assert set(event.events) == {layer.dp_event()}
+    fresh = kf.LabelDPLayer(1.0, num_classes=k)
+    assert fresh.dp_event(num_epochs=3, prior=True) == event  # planned before the first call
+    assert fresh.dp_event(num_epochs=3) == M.randomized_response_dp_event(1.0, k)
+    with pytest.raises(TypeError, match="`prior` must be a bool.*got a ndarray") as info:
+        fresh.dp_event(prior=prior)
+    assert "0.91" not in str(info.value)
 
 
 def test_binary_prior_as_probability_of_one():

@@ -19,6 +19,8 @@ from keras_fedpriv.layers import label_formats as F
     (np.eye(3, dtype="int32")[[0, 1, 2, 1]], {"mode": "onehot"}),
     (np.array([0, 4, 2, 3], "int64"), {"num_classes": 5}),
     (np.array([[0], [4], [2], [3]], "int32"), {"mode": "sparse", "num_classes": 5}),
+    (np.eye(3, dtype=bool)[[0, 1, 2, 1]], {}),
+    (np.array([True, False, False, True]), {}),
 ])
 def test_label_formats_are_preserved(labels, kwargs):
     layer = kf.LabelDPLayer(0.0, **kwargs)
@@ -91,3 +93,42 @@ def test_a_binary_prior_may_be_the_probability_of_one():
                                rtol=1e-6)
     with pytest.raises(ValueError, match=r"`prior` must have shape \(N, 3\)"):
         F.prior_matrix(p, "sparse", 3)
+
+
+def test_the_prior_is_checked_row_by_row_the_same_in_a_graph_and_eagerly():
+    """Rows of class probabilities pass (a low-precision softmax sums within 0.01); NaN,
+    values outside [0, 1] and sums other than 1 are named by row, never by value."""
+    good = np.array([[0.2, 0.3, 0.5], [0.334, 0.333, 0.336], [1.0, 0.0, 0.0]], "float32")
+    bad = np.array([[0.2, np.nan, 0.8], [1.2, -0.2, 0.0], [0.0, 0.0, 0.0], [0.4, 0.4, 0.4]],
+                   "float32")
+    p = np.concatenate([good, bad])
+    np.testing.assert_array_equal(F.prior_rows_ok(tf.constant(p)), [True] * 3 + [False] * 4)
+    out, ok, asserts = F.check_prior(good, "onehot", 3, 3, eager=True)
+    assert ok is None and not asserts and out.shape == (3, 3)
+    for row, what in [(0, "a NaN or infinite value"), (1, "a value outside"),
+                      (2, "a sum other than 1"), (3, "a sum other than 1")]:
+        with pytest.raises(ValueError, match=f"row 3 has {what}") as info:
+            F.check_prior(np.concatenate([good, bad[row:row + 1]]), "onehot", 3, 4, eager=True)
+        assert "0.4" not in str(info.value) and "1.2" not in str(info.value)
+    with pytest.raises(ValueError, match=r"`prior` must have shape \(N, 3\) with one row per "
+                                         r"label; got 3 rows for 4 labels"):
+        F.check_prior(good, "onehot", 3, 4, eager=True)
+    with pytest.raises(TypeError, match="`prior` must be a numeric array"):
+        F.check_prior(np.array([["a", "b", "c"]]), "onehot", 3, 1, eager=True)
+
+
+def test_a_prior_of_the_wrong_length_in_a_graph_is_flagged_and_padded():
+    @tf.function(input_signature=[tf.TensorSpec([None, 2]), tf.TensorSpec([], tf.int32)],
+                 jit_compile=True)  # as under XLA: the asserts do not run
+    def check(p, n):
+        out, ok, _ = F.check_prior(p, "onehot", 2, n, eager=False)
+        return out, ok
+
+    p = np.array([[0.5, 0.5], [0.1, 0.9]], "float32")
+    out, ok = check(p, 2)
+    assert bool(ok) and out.shape == (2, 2)
+    out, ok = check(p, 3)  # one row short: padded with a uniform row so shapes match
+    assert not bool(ok) and out.shape == (3, 2)
+    np.testing.assert_allclose(out[2], [0.5, 0.5])
+    out, ok = check(p, 1)
+    assert not bool(ok) and out.shape == (1, 2)

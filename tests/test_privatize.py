@@ -2,6 +2,7 @@
 before training."""
 
 import numpy as np
+import tensorflow as tf
 
 import keras_fedpriv as kf
 
@@ -13,3 +14,14 @@ def test_privatize_labels_keeps_dtype_and_is_reproducible_with_seed():
     c = kf.privatize_labels(y, 0.3)
     assert a.dtype == np.int8 and np.array_equal(a, b)
     assert not np.array_equal(a, c)
+
+
+def test_bool_one_hot_labels_come_back_as_bool_one_hot_rows():
+    y = np.eye(4, dtype=bool)[np.arange(200) % 4]
+    out = kf.privatize_labels(y, 0.5, seed=2)
+    assert out.dtype == bool and out.shape == y.shape and np.all(out.sum(axis=1) == 1)
+    assert 0.2 < np.mean(np.all(out == y, axis=1)) < 0.8  # randomized, not passed through
+    ds = kf.privatize_dataset(tf.data.Dataset.from_tensor_slices((np.zeros((200, 1)), y)),
+                              0.5, seed=2)
+    labels = np.stack([label for _, label in ds.as_numpy_iterator()])
+    assert labels.dtype == bool and np.all(labels.sum(axis=1) == 1)

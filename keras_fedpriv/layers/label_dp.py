@@ -53,7 +53,7 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
     the same coins but different priors could rule labels out with
     certainty. So calls with a ``prior`` draw fresh noise and each counts as
     a release of its examples (privatize once with `privatize_labels` to
-    spend eps once).
+    spend eps once), and `dp_event(num_epochs=E)` plans E releases.
 
     **Releases are recorded where they happen** (`privacy_ledger`): a call
     keyed by example id releases each example once, however often it is
@@ -94,11 +94,14 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
         per_batch: re-randomize at every call (composes over epochs).
 
     Call arguments:
-        labels: labels in the layer's format. Output has the same format,
-            shape and dtype.
+        labels: labels in the layer's format (bool labels are read as 0/1).
+            Output has the same format, shape and dtype.
         example_ids: integer tensor (N,) of unique example ids (required
             unless ``per_batch=True``).
-        prior: optional (N, K) class probabilities (binary: (N,) P(label=1)).
+        prior: optional (N, K) class probabilities, one row per label
+            (binary: (N,) P(label=1)): finite, in [0, 1], each row summing to
+            1 within 0.01; checked like the labels (errors name the row,
+            never a value of the prior).
         training: randomize only when True.
 
     Returns:
@@ -111,7 +114,9 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
     """
 
     _rng_salt = 0x4C414245  # "LABE"
-    _input_error_reasons = ("invalid labels", "invalid example_ids (wrong count or repeated)")
+    # Two slots (the counter is checkpointed; its shape is kept): labels and prior share one.
+    _input_error_reasons = ("invalid labels or prior",
+                            "invalid example_ids (wrong count or repeated)")
 
     def __init__(self, eps: float, mode: str = "auto", num_classes: int | None = None,
                  seed: int | None = None, per_batch: bool = False, **kwargs: Any) -> None:
@@ -167,10 +172,13 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
         if not training:
             return labels
         labels = tf.convert_to_tensor(labels)
+        out_dtype = labels.dtype
+        if out_dtype == tf.bool:  # a bool one-hot (or binary) matrix: read as 0/1
+            labels = tf.cast(labels, tf.int32)
         mode, k = label_formats.resolve_mode(self.mode, tuple(labels.shape), self.num_classes)
         self._resolved = (mode, k)
         eager = tf.executing_eagerly()
-        deps, labels_ok, ids_ok = [], None, None
+        deps, labels_ok, ids_ok, prior_ok = [], None, None, None
         if eager:
             label_formats.validate_eager(labels, mode, k)
         else:
@@ -184,6 +192,11 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
         if example_ids is not None:
             ids, ids_ok, id_asserts = input_checks.check_example_ids(example_ids, n, eager)
             deps += id_asserts
+        if prior is not None:  # checked before anything is drawn or counted
+            rows = n if class_ids.shape[0] is None else class_ids.shape[0]  # static if known
+            prior, prior_ok, prior_asserts = label_formats.check_prior(prior, mode, k, rows,
+                                                                       eager)
+            deps += prior_asserts
         if prior is not None or self.per_batch:
             # Fresh noise: a new release of every example in the call.
             both = self._next_words(tf.stack([2, n]))
@@ -206,20 +219,22 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
                 "epochs: E epochs cost E * eps).")
         if prior is not None:
             self._count_release(rc.PRIOR, n)
-            noisy = rr_with_prior(class_ids, label_formats.prior_matrix(prior, mode, k), self.eps,
-                                  noise=list(words))
+            noisy = rr_with_prior(class_ids, prior, self.eps, noise=list(words))
         else:
             noisy = kary_randomized_response(class_ids, k, self.eps, noise=list(words))
         if not eager:
-            noisy = self._guard(noisy, words, k, labels_ok, ids_ok, deps)
-        return label_formats.from_class_ids(noisy, labels, mode, k)
+            noisy = self._guard(noisy, words, k, labels_ok, ids_ok, prior_ok, deps)
+        out = label_formats.from_class_ids(noisy, labels, mode, k)
+        return tf.cast(out, out_dtype) if out_dtype == tf.bool else out
 
-    def _guard(self, noisy, words, k, labels_ok, ids_ok, deps):
+    def _guard(self, noisy, words, k, labels_ok, ids_ok, prior_ok, deps):
         """Graph path: where asserts are compiled away (XLA), never release a
-        batch with invalid labels or ids; output label-independent noise and
-        count the event for `check_input_errors`."""
+        batch with invalid labels, ids or prior; output label-independent noise
+        and count the event for `check_input_errors`."""
         if ids_ok is None:
             ids_ok = tf.constant(True)
+        if prior_ok is not None:
+            labels_ok = tf.logical_and(labels_ok, prior_ok)
         ok = tf.logical_and(labels_ok, ids_ok)
         uniform = tf.cast(tf.math.floormod(tf.cast(words[1], tf.int64), k), noisy.dtype)
         count = self._count_input_errors([tf.logical_not(labels_ok), tf.logical_not(ids_ok)],
@@ -230,21 +245,34 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
     def _num_classes(self):
         return self._resolved[1] if self._resolved else (self.num_classes or 2)
 
-    def dp_event(self, num_epochs: int = 1) -> dp_accounting.DpEvent:
+    def dp_event(self, num_epochs: int = 1, prior: bool = False) -> dp_accounting.DpEvent:
         """The dp_accounting event of one example's label over ``num_epochs`` epochs, as planned.
 
-        One release (RR over the K classes, or binary RR at eps, which
-        dominates every eps-DP mechanism, once a prior has been used);
-        ``num_epochs`` releases with ``per_batch=True``. This is a plan; for
-        what the layer actually released use `privacy_ledger` (or
-        `keras_fedpriv.privacy.privacy_report`).
+        Keyed by example id (the default): one release (RR over the K
+        classes), whatever ``num_epochs``. Fresh noise (``per_batch=True``,
+        or calls with a ``prior``): one release per epoch, ``num_epochs`` in
+        all, as the ledger counts them. With a prior each release is binary
+        RR at the realized eps (it dominates every eps-DP mechanism). This is
+        a plan; for what the layer actually released use `privacy_ledger`
+        (or `keras_fedpriv.privacy.privacy_report`).
+
+        Args:
+            num_epochs: how many epochs (calls per example) the plan covers.
+            prior: plan for calls with a ``prior`` before the first one; a
+                layer that has been called with a prior always plans for it.
+
+        Returns:
+            The `dp_accounting.DpEvent` of one example's label over the run.
         """
         num_epochs = validate_positive_int(num_epochs, "num_epochs")
-        prior_used = bool(self._release_totals()[rc.PRIOR])
+        if not isinstance(prior, bool):
+            raise TypeError(f"dp_event: `prior` must be a bool (True: plan for calls with a "
+                            f"prior); got a {type(prior).__name__}.")  # never the values
+        with_prior = prior or bool(self._release_totals()[rc.PRIOR])
         k = self._num_classes()
-        event = (rr_with_prior_dp_event(self.eps, k) if prior_used
+        event = (rr_with_prior_dp_event(self.eps, k) if with_prior
                  else randomized_response_dp_event(self.eps, k))
-        return repeat_event(event, num_epochs) if self.per_batch else event
+        return repeat_event(event, num_epochs) if self.per_batch or with_prior else event
 
     def privacy_ledger(self) -> ReleaseLedger:
         """What this layer has released so far, as a `ReleaseLedger` (unit: example).

@@ -152,9 +152,20 @@ def from_class_ids(ids, like, mode, num_classes):
     return tf.reshape(tf.cast(ids, like.dtype), tf.shape(like))
 
 
+#: How far a row of ``prior`` may sum from 1 (a float16 / bfloat16 softmax sums within ~0.005).
+PRIOR_SUM_TOLERANCE = 0.01
+
+_PRIOR_RULE = (f"class probabilities: finite values in [0, 1], each row summing to 1 (within "
+               f"{PRIOR_SUM_TOLERANCE})")
+
+
 def prior_matrix(prior, mode, num_classes):
     """The prior as float32 (N, K); binary priors may be P(label = 1) of shape (N,) / (N, 1)."""
-    p = tf.cast(tf.convert_to_tensor(prior), tf.float32)
+    p = tf.convert_to_tensor(prior)
+    if not (p.dtype.is_floating or p.dtype.is_integer or p.dtype == tf.bool):
+        raise TypeError(f"LabelDPLayer: `prior` must be a numeric array of {_PRIOR_RULE}; got "
+                        f"dtype {p.dtype.name}.")
+    p = tf.cast(p, tf.float32)
     if mode == "binary" and (p.shape.rank == 1 or p.shape[-1] == 1):
         p1 = tf.reshape(p, [-1])
         p = tf.stack([1.0 - p1, p1], axis=-1)
@@ -164,3 +175,78 @@ def prior_matrix(prior, mode, num_classes):
             f"class{', or (N,) with P(label=1) for binary labels' if mode == 'binary' else ''}); "
             f"got shape {tuple(p.shape)}.")
     return p
+
+
+def _wrong_rows(num_classes, rows, num_labels):
+    return (f"LabelDPLayer: `prior` must have shape (N, {num_classes}) with one row per label; "
+            f"got {rows} rows for {num_labels} labels.")
+
+
+def prior_rows_ok(p):
+    """Graph check of every row of a float32 (N, K) prior: a bool (N,) tensor."""
+    finite = tf.reduce_all(tf.math.is_finite(p), axis=-1)
+    in_range = tf.reduce_all(tf.logical_and(p >= 0.0, p <= 1.0), axis=-1)
+    sums = tf.reduce_sum(tf.where(tf.math.is_finite(p), p, 0.0), axis=-1)
+    return tf.logical_and(tf.logical_and(finite, in_range),
+                          tf.abs(sums - 1.0) <= PRIOR_SUM_TOLERANCE)
+
+
+def check_prior(prior, mode, num_classes, num_labels, eager):
+    """Validate ``prior`` for ``num_labels`` labels of ``mode`` over ``num_classes`` classes.
+
+    The prior is derived from secret data, so no message holds one of its
+    values: only the argument, the rule and the first offending row.
+
+    Args:
+        prior: the ``prior`` call argument (see `prior_matrix` for shapes).
+        mode: the resolved label mode.
+        num_classes: K.
+        num_labels: the number of labels, a scalar int32 tensor.
+        eager: True to raise a ValueError now; False to build graph asserts.
+
+    Returns:
+        ``(p, ok, asserts)``: the float32 (num_labels, K) prior (rows padded
+        with a uniform prior or cut when the count is wrong, which ``ok`` then
+        reports), a scalar bool tensor (None when eager: an invalid prior has
+        raised) and the graph's assert ops (empty when eager).
+
+    Raises:
+        TypeError: a prior that is not numeric.
+        ValueError: a wrong shape or number of rows (eager, or static shapes),
+            or (eager) a row that is not a probability vector.
+    """
+    p = prior_matrix(prior, mode, num_classes)
+    rows, static_n = p.shape[0], tf.get_static_value(num_labels)
+    if rows is not None and static_n is not None and rows != int(static_n):
+        raise ValueError(_wrong_rows(num_classes, rows, int(static_n)))
+    if eager:
+        v = p.numpy()
+        if v.shape[0] != int(num_labels):
+            raise ValueError(_wrong_rows(num_classes, v.shape[0], int(num_labels)))
+        with np.errstate(invalid="ignore"):
+            finite = np.isfinite(v).all(axis=-1)
+            in_range = ((v >= 0) & (v <= 1)).all(axis=-1)
+            sums_ok = np.abs(np.where(np.isfinite(v), v, 0).sum(axis=-1) - 1) <= PRIOR_SUM_TOLERANCE
+        bad = np.flatnonzero(~(finite & in_range & sums_ok))
+        if bad.size:
+            row = int(bad[0])
+            what = ("a NaN or infinite value" if not finite[row] else
+                    "a value outside [0, 1]" if not in_range[row] else "a sum other than 1")
+            raise ValueError(f"LabelDPLayer: `prior` must hold {_PRIOR_RULE}; row {row} has "
+                             f"{what} ({bad.size} invalid row(s) in total).")
+        return p, None, []
+    n = tf.cast(num_labels, tf.int32)
+    rows = tf.shape(p)[0]
+    count_ok = tf.equal(rows, n)
+    uniform = tf.fill(tf.stack([n, num_classes]), 1.0 / num_classes)
+    p = tf.concat([p, uniform], axis=0)[:n]
+    row_ok = prior_rows_ok(p)
+    first_bad = tf.argmin(tf.concat([tf.cast(row_ok, tf.int32), [0]], axis=0))
+    asserts = [
+        tf.debugging.Assert(count_ok, [f"LabelDPLayer: `prior` must have shape (N, {num_classes}) "
+                                       "with one row per label; rows, labels:", rows, n]),
+        tf.debugging.Assert(tf.logical_or(tf.reduce_all(row_ok), tf.logical_not(count_ok)),
+                            [f"LabelDPLayer: `prior` must hold {_PRIOR_RULE}; first bad row:",
+                             first_bad]),
+    ]
+    return p, tf.logical_and(count_ok, tf.reduce_all(row_ok)), asserts

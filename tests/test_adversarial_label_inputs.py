@@ -1,0 +1,244 @@
+"""Adversarial label-DP inputs (issue 18, case 11): bool one-hot labels, a prior of the wrong
+number of rows, priors that are not probabilities, and the plan of a layer with a prior.
+
+Each test tries one item on every path a label reaches the layer: `privatize_labels`,
+`privatize_dataset` / a `tf.data` map, the layer eagerly, a traced graph, `model.fit`, and XLA
+(``jit_compile=True``, where asserts are compiled away and `check_input_errors` reports on the
+host).
+"""
+
+import dp_accounting
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_fedpriv as kf
+from keras_fedpriv.federated import VerticalModel, with_example_ids
+from keras_fedpriv.privacy import privacy_report
+
+from ledger_cases import DELTA
+
+K = 3
+N = 24
+PRIOR_VALUE = 0.3217  # a distinctive prior entry that no message may contain
+
+
+def _onehot(n=N, dtype="float32"):
+    return np.eye(K, dtype=dtype)[np.arange(n) % K]
+
+
+def _prior(n=N):
+    p = np.full((n, K), PRIOR_VALUE, "float32")
+    p[:, 0] = 1.0 - 2 * PRIOR_VALUE
+    return p
+
+
+class PriorLeader(keras.Model):
+    """A leader that randomizes its labels with a prior in its own train_step."""
+
+    def __init__(self, label_dp):
+        super().__init__()
+        self.dense = keras.layers.Dense(K)
+        self.label_dp = label_dp
+
+    def call(self, x):
+        return self.dense(x)
+
+    def train_step(self, data):
+        (x, ids, prior), y = data
+        y = self.label_dp(y, example_ids=ids, prior=prior, training=True)
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        return {"loss": loss}
+
+
+def _prior_model(layer, jit_compile=False):
+    model = PriorLeader(layer)
+    model.compile(keras.optimizers.SGD(0.1), "categorical_crossentropy", jit_compile=jit_compile)
+    return model
+
+
+def _prior_data(prior, y=None, cut=False):
+    x = np.random.default_rng(0).normal(size=(N, 4)).astype("float32")
+    y = _onehot() if y is None else y
+    ds = tf.data.Dataset.from_tensor_slices(((x, np.arange(N), prior), y)).batch(8)
+    if cut:  # a prior one row short of its batch
+        ds = ds.map(lambda inputs, labels: ((inputs[0], inputs[1], inputs[2][1:]), labels))
+    return ds
+
+
+def _graph_fns(layer):
+    """The layer with a prior in a traced graph (unknown batch size) and under XLA."""
+    sig = [tf.TensorSpec([None, K]), tf.TensorSpec([None], tf.int64),
+           tf.TensorSpec([None, K])]
+
+    def call(y, ids, prior):
+        return layer(y, example_ids=ids, prior=prior, training=True)
+
+    return tf.function(call, input_signature=sig), tf.function(call, input_signature=sig,
+                                                               jit_compile=True)
+
+
+def _assert_refused_everywhere(prior, eager_error, graph_error):
+    """``prior`` (N rows or not) is refused by every path, naming `prior` and no value of it."""
+    y, ids = _onehot(), np.arange(N)
+    with pytest.raises(ValueError, match=eager_error) as info:
+        kf.privatize_labels(y, eps=1.0, prior=prior, seed=0)
+    assert str(PRIOR_VALUE) not in str(info.value) and "Arguments received" not in str(info.value)
+    layer = kf.LabelDPLayer(eps=1.0, seed=0)
+    with pytest.raises(ValueError, match=eager_error):
+        layer(y, example_ids=ids, prior=prior, training=True)
+    assert privacy_report(layer).epsilon == 0.0  # refused before anything was released
+    graph, _ = _graph_fns(kf.LabelDPLayer(eps=1.0, seed=0))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=graph_error) as info:
+        graph(y, ids, prior)
+    assert str(PRIOR_VALUE) not in str(info.value)
+    ds = tf.data.Dataset.from_tensor_slices(y).batch(N).map(
+        lambda labels: graph(labels, tf.range(tf.shape(labels)[0], dtype=tf.int64),
+                             tf.constant(prior)))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=graph_error):
+        list(ds)
+    # XLA: no assert runs; the output does not depend on the labels, and the host is told.
+    # Two layers of one seed draw the same fresh noise in their first call; eps 50: a valid
+    # call would return the labels themselves.
+    outputs = []
+    for labels in (y, np.roll(y, 1, axis=0)):
+        high = kf.LabelDPLayer(eps=50.0, seed=0)
+        outputs.append(_graph_fns(high)[1](labels, ids, prior).numpy())
+        with pytest.raises(ValueError, match="invalid labels or prior"):
+            high.check_input_errors()
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+# ------------------------------------------------------------------------------- case 11a
+def test_case11a_bool_one_hot_labels_work_on_every_path():
+    """A bool one-hot matrix is a one-hot encoding: randomized like 0/1 and returned as bools
+    (it raised "Cannot convert 1 to EagerTensor of dtype bool")."""
+    y = _onehot(dtype=bool)
+    ids = np.arange(N)
+
+    def check(out, eps_is_high=True):
+        out = np.asarray(out)
+        assert out.dtype == bool and out.shape == y.shape and np.all(out.sum(axis=1) == 1)
+        if eps_is_high:
+            np.testing.assert_array_equal(out, y)  # eps 50 keeps every label
+
+    check(kf.privatize_labels(y, eps=50.0, seed=0))
+    check(kf.privatize_labels(y, eps=0.0, seed=0), eps_is_high=False)
+    check(kf.privatize_labels(y, eps=50.0, prior=_prior(), seed=0), eps_is_high=False)
+    layer = kf.LabelDPLayer(eps=50.0, seed=0)
+    check(layer(y, example_ids=ids, training=True))
+    binary = kf.LabelDPLayer(eps=50.0, seed=0)(y[:, 0], example_ids=ids, training=True)
+    assert binary.dtype == tf.bool
+    np.testing.assert_array_equal(binary, y[:, 0])
+    ds = kf.privatize_dataset(tf.data.Dataset.from_tensor_slices((np.zeros((N, 2)), y)),
+                              eps=50.0, seed=0)
+    check(np.stack([label for _, label in ds.as_numpy_iterator()]))
+    sig = [tf.TensorSpec([None, K], tf.bool), tf.TensorSpec([None], tf.int64)]
+    for jit in (False, True):
+        f = tf.function(lambda labels, i: layer(labels, example_ids=i, training=True),
+                        input_signature=sig, jit_compile=jit)
+        check(f(y, ids))
+        layer.check_input_errors()  # valid: nothing to report
+    bad = y.copy()
+    bad[5] = True  # a row of three ones
+    with pytest.raises(ValueError, match="row 5 has 3 ones"):
+        layer(bad, example_ids=ids, training=True)
+    # model.fit, plain and compiled with XLA (a VerticalModel checks on the host after steps).
+    rng = np.random.default_rng(0)
+    x = with_example_ids({"party_a": rng.normal(size=(N, 3)).astype("float32"),
+                          "party_b": rng.normal(size=(N, 2)).astype("float32")})
+    for jit in (False, True):
+        bottom = lambda d: keras.Sequential([keras.Input((d,)), keras.layers.Dense(4)])  # noqa
+        top = keras.Sequential([keras.Input((8,)), keras.layers.Dense(K, activation="softmax")])
+        model = VerticalModel({"party_a": bottom(3), "party_b": bottom(2)}, top,
+                              leader="party_b", label_dp=kf.LabelDPLayer(eps=1.0, seed=0))
+        model.compile("adam", "categorical_crossentropy", jit_compile=jit)
+        history = model.fit(x, y, epochs=1, batch_size=8, verbose=0)
+        assert np.isfinite(history.history["loss"][0])
+    prior_model = _prior_model(kf.LabelDPLayer(eps=1.0, seed=0), jit_compile=True)
+    prior_model.fit(_prior_data(_prior(), y=y), epochs=1, verbose=0, shuffle=False)
+    prior_model.label_dp.check_input_errors()
+
+
+# ------------------------------------------------------------------------------- case 11b
+def test_case11b_a_prior_with_the_wrong_number_of_rows_gets_the_documented_message():
+    """A prior of 3 rows for 24 labels gave a broadcast error; the documented message is
+    "`prior` must have shape (N, 3)", on every path."""
+    _assert_refused_everywhere(_prior()[:3], r"`prior` must have shape \(N, 3\) with one row "
+                               r"per label; got 3 rows for 24 labels",
+                               r"`prior` must have shape \(N, 3\) with one row per label")
+    # A trace with static shapes refuses it while tracing.
+    layer = kf.LabelDPLayer(eps=1.0, seed=0)
+    f = tf.function(lambda y, i, p: layer(y, example_ids=i, prior=p, training=True))
+    with pytest.raises(ValueError, match=r"`prior` must have shape \(N, 3\)"):
+        f(_onehot(), np.arange(N), _prior()[:3])
+    # model.fit: a prior one row short of its batch.
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"`prior` must have shape \(N, 3\)"):
+        _prior_model(kf.LabelDPLayer(eps=1.0, seed=0)).fit(_prior_data(_prior(), cut=True),
+                                                           epochs=1, verbose=0, shuffle=False)
+    jit_model = _prior_model(kf.LabelDPLayer(eps=1.0, seed=0), jit_compile=True)
+    jit_model.fit(_prior_data(_prior(), cut=True), epochs=1, verbose=0, shuffle=False)
+    with pytest.raises(ValueError, match="invalid labels or prior"):
+        jit_model.label_dp.check_input_errors()
+
+
+# ------------------------------------------------------------------------------- case 11c
+@pytest.mark.parametrize("what", ["nan", "negative", "zero_row", "unnormalized", "above_one"])
+def test_case11c_priors_that_are_not_probabilities_are_refused(what):
+    """NaN, negative, all-zero, unnormalized (rows not summing to 1) and > 1 priors were
+    accepted silently. The docs promise class probabilities: each is refused naming `prior`
+    and the first bad row, never a value of the prior (it is derived from secret data)."""
+    prior = _prior()
+    row = 7
+    if what == "nan":
+        prior[row, 1] = np.nan
+    elif what == "negative":
+        prior[row] = [1.0 - PRIOR_VALUE, PRIOR_VALUE + 0.5, -0.5]
+    elif what == "zero_row":
+        prior[row] = 0.0
+    elif what == "unnormalized":
+        prior[row] = [PRIOR_VALUE] * K
+    else:
+        prior[row] = [1.5, PRIOR_VALUE, -0.5 - PRIOR_VALUE]
+    _assert_refused_everywhere(prior, rf"`prior` must hold class probabilities.*row {row} has",
+                               r"`prior` must hold class probabilities")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`prior` must hold class probab"):
+        _prior_model(kf.LabelDPLayer(eps=1.0, seed=0)).fit(_prior_data(prior), epochs=1,
+                                                           verbose=0, shuffle=False)
+    jit_model = _prior_model(kf.LabelDPLayer(eps=1.0, seed=0), jit_compile=True)
+    jit_model.fit(_prior_data(prior), epochs=1, verbose=0, shuffle=False)
+    with pytest.raises(ValueError, match="invalid labels or prior"):
+        jit_model.label_dp.check_input_errors()
+    # A binary prior P(label=1) outside [0, 1] is refused too.
+    with pytest.raises(ValueError, match=r"`prior` must hold class probabilities.*row 1 has"):
+        kf.privatize_labels(np.array([0.0, 1.0]), eps=1.0, prior=np.array([0.5, 1.5]), seed=0)
+
+
+# ------------------------------------------------------------------------------- case 11d
+def test_case11d_dp_event_of_a_layer_with_a_prior_plans_what_the_report_counts():
+    """With a prior every call is a fresh release of its examples (the ledger counts one per
+    epoch), but dp_event(num_epochs=2) planned 1 release. The plan now equals the report of a
+    2-epoch fit, composed with dp-accounting."""
+    layer = kf.LabelDPLayer(eps=1.0, seed=0)
+    model = _prior_model(layer)
+    model.fit(_prior_data(_prior()), epochs=2, verbose=0, shuffle=False)
+
+    def composed(event):
+        accountant = dp_accounting.pld.PLDAccountant(
+            dp_accounting.NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4)
+        return accountant.compose(event).get_epsilon(DELTA)
+
+    reported = privacy_report(model, delta=DELTA).epsilon
+    assert privacy_report(model).rows()[0]["releases"] == 2
+    assert composed(layer.dp_event(num_epochs=2)) == pytest.approx(reported, rel=2e-3, abs=2e-3)
+    assert composed(layer.dp_event(num_epochs=2)) > 1.5 * composed(layer.dp_event())
+    # Planned before the first call (the layer cannot know yet that a prior will come).
+    planned = kf.LabelDPLayer(eps=1.0, seed=0).dp_event(num_epochs=2, prior=True)
+    assert composed(planned) == pytest.approx(reported, rel=2e-3, abs=2e-3)
+    # Keyed without a prior, any number of epochs is still one release.
+    keyed = kf.LabelDPLayer(eps=1.0, seed=0)
+    assert composed(keyed.dp_event(num_epochs=2)) == pytest.approx(composed(keyed.dp_event()))
