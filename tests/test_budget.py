@@ -37,23 +37,55 @@ def test_the_cap_is_the_composed_eps_of_the_accountant():
         budget.check(_ledger(4))
 
 
-def test_past_runs_in_the_file_count_and_the_current_run_is_not_counted_twice(tmp_path):
+def test_every_saved_entry_counts_and_entries_are_appended_never_replaced(tmp_path):
     path = tmp_path / "sub" / "budget.json"
-    budget = PrivacyBudget(7.0, path=str(path))
+    budget = PrivacyBudget(12.0, path=str(path))
     budget.save(_ledger(2, unit=3), run_id=1)        # run 1: client id 3
-    # saving run 2's progress twice replaces its entry, it does not add to it
+    # two releases of run 2: two entries, keyed by run and release number
     budget.save(_ledger(1, unit=5), run_id=2)
     budget.save(_ledger(1, unit=5), run_id=2)
-    assert set(json.loads(path.read_text())["runs"]) == {"1", "2"}
+    entries = json.loads(path.read_text())["entries"]
+    assert [(e["run"], e["release"]) for e in entries] == [("1", 0), ("2", 0), ("2", 1)]
     # the client's id changed between runs: still one person's data, 2 + 1 + 1 releases
-    four = privacy_report(_Holder(_ledger(4)), delta=1e-5).epsilon
-    assert budget.check(_ledger(1, unit=5), run_id=2) == pytest.approx(
-        privacy_report(_Holder(_ledger(3)), delta=1e-5).epsilon)
-    assert budget.epsilon(_ledger(2, unit=5), run_id=2) == pytest.approx(four)
+    five = privacy_report(_Holder(_ledger(5)), delta=1e-5).epsilon
+    assert budget.past().total(KIND) == 4
+    assert budget.past(run_id=2).total(KIND) == 2
+    # this run's saved entries count too: the release about to be sent is the 5th
+    assert budget.check(_ledger(1, unit=5), run_id=2) == pytest.approx(five)
     with pytest.raises(BudgetExhausted):
-        PrivacyBudget(four * 0.99, path=str(path)).check(_ledger(2, unit=5), run_id=2)
+        PrivacyBudget(five * 0.99, path=str(path)).check(_ledger(1, unit=5), run_id=2)
     # a fresh instance (a new process) reads the same file
-    assert PrivacyBudget(7.0, path=str(path)).past(run_id=3).total(KIND) == 3
+    assert PrivacyBudget(12.0, path=str(path)).past(run_id=3).total(KIND) == 4
+
+
+def test_reserve_records_only_what_is_new_since_before_and_only_if_it_fits(tmp_path):
+    path = tmp_path / "budget.json"
+    three = privacy_report(_Holder(_ledger(3)), delta=1e-5).epsilon
+    four = privacy_report(_Holder(_ledger(4)), delta=1e-5).epsilon
+    budget = PrivacyBudget((three + four) / 2, path=str(path))
+    for n in (1, 2, 3):  # the party's cumulative ledger; each reserve adds one release
+        budget.reserve(_ledger(n), run_id=9, before=_ledger(n - 1))
+    assert budget.past().total(KIND) == 3
+    with pytest.raises(BudgetExhausted, match="over the budget"):
+        budget.reserve(_ledger(4), run_id=9, before=_ledger(3))
+    assert len(json.loads(path.read_text())["entries"]) == 3  # a refusal records nothing
+    with pytest.raises(ValueError, match="`before` holds releases"):
+        budget.reserve(_ledger(1), run_id=9, before=_ledger(2))
+    # without a file the budget knows only the ledger it is given: all of it counts
+    in_memory = PrivacyBudget((three + four) / 2)
+    assert in_memory.reserve(_ledger(3), before=_ledger(2)) == pytest.approx(three)
+    with pytest.raises(BudgetExhausted):
+        in_memory.reserve(_ledger(4), before=_ledger(3))
+
+
+def test_a_file_written_before_entries_were_append_only_still_counts(tmp_path):
+    path = tmp_path / "budget.json"
+    path.write_text(json.dumps({"runs": {"1": _ledger(2).to_dict(), "2": _ledger(1).to_dict()}}))
+    budget = PrivacyBudget(50.0, path=str(path))
+    assert budget.past().total(KIND) == 3
+    budget.reserve(_ledger(1), run_id=3)
+    assert budget.past().total(KIND) == 4
+    assert len(json.loads(path.read_text())["entries"]) == 3
 
 
 def test_a_release_without_dp_never_fits_a_budget():

@@ -132,9 +132,8 @@ def test_a_client_with_a_budget_refuses_the_reply_that_would_go_over_it(tmp_path
         np.testing.assert_allclose(a, b, atol=1e-6)
     # each client's own file holds the one release it sent, for the next run's budget
     for i in range(3):
-        runs = json.loads((tmp_path / f"client-{i}.json").read_text())["runs"]
-        (ledger,) = runs.values()
-        assert [sum(k["units"].values()) for k in ledger["kinds"]] == [1]
+        (entry,) = json.loads((tmp_path / f"client-{i}.json").read_text())["entries"]
+        assert [sum(k["units"].values()) for k in entry["ledger"]["kinds"]] == [1]
 
 
 class _Tampered:

@@ -175,9 +175,11 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
             the request. The node config key ``max-epsilon`` sets it too;
             with both, the smaller counts.
         budget_delta: the delta of that composed eps.
-        budget_path: None, a JSON file on the follower's machine keeping the
-            ledger of every run, or ``budget_path(context)`` returning one
-            (node config key ``privacy-budget-path`` takes precedence).
+        budget_path: None, a JSON file on the follower's machine keeping
+            every release of every run (append-only, recorded under the
+            file's lock before the embedding leaves), or
+            ``budget_path(context)`` returning one (node config key
+            ``privacy-budget-path`` takes precedence).
 
     Returns:
         A `flwr.clientapp.ClientApp` answering the messages of
@@ -230,13 +232,15 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
                 example_ids=content["ids"]["ids"].numpy() if "ids" in content else None,
                 training=training, epoch=int(config.get("epoch", 0)),
                 step=int(config.get("step", 0)))
+            cap = _budget(context, max_epsilon, budget_delta, budget_path, per_record=True)
+            before = None if cap is None else privacy_ledger(cached.follower)
             reply = RecordDict({"embedding": _record(
                 serve_request(cached.follower, request, cached.table))})
-            cap = _budget(context, max_epsilon, budget_delta, budget_path, per_record=True)
             if cap is not None:
-                ledger = privacy_ledger(cached.follower)
-                cap.check(ledger, run_id=context.run_id)
-                cap.save(ledger, run_id=context.run_id)
+                # checked and recorded in one step under the budget file's lock, as a new
+                # entry: a follower restarted within the run still counts what it sent
+                cap.reserve(privacy_ledger(cached.follower), run_id=context.run_id,
+                            before=before)
         except BudgetExhausted:
             # not sent: the follower goes back to the state before this request (the node
             # state still holds it), so the refused release is neither counted nor replayed

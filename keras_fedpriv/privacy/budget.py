@@ -1,11 +1,32 @@
 """A party's own privacy budget across runs: `PrivacyBudget`, `BudgetExhausted`.
 
 A server's ledger says what the server received; a client that must show its
-users a bound keeps its own. `PrivacyBudget` keeps a party's release ledger in
-a file on the party's machine, one entry per run, composes every run's
-releases with the current one, and refuses a release that would take the
-composed eps over the cap: the party checks *before* its message leaves, so
-what it refuses is never released.
+users a bound keeps its own. `PrivacyBudget` keeps a party's releases in a
+file on the party's machine and refuses a release that would take the
+composed eps over the cap: the party reserves each message *before* it
+leaves (`PrivacyBudget.reserve`), so what it refuses is never released.
+
+What the budget guarantees:
+
+* **Every entry counts.** The file is append-only: one entry per message,
+  keyed by run and release number, never overwritten or removed. The
+  composed eps is that of every entry ever saved (this run's and every past
+  run's) plus the release about to be sent, so a party restarted within a
+  run (fresh node state, same run id) goes on from what the file holds.
+* **Non-private is inf.** A release without DP (a reply carrying anything
+  in the clear) makes the composed eps inf, so it never fits a budget, and
+  such a release is never subtracted away: a ledger that holds one is inf.
+* **One at a time.** The check and the record are one step under an
+  exclusive lock on a lock file beside the budget (`filelock`), and the file
+  is replaced atomically: runs that share the file cannot both pass the
+  check, and no entry is lost.
+* **Symlinks are followed once.** The path is resolved (`os.path.realpath`)
+  when the budget is made; the lock, the read and the atomic replace all act
+  on the real file, so every path that leads to it shares one budget.
+* **Malformed is unreadable.** A file that is not exactly what this class
+  writes (bad JSON, negative or non-integer counts, unknown or out-of-range
+  DP events, repeated entries) refuses every release (`BudgetExhausted`)
+  until the party's operator fixes or removes it.
 
 Two ways to count. A horizontal-FL client's releases are all about its own
 data, so by default the budget counts them as releases about one unit (the
@@ -19,18 +40,24 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import tempfile
 from typing import Any
 
-from keras_fedpriv.mechanisms.ledger import ReleaseLedger
+import filelock
+
+from keras_fedpriv.mechanisms.ledger import SECRETS, UNITS, ReleaseLedger
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_real
 
 __all__ = ["BudgetExhausted", "PrivacyBudget"]
 
+_VERSION = 2
+
 
 class BudgetExhausted(RuntimeError):
-    """A release would take a party's composed eps over its `PrivacyBudget`."""
+    """A release would take a party's composed eps over its `PrivacyBudget`, or the
+    budget cannot tell (its file is unreadable or stays locked)."""
 
 
 class _Holder:
@@ -50,15 +77,164 @@ def _one_unit(ledger: ReleaseLedger) -> ReleaseLedger:
     return ReleaseLedger.from_dict(state)
 
 
+# ------------------------------------------------------------------ strict reading
+class _Malformed(ValueError):
+    pass
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _Malformed("a count must be an integer >= 0")
+    return value
+
+
+def _real(value: Any, low: float, high: float = math.inf, low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise _Malformed("an event parameter must be a finite number")
+    if value > high or value < low or (low_open and value == low):
+        raise _Malformed("an event parameter is out of range")
+    return float(value)
+
+
+def _check_event(event: Any) -> None:
+    """A DP event as `ReleaseLedger.to_dict` writes it, with parameters in range."""
+    if not isinstance(event, dict):
+        raise _Malformed("an event must be an object")
+    kind = event.get("type")
+    fields = {"non_private": (), "no_op": (), "composed": ("events",),
+              "self_composed": ("event", "count"),
+              "randomized_response": ("noise_parameter", "num_buckets"),
+              "gaussian": ("noise_multiplier",), "laplace": ("noise_multiplier",),
+              "discrete_laplace": ("noise_parameter", "sensitivity")}.get(kind)
+    if fields is None or set(event) != {"type", *fields}:
+        raise _Malformed("unknown event")
+    if kind == "composed":
+        if not isinstance(event["events"], list):
+            raise _Malformed("a composed event lists events")
+        for inner in event["events"]:
+            _check_event(inner)
+    elif kind == "self_composed":
+        _check_event(event["event"])
+        _count(event["count"])
+    elif kind == "randomized_response":
+        _real(event["noise_parameter"], 0.0, 1.0)
+        if _count(event["num_buckets"]) < 2:
+            raise _Malformed("randomized response needs >= 2 buckets")
+    elif kind in ("gaussian", "laplace"):
+        _real(event["noise_multiplier"], 0.0, low_open=True)
+    elif kind == "discrete_laplace":
+        _real(event["noise_parameter"], 0.0, low_open=True)
+        if _count(event["sensitivity"]) < 1:
+            raise _Malformed("a sensitivity must be >= 1")
+
+
+def _checked_ledger(state: Any) -> ReleaseLedger:
+    """The ledger ``state`` holds, if it is exactly what `ReleaseLedger.to_dict` writes."""
+    if not isinstance(state, dict) or set(state) != {"kinds"} or not isinstance(
+            state["kinds"], list):
+        raise _Malformed("a ledger must be {'kinds': [...]}")
+    for item in state["kinds"]:
+        keys = {"mechanism", "protects", "unit", "note", "event", "everyone", "units",
+                "approximate"}
+        if not isinstance(item, dict) or set(item) != keys:
+            raise _Malformed("a ledger kind has other keys")
+        if not (isinstance(item["mechanism"], str) and isinstance(item["note"], str)
+                and item["protects"] in SECRETS and item["unit"] in UNITS
+                and isinstance(item["approximate"], bool) and isinstance(item["units"], dict)):
+            raise _Malformed("a ledger kind is malformed")
+        _check_event(item["event"])
+        _count(item["everyone"])
+        for unit, count in item["units"].items():
+            if unit != str(_int_id(unit)):
+                raise _Malformed("a unit id must be a decimal integer")
+            _count(count)
+    return ReleaseLedger.from_dict(state)
+
+
+def _int_id(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise _Malformed("a unit id must be a decimal integer") from None
+
+
+def _no_constants(name: str) -> Any:
+    raise _Malformed(f"{name} is not a count")
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _Malformed("a key is repeated")
+    return out
+
+
+def _is_non_private(event: dict[str, Any]) -> bool:
+    kind = event["type"]
+    return (kind == "non_private"
+            or (kind == "composed" and any(_is_non_private(e) for e in event["events"]))
+            or (kind == "self_composed" and event["count"] > 0
+                and _is_non_private(event["event"])))
+
+
+def _release(ledger: ReleaseLedger, before: ReleaseLedger | None) -> ReleaseLedger:
+    """What ``ledger`` holds beyond ``before``: the release about to be sent.
+
+    Releases without DP are never subtracted: a ledger holding one is inf.
+    """
+    if not isinstance(ledger, ReleaseLedger):
+        raise TypeError(f"`ledger` must be a ReleaseLedger; got {type(ledger).__name__}.")
+    if before is None:
+        return ledger
+    if not isinstance(before, ReleaseLedger):
+        raise TypeError(f"`before` must be None or a ReleaseLedger; got "
+                        f"{type(before).__name__}.")
+
+    def key(item):
+        return (item["mechanism"], item["protects"], item["unit"], item["note"],
+                json.dumps(item["event"], sort_keys=True, default=repr))
+
+    def behind(item):
+        return ValueError(f"`before` holds releases of {item['mechanism']!r} that `ledger` "
+                          "does not: pass the same party's ledger from before the release.")
+
+    earlier = {key(item): item for item in before.to_dict()["kinds"]}
+    kinds = []
+    for item in ledger.to_dict()["kinds"]:
+        old = earlier.pop(key(item), None)
+        if old is not None and not _is_non_private(item["event"]):
+            item["everyone"] -= old["everyone"]
+            units = {u: c - old["units"].get(u, 0) for u, c in item["units"].items()}
+            if item["everyone"] < 0 or min(units.values(), default=0) < 0 or any(
+                    u not in units for u in old["units"]):
+                raise behind(item)
+            item["units"] = {u: c for u, c in units.items() if c}
+        kinds.append(item)
+    for old in earlier.values():
+        if old["everyone"] or any(old["units"].values()):
+            raise behind(old)
+    return ReleaseLedger.from_dict({"kinds": kinds})
+
+
+# ------------------------------------------------------------------ the budget
 class PrivacyBudget:
     """A cap on the eps a party's releases compose to, over this run and past ones.
+
+    With a file, the composed eps is that of every entry the file holds
+    (append-only: one entry per release, keyed by run and release number)
+    plus the release about to be sent; `reserve` checks it and records the
+    release in one step under the file's lock. Without a file the budget
+    knows only the ledger it is given: pass the party's releases of this run
+    so far (``before`` is then not used).
 
     Args:
         max_epsilon: the cap on the composed eps (at ``delta``), > 0.
         delta: the delta of the composed (eps, delta), in (0, 1).
         path: None (this run only, in memory) or a JSON file on the party's
-            machine that keeps every run's ledger (created if missing; the
-            party must keep it, and never share it between two parties).
+            machine that keeps every release of every run (created if
+            missing; the party must keep it, and never share it between two
+            parties). A symlink is resolved once, here: the budget then
+            reads, locks (``<real file>.lock``) and replaces the real file.
         accountant: ``"pld"`` (default) or ``"rdp"``.
         per_record: False (default): every release is about the party's one
             person; True: releases are about records (the ledgers' unit ids,
@@ -66,9 +242,14 @@ class PrivacyBudget:
 
     Example:
         >>> budget = PrivacyBudget(8.0, path="/var/lib/client/privacy.json")
-        >>> budget.check(privacy_ledger(my_upload), run_id=7)   # BudgetExhausted if over
-        >>> budget.save(privacy_ledger(my_upload), run_id=7)     # after the message left
+        >>> before = privacy_ledger(my_upload)              # before the message is made
+        >>> message = my_upload.client_message(delta, n)
+        >>> budget.reserve(privacy_ledger(my_upload), run_id=7, before=before)
+        >>> send(message)                                   # only if reserve did not raise
     """
+
+    #: Seconds to wait for the file's lock before refusing the release.
+    lock_timeout: float = 60.0
 
     def __init__(self, max_epsilon: float, delta: float = 1e-5, path: str | None = None,
                  accountant: str = "pld", per_record: bool = False) -> None:
@@ -82,73 +263,198 @@ class PrivacyBudget:
             raise TypeError(f"`per_record` must be a bool; got {per_record!r}.")
         self.per_record = per_record
         self.path = None if path is None else os.fspath(path)
+        # followed once: every later step acts on the real file, never on the link
+        self._file = None if self.path is None else os.path.realpath(self.path)
         self.accountant = accountant
 
-    def _runs(self) -> dict[str, Any]:
-        if self.path is None or not os.path.exists(self.path):
-            return {}
-        try:
-            with open(self.path) as f:
-                state = json.load(f)
-            runs = state["runs"]
-            if not isinstance(runs, dict):
-                raise TypeError
-            for ledger in runs.values():
-                ReleaseLedger.from_dict(ledger)
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            # an unreadable record of past releases: refuse rather than assume none
-            raise BudgetExhausted(f"the privacy budget file {self.path!r} cannot be read "
-                                  f"({type(err).__name__}); no release until it is fixed or "
-                                  "removed by the party's operator.") from None
-        return runs
+    # -- the file ---------------------------------------------------------------------
+    def _unreadable(self, why: str) -> BudgetExhausted:
+        return BudgetExhausted(f"the privacy budget file {self.path!r} cannot be read ({why}); "
+                               "no release until it is fixed or removed by the party's "
+                               "operator.")
 
-    def past(self, run_id: Any = None) -> ReleaseLedger:
-        """The ledger of every run in the file except ``run_id`` (about one unit, unless
-        ``per_record``)."""
-        runs = self._runs()
-        return self._units(ReleaseLedger.merged(ReleaseLedger.from_dict(v)
-                                                for k, v in runs.items() if k != str(run_id)))
+    def _entries(self) -> list[dict[str, Any]]:
+        """Every entry of the file, checked (`BudgetExhausted` if anything is malformed)."""
+        if self._file is None or not os.path.lexists(self._file):
+            return []
+        try:
+            with open(self._file) as f:
+                state = json.load(f, parse_constant=_no_constants,
+                                  object_pairs_hook=_no_repeats)
+            if not isinstance(state, dict):
+                raise _Malformed("not an object")
+            if set(state) == {"runs"} and isinstance(state["runs"], dict):
+                # written before entries were append-only: each run's ledger, one entry each
+                entries = [{"run": str(k), "release": 0, "ledger": v}
+                           for k, v in state["runs"].items()]
+            elif set(state) == {"version", "entries"} and state["version"] == _VERSION \
+                    and isinstance(state["entries"], list):
+                entries = state["entries"]
+            else:
+                raise _Malformed("not a privacy budget file")
+            seen = set()
+            for entry in entries:
+                if not isinstance(entry, dict) or set(entry) != {"run", "release", "ledger"} \
+                        or not isinstance(entry["run"], str):
+                    raise _Malformed("an entry must hold 'run', 'release' and 'ledger'")
+                if (entry["run"], _count(entry["release"])) in seen:
+                    raise _Malformed("an entry is repeated")
+                seen.add((entry["run"], entry["release"]))
+                entry["_ledger"] = _checked_ledger(entry["ledger"])
+        except _Malformed as err:
+            raise self._unreadable(str(err)) from None
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise self._unreadable(type(err).__name__) from None
+        return entries
+
+    def _append(self, entries: list[dict[str, Any]], release: ReleaseLedger,
+                run_id: Any) -> None:
+        """Write ``entries`` plus ``release`` as a new entry of run ``run_id`` (under the lock)."""
+        run = str(run_id)
+        number = sum(e["run"] == run for e in entries)
+        kept = [{k: e[k] for k in ("run", "release", "ledger")} for e in entries]
+        kept.append({"run": run, "release": number, "ledger": release.to_dict()})
+        folder = os.path.dirname(self._file)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".privacy-budget-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"version": _VERSION, "entries": kept}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._file)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def _locked(self) -> filelock.FileLock:
+        os.makedirs(os.path.dirname(self._file), exist_ok=True)
+        return filelock.FileLock(self._file + ".lock", timeout=self.lock_timeout)
 
     def _units(self, ledger: ReleaseLedger) -> ReleaseLedger:
         return ledger if self.per_record else _one_unit(ledger)
 
-    def epsilon(self, ledger: ReleaseLedger, run_id: Any = None) -> float:
-        """The composed eps of the past runs plus ``ledger`` (this run's releases so far)."""
+    def _composed(self, entries: list[dict[str, Any]], release: ReleaseLedger) -> float:
         from keras_fedpriv.privacy.report import privacy_report
 
-        total = self.past(run_id).merge(self._units(ledger))
+        total = ReleaseLedger.merged([self._units(e["_ledger"]) for e in entries]
+                                     + [self._units(release)])
         if not len(total):
             return 0.0
         return privacy_report(_Holder(total), delta=self.delta,
                               accountant=self.accountant).epsilon
 
-    def check(self, ledger: ReleaseLedger, run_id: Any = None) -> float:
-        """The composed eps with ``ledger``; `BudgetExhausted` if it is over ``max_epsilon``.
+    def _over(self, eps: float) -> BudgetExhausted | None:
+        if eps <= self.max_epsilon and not math.isnan(eps):
+            return None
+        return BudgetExhausted(f"this release would take the composed eps to {eps:.4g} "
+                               f"(delta={self.delta:g}), over the budget max_epsilon="
+                               f"{self.max_epsilon:g}; the message was not sent.")
 
-        Pass the ledger *including* the release about to be sent: a party
-        calls this after computing its message and before sending it.
+    def _considered(self, ledger: ReleaseLedger, before: ReleaseLedger | None) -> ReleaseLedger:
+        # without a file nothing is saved between messages: the whole ledger counts
+        return _release(ledger, None if self._file is None else before)
+
+    # -- public -----------------------------------------------------------------------
+    def past(self, run_id: Any = None) -> ReleaseLedger:
+        """The releases the file holds (about one unit, unless ``per_record``).
+
+        Args:
+            run_id: None (every entry), or a run whose entries are left out.
+
+        Returns:
+            The merged `ReleaseLedger` of those entries (empty without a file).
         """
-        eps = self.epsilon(ledger, run_id)
-        if not (eps <= self.max_epsilon) or math.isnan(eps):
-            raise BudgetExhausted(f"this release would take the composed eps to {eps:.4g} "
-                                  f"(delta={self.delta:g}), over the budget max_epsilon="
-                                  f"{self.max_epsilon:g}; the message was not sent.")
+        return self._units(ReleaseLedger.merged(
+            e["_ledger"] for e in self._entries() if run_id is None or e["run"] != str(run_id)))
+
+    def epsilon(self, ledger: ReleaseLedger, run_id: Any = None,
+                before: ReleaseLedger | None = None) -> float:
+        """The composed eps of every entry in the file plus the release ``ledger`` - ``before``.
+
+        Args:
+            ledger: the party's ledger including the release about to be sent.
+            run_id: kept for compatibility: every saved entry counts, this run's too.
+            before: the same party's ledger before that release (None: all of
+                ``ledger`` is new). Not used without a file.
+
+        Returns:
+            The composed eps at ``delta`` (``inf`` if anything was released without DP).
+        """
+        return self._composed(self._entries(), self._considered(ledger, before))
+
+    def check(self, ledger: ReleaseLedger, run_id: Any = None,
+              before: ReleaseLedger | None = None) -> float:
+        """The composed eps with the release; `BudgetExhausted` if it is over ``max_epsilon``.
+
+        Records nothing: use `reserve` before sending a message (a check
+        followed by `save` can race another run sharing the file).
+
+        Args:
+            ledger, run_id, before: as in `epsilon`.
+
+        Returns:
+            The composed eps (<= ``max_epsilon``).
+        """
+        eps = self.epsilon(ledger, run_id, before)
+        error = self._over(eps)
+        if error is not None:
+            raise error
         return eps
 
-    def save(self, ledger: ReleaseLedger, run_id: Any = None) -> None:
-        """Write ``ledger`` as run ``run_id``'s releases (atomically; no-op without a path)."""
-        if self.path is None:
-            return
-        runs = self._runs()
-        runs[str(run_id)] = ledger.to_dict()
-        folder = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".privacy-budget-", suffix=".json")
+    def reserve(self, ledger: ReleaseLedger, run_id: Any = None,
+                before: ReleaseLedger | None = None) -> float:
+        """Check the release ``ledger`` - ``before`` and record it, in one step under the lock.
+
+        Call it after computing a message and before sending it; send only if
+        it returns. A refused release is not recorded. Without a file it is
+        `check` of the whole ``ledger``.
+
+        Args:
+            ledger: the party's ledger including the release about to be sent.
+            run_id: the run the release belongs to (the entry's key, with the
+                release's number in that run).
+            before: the same party's ledger before that release (None: all of
+                ``ledger`` is new).
+
+        Returns:
+            The composed eps with the release (<= ``max_epsilon``).
+        """
+        release = self._considered(ledger, before)
+        if self._file is None:
+            return self.check(release)
         try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"runs": runs}, f)
-            os.replace(tmp, self.path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+            with self._locked():
+                entries = self._entries()
+                eps = self._composed(entries, release)
+                error = self._over(eps)
+                if error is not None:
+                    raise error
+                self._append(entries, release, run_id)
+        except filelock.Timeout:
+            raise BudgetExhausted(f"the privacy budget file {self.path!r} stayed locked for "
+                                  f"{self.lock_timeout:g} s; the message was not sent.") from None
+        return eps
+
+    def save(self, ledger: ReleaseLedger, run_id: Any = None,
+             before: ReleaseLedger | None = None) -> None:
+        """Append the release ``ledger`` - ``before`` as an entry of run ``run_id``, unchecked.
+
+        The entry is added under the lock, never replacing another (no-op
+        without a file). Prefer `reserve`, which checks in the same step.
+
+        Args:
+            ledger, run_id, before: as in `reserve`.
+
+        Returns:
+            None.
+        """
+        if self._file is None:
+            return
+        release = _release(ledger, before)
+        try:
+            with self._locked():
+                self._append(self._entries(), release, run_id)
+        except filelock.Timeout:
+            raise BudgetExhausted(f"the privacy budget file {self.path!r} stayed locked for "
+                                  f"{self.lock_timeout:g} s; nothing was saved.") from None

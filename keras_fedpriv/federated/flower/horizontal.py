@@ -60,6 +60,7 @@ from keras_fedpriv.federated.flower.strategy import (  # noqa: F401 - FlowerRunR
 )
 from keras_fedpriv.federated.horizontal_parties import HorizontalClient, LocalTrainer
 from keras_fedpriv.federated.uploads import as_upload
+from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, non_private_event
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 from keras_fedpriv.privacy.budget import BudgetExhausted, PrivacyBudget
 from keras_fedpriv.privacy.report import privacy_ledger
@@ -72,6 +73,10 @@ __all__ = ["FlowerRunResult", "horizontal_client_app", "horizontal_server_app", 
 _TRAINERS: dict[Any, tuple[keras.Model, LocalTrainer]] = {}
 # Each client's half (its upload scheme's state, MagRR copy, own BN statistics), per run.
 _CLIENTS: dict[Any, HorizontalClient] = {}
+# What a train reply carries in the clear with batch_norm="average" (the client's budget
+# counts it as the server's ledger does: a release without DP).
+_CLEAR_KIND = ReleaseKind("BatchNormalization statistics and data size (sent)", "client data",
+                          CLIENT, non_private_event(), "batch_norm='average': sent in the clear")
 
 
 def _caches() -> tuple[dict[Any, Any], dict[Any, Any]]:
@@ -201,10 +206,14 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             ``max-epsilon`` sets it too; with both, the smaller counts.
         budget_delta: the delta of that composed eps.
         budget_path: None, or a JSON file on the client's machine that keeps
-            the client's release ledger of every run, or
+            every release of every run (append-only; each reply is checked
+            and recorded under the file's lock before it leaves), or
             ``budget_path(context)`` returning one (one file per client;
             the node config key ``privacy-budget-path`` takes precedence).
-            Without it the budget covers this run only.
+            Without it the budget covers this run only, as the node state
+            remembers it. A reply carrying anything without DP (FedAvg, or
+            BatchNormalization statistics with ``batch_norm="average"``)
+            never fits a budget.
 
     Choose the upload scheme, its eps and MagRR's in client code or from
     ``context.node_config`` (set by the client's operator with
@@ -225,21 +234,33 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         PrivacyBudget(max_epsilon, budget_delta)  # checks the arguments now
     app = ClientApp()
 
-    def spend(context: Context, party: HorizontalClient, sending: bool) -> None:
-        """Check the client's budget with what it is about to send (and then record it)."""
+    def spend(context: Context, party: HorizontalClient, before: ReleaseLedger | None = None,
+              clear: bool = False) -> ReleaseLedger | None:
+        """Reserve in the client's budget what its reply carries; return its ledger so far.
+
+        With ``before`` None, a check before any noise is drawn (already over: refuse
+        before training); else the releases recorded since ``before`` are checked and
+        recorded in one step under the budget file's lock. ``clear``: the reply also
+        carries BatchNormalization statistics and the data size without DP (inf).
+        """
         cap = _budget(context, max_epsilon, budget_delta, budget_path)
         if cap is None:
-            return
-        ledger = privacy_ledger([party.upload, party.magrr, party.laplace])
+            return None
+        now = privacy_ledger([party.upload, party.magrr, party.laplace])
+        ledger = ReleaseLedger.merged([now])
+        if clear:
+            ledger.record(_CLEAR_KIND, [party.client_id])
         try:
-            cap.check(ledger, run_id=context.run_id)
+            if before is None:
+                cap.check(ledger, run_id=context.run_id, before=now)
+            else:
+                cap.reserve(ledger, run_id=context.run_id, before=before)
         except BudgetExhausted:
             # the refused message's noise draws and records are dropped with the cached copy:
             # the client's truth stays what context.state holds
             _caches()[1].pop((context.run_id, context.node_id), None)
             raise
-        if sending:
-            cap.save(ledger, run_id=context.run_id)
+        return now
 
     def client(context: Context) -> HorizontalClient:
         trainers, clients = _caches()
@@ -312,11 +333,11 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                 for v, w in zip(party.trainer.bn_variables,
                                 msg.content["batch-norm"].to_numpy_ndarrays()):
                     v.assign(w)
-            spend(context, party, sending=False)
+            before = spend(context, party)
             asked = msg.content["config"] if "config" in msg.content else {}
             outputs = party.laplace.client_outputs(model, party.x, max_rows=asked.get("max-rows"))
             noisy, _ = party.laplace.report_outputs(outputs, party.client_id)
-            spend(context, party, sending=True)
+            spend(context, party, before)
             _save_state(context, party)
         except BudgetExhausted:
             return _client_error(msg, "evaluate", budget=True)
@@ -346,9 +367,10 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             raise ValueError(f"the server asked for {epochs} local epochs; this client accepts "
                              f"at most max_local_epochs={max_local_epochs}.")
         rnd = validate_positive_int(config["round"], "round", minimum=0)
-        spend(context, party, sending=False)  # already over: refuse before training
+        clear = bool(bn) and batch_norm == "average"  # the reply carries BN statistics
+        before = spend(context, party, clear=clear)  # already over: refuse before training
         result = party.fit(weights, rnd, epochs, bn, magrr_cut=cut)
-        spend(context, party, sending=True)
+        spend(context, party, before, clear=clear)
         _save_state(context, party)
         content = RecordDict({"upload": _record(party.upload.to_wire(result.upload))})
         meta: dict[str, Any] = {"client-id": party.client_id}
