@@ -122,10 +122,10 @@ class _Grid:
 
 def _run(grid, run_config=None, **kwargs):
     out = {}
+    kwargs.setdefault("connect_timeout", 5)
     app = vertical_server_app(lambda: model_fn().split_parties().leader,
                               lambda: (np.arange(N), X["lead"], Y), epochs=1, batch_size=8,
-                              seed=0, connect_timeout=5, on_finish=lambda r: out.update(r=r),
-                              **kwargs)
+                              seed=0, on_finish=lambda r: out.update(r=r), **kwargs)
     app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(run_config or {})))
     return out["r"]
@@ -147,25 +147,82 @@ def test_case8_two_nodes_claiming_one_follower_stop_the_run_before_anything_is_s
     assert "nodes [5, 10] all claim to be follower 'f1'" in caplog.text
 
 
-def test_case8_a_pinned_follower_is_only_its_node(in_a_run, caplog):
-    """Case 8: with f1 pinned (code) and f2 pinned (run config, a decimal string), the rogue
-    claiming f1 is ignored: it gets the query and nothing else, and the run uses the real f1."""
-    grid = _Grid()
-    grid.others[ROGUE] = _hello("f1", grid.spec(F1))
-    with _capture(caplog):
-        result = _run(grid, run_config={"party-node.f2": str(F2)}, party_nodes={"f1": F1})
-    assert grid.messages_to(ROGUE) == ["query"]
+def _served_by_the_real_followers(grid, result):
     # a message per batch, and one that carries the last batch's gradient
     assert grid.messages_to(F1).count("train") == N // 8 + 1
     assert grid.messages_to(F2).count("train") == N // 8 + 1
     assert grid.messages_to(F1)[-1] == "query.finish"
     assert result.rejected == [] and result.history["skipped"] == [0.0]
+
+
+def test_case8_a_pinned_follower_is_only_its_node(in_a_run, caplog):
+    """Case 8: with f1 pinned, the rogue claiming f1 is ignored: it gets the query (asked for
+    the unpinned f2) and nothing else, and the run uses the real f1. The unpinned f2 is trusted
+    on first claim, and the log says so."""
+    grid = _Grid()
+    grid.others[ROGUE] = _hello("f1", grid.spec(F1))
+    with _capture(caplog):
+        result = _run(grid, party_nodes={"f1": F1})
+    assert grid.messages_to(ROGUE) == ["query"]
+    _served_by_the_real_followers(grid, result)
     assert "node 5 claims follower 'f1', which is pinned to node 10; ignored" in caplog.text
+    assert "follower 'f2' is not pinned to a node id: the node that claims it is trusted on " \
+        "first claim" in caplog.text
+    assert "follower 'f1' is not pinned" not in caplog.text
+
+
+class _LateF1(_Grid):
+    """The real f1 (node 10) connects only after the leader has looked ``late`` times; the rogue
+    and f2 are connected from the start."""
+
+    def __init__(self, late):
+        super().__init__()
+        self.late, self.looks = late, 0
+        self.others[ROGUE] = _hello("f1", self.spec(F1))
+
+    def get_node_ids(self):
+        self.looks += 1
+        nodes = super().get_node_ids()
+        return nodes if self.looks > self.late else [n for n in nodes if n != F1]
+
+
+def test_case8_the_leader_waits_for_a_pinned_followers_own_node(in_a_run, caplog):
+    """Review: the leader took the first len(followers) connected nodes ([5, 11]) while the
+    real f1 was late, and stopped; now it waits for the pinned node and asks only the pinned
+    nodes (every follower is pinned, f2 by the run config's decimal string): the rogue gets
+    nothing at all."""
+    grid = _LateF1(late=2)
+    with _capture(caplog):
+        result = _run(grid, run_config={"party-node.f2": str(F2)}, party_nodes={"f1": F1})
+    assert grid.looks > 2
+    assert grid.messages_to(ROGUE) == []
+    _served_by_the_real_followers(grid, result)
+    assert "is not pinned" not in caplog.text
+
+
+def test_case8_a_pinned_node_that_never_connects_is_named(in_a_run):
+    """Review: the error said 'the reasons are logged' when nothing was logged about f1."""
+    grid = _LateF1(late=10**9)
+    with pytest.raises(TimeoutError, match=r"^pinned node 10 \(follower 'f1'\) is not "
+                                           r"connected \(connected: \[5, 11\]\) after 1 s"):
+        _run(grid, party_nodes={"f1": F1}, connect_timeout=1)
+    assert grid.sent == []
+
+
+def test_case8_an_unpinned_follower_is_trusted_on_first_claim(in_a_run, caplog):
+    """What pins are for (documented): with nothing pinned and the real f1 absent, the rogue
+    is the only node claiming f1 and becomes it; the log warned that f1 was unpinned."""
+    grid = _LateF1(late=10**9)
+    with _capture(caplog):
+        _run(grid)
+    assert "train" in grid.messages_to(ROGUE)
+    assert "follower 'f1' is not pinned to a node id" in caplog.text
 
 
 def test_case8_a_pin_to_a_node_that_claims_another_party_stops_the_run(in_a_run):
     grid = _Grid()
-    with pytest.raises(RuntimeError, match=r"\['f1'\] did not introduce themselves.*pinned"):
+    with pytest.raises(RuntimeError, match=r"\['f1'\] did not introduce themselves \('f1': "
+                                           r"pinned node 11 introduced itself as 'f2'\)"):
         _run(grid, party_nodes={"f1": F2, "f2": F2})
     assert {kind for _, kind in grid.sent} == {"query"}
 
@@ -176,6 +233,11 @@ def test_case8_a_pin_to_a_node_that_claims_another_party_stops_the_run(in_a_run)
     ({"f1": True}, {}, "node id"),
     ({"f1": "ten"}, {}, "node id"),
     ({"f1": 10}, {"party-node.f1": 11}, "already pinned to node 10"),
+    # review: the value as given; a digit that is not ASCII; beyond Flower's uint64 node ids
+    ({}, {"party-node.f1": "0"}, r"'party-node.f1' must be a Flower node id .*; got '0'\.$"),
+    ({}, {"party-node.f1": "\u00b2"}, r"'party-node.f1' must be a Flower node id .*; got '\u00b2'"),
+    ({}, {"party-node.f1": str(2**64)}, rf"node id .*; got '{2**64}'\.$"),
+    ({"f1": 2**64}, {}, rf"node id .*; got {2**64}\.$"),
 ])
 def test_bad_pins_are_refused_by_name(in_a_run, pins, run_config, match):
     grid = _Grid()
@@ -215,3 +277,29 @@ def test_case8_a_follower_whose_only_introduction_is_malformed_is_missing_not_a_
     with pytest.raises(RuntimeError, match=r"the followers \['f2'\] did not introduce"):
         _run(grid)
     assert {kind for _, kind in grid.sent} == {"query"}
+
+
+def test_an_empty_pin_pins_nothing_and_the_declared_override_reaches_the_leader(in_a_run):
+    """Review: Flower refuses a --run-config key the app's pyproject does not declare, and a
+    declared placeholder "" was refused as a node id. The example declares party-node.<party> =
+    "" for every follower: an unpinned run works, the documented override pins."""
+    from pathlib import Path
+
+    from flwr.common.config import get_fused_config_from_dir, parse_config_args
+
+    from keras_fedpriv.federated.flower_vertical import _pins
+
+    leader = model_fn().split_parties().leader
+    assert _pins({"f1": ""}, {"party-node.f2": " "}, leader) == {}
+    app = Path(__file__).parents[1] / "examples" / "flower_vertical"
+    declared = get_fused_config_from_dir(app, {})
+    assert {k: v for k, v in declared.items() if k.startswith("party-node.")} == {
+        "party-node.f1": "", "party-node.f2": ""}
+    # the run config Flower builds for `flwr run . --run-config "party-node.f1='10'"`
+    run = get_fused_config_from_dir(app, parse_config_args([f"party-node.f1='{F1}'"]))
+    assert _pins(None, declared, leader) == {}
+    assert _pins(None, run, leader) == {"f1": F1}
+    assert _pins(None, {"party-node.f1": f" {2**64 - 1} "}, leader) == {"f1": 2**64 - 1}
+    grid = _Grid()
+    result = _run(grid, run_config={"party-node.f1": "", "party-node.f2": ""})
+    _served_by_the_real_followers(grid, result)

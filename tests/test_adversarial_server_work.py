@@ -7,6 +7,9 @@ parsing it; and one evaluation's scores are computed on at most ``max_scored_row
 uploads of a training round were already bounded before parsing: checked here too.
 """
 
+import contextlib
+import warnings
+
 import numpy as np
 import pytest
 
@@ -19,6 +22,8 @@ from keras_fedpriv.federated import HorizontalFL, partition  # noqa: E402
 from keras_fedpriv.federated import laplace_eval as laplace_eval_module  # noqa: E402
 from keras_fedpriv.federated.flower import HorizontalStrategy  # noqa: E402
 from keras_fedpriv.federated.flower.common import _record  # noqa: E402
+from keras_fedpriv.federated.flower.strategy import _parse_report  # noqa: E402
+from keras_fedpriv.federated.malformed import MalformedMessage  # noqa: E402
 
 from flower_stubs import model_fn  # noqa: E402
 
@@ -63,6 +68,13 @@ class _Grid:
         return [Message(RecordDict({"config": ConfigRecord(
             {"client-id": self.nodes.index(m.metadata.dst_node_id)})}), reply_to=m)
             for m in messages]
+
+
+@contextlib.contextmanager
+def _no_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
 
 
 def _probabilities(rows, seed):
@@ -176,3 +188,91 @@ def test_uploads_larger_than_asked_are_refused_before_they_are_parsed(in_a_run, 
     assert f"'upload' holds more than the {16 * dim + 4096} bytes" in reason
     assert max(parsed) <= 16 * dim + 4096  # the oversized array was never deserialized
     assert metrics["replies"] == 1.0
+
+
+def test_review_a_report_of_huge_finite_values_is_refused_and_cannot_stop_the_round(in_a_run):
+    """Review (HIGH): a report of the right shape holding +-1e308 passed the checks, and
+    scikit-learn's error on it escaped aggregate_evaluate: one client ended the Flower run. Now
+    values beyond `report_bound` (honest noise passes it with probability ~2 exp(-700)) are
+    refused like any malformed report, and the honest reports are scored."""
+    laplace = LaplaceEvaluation(eps=2.0, from_logits=True, seed=0)
+    strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=3, num_clients=3,
+                                  seed=0, laplace_eval=laplace)
+    grid = _Grid()
+    strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid)
+    asks = list(strategy.configure_evaluate(1, strategy.initial_arrays(), ConfigRecord(), grid))
+    evil = np.full((50, K), 1e308)
+    evil[np.arange(50), np.arange(50) % K] = -1e308
+
+    def reply(message, rows):
+        cid = _Grid.nodes.index(message.metadata.dst_node_id)
+        return Message(RecordDict({"report": _record({"report": rows}),
+                                   "config": ConfigRecord({"client-id": cid})}),
+                       reply_to=message)
+
+    metrics = strategy.aggregate_evaluate(1, [reply(asks[0], _probabilities(50, 0)),
+                                              reply(asks[1], _probabilities(50, 1)),
+                                              reply(asks[2], evil)])
+    assert laplace.last_client_ids == [0, 1]
+    assert all(np.isfinite(metrics[f"laplace_{m}"]) for m in
+               ("silhouette", "calinski_harabasz", "davies_bouldin"))
+    bound = laplace.report_bound(K)
+    assert 1 + 700 * 2 / 2.0 <= bound < 1 + 710 * 2 / 2.0  # 700 noise scales past [0, 1]
+    (rejected,) = strategy.rejected
+    assert rejected[1] == _Grid.nodes.index(asks[2].metadata.dst_node_id)
+    assert f"values beyond +-{bound:.6g}" in rejected[2]
+    # a report with values at the bound is taken; one value just past it is refused
+    edge = _probabilities(50, 2)
+    edge[0, 0], edge[1, 1] = bound, -bound
+    assert _parse_report(reply(asks[0], edge), K, 10_000, bound).shape == (50, K)
+    edge[3, 4] = -np.nextafter(bound, np.inf)
+    with pytest.raises(MalformedMessage, match="values beyond"):
+        _parse_report(reply(asks[0], edge), K, 10_000, bound)
+
+
+@pytest.mark.parametrize("eps, sensitivity, sampler", [
+    (2.0, 2.0, "discrete"), (0.5, 2.0, "discrete"), (2.0, 1.0, "discrete"),
+    (2.0, 2.0, "continuous"), (1000.0, 2.0, "discrete")])
+def test_review_report_bound_is_700_noise_scales_and_honest_reports_pass(eps, sensitivity,
+                                                                         sampler):
+    with pytest.warns(UserWarning) if sensitivity < 2 else _no_warning():
+        laplace = LaplaceEvaluation(eps=eps, sensitivity=sensitivity, sampler=sampler, seed=0)
+    scale = sensitivity / eps
+    bound = laplace.report_bound(K)
+    assert 1 + 700 * scale <= bound <= 1 + 701.5 * scale
+    noisy = laplace.client_report(_probabilities(10_000, 3), client_id=0)
+    assert np.abs(noisy).max() < min(bound, 1 + 30 * scale)  # far inside the bound
+    with pytest.raises(ValueError, match="num_classes"):
+        LaplaceEvaluation(eps=eps, sensitivity=2.0).report_bound()
+
+
+def test_review_a_score_scikit_learn_cannot_compute_is_nan_with_a_warning():
+    """Review (HIGH): receive_reports raised sklearn's ValueError on a report of +-1e308; each
+    score it cannot compute (raises, or returns NaN/inf) is now NaN with a warning naming it."""
+    reports = [(c, laplace_eval_module.laplace(_probabilities(200, c), 2.0,
+                                              rng=np.random.default_rng(c)), None)
+               for c in range(3)]
+    evil = np.full((200, K), 1e308)
+    evil[np.arange(200), np.arange(200) % K] = -1e308
+    laplace = LaplaceEvaluation(eps=2.0, seed=0)
+    with pytest.warns(UserWarning) as caught:
+        logs = laplace.receive_reports(reports + [(9, evil, None)])
+    texts = [str(w.message) for w in caught]
+    assert np.isnan(logs["laplace_davies_bouldin"]) and np.isnan(logs["laplace_calinski_harabasz"])
+    assert any(t.startswith("LaplaceEvaluation: davies_bouldin of the noisy vectors is logged "
+                            "as NaN: scikit-learn raised ValueError") for t in texts)
+    assert any(t.startswith("LaplaceEvaluation: calinski_harabasz of the noisy vectors is logged "
+                            "as NaN: the score is") for t in texts)
+    # the honest reports alone still score
+    logs = LaplaceEvaluation(eps=2.0, seed=0).receive_reports(reports)
+    assert all(np.isfinite(v) for v in logs.values())
+
+
+def test_review_a_silhouette_sample_at_or_above_max_scored_rows_warns_it_has_no_effect():
+    for size in (5_000, 6_000):
+        with pytest.warns(UserWarning, match=rf"silhouette_sample_size={size}\) has no effect: "
+                                             r"at most max_scored_rows=5000 rows are scored"):
+            LaplaceEvaluation(eps=2.0, silhouette_sample_size=size)
+    with _no_warning():
+        LaplaceEvaluation(eps=2.0, silhouette_sample_size=4_999)
+        LaplaceEvaluation(eps=2.0, silhouette_sample_size=6_000, max_scored_rows=8_000)

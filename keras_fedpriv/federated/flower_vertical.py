@@ -49,6 +49,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -312,20 +313,28 @@ def _introduction(reply: Message) -> tuple[str, EmbeddingSpec]:
 
 def _pins(party_nodes: Mapping[str, Any] | None, run_config: Mapping[str, Any],
           leader: VerticalLeader) -> dict[str, int]:
-    """Party -> node id: ``party_nodes`` and the run config's ``party-node.<party>`` keys."""
+    """Party -> node id: ``party_nodes`` and the run config's ``party-node.<party>`` keys.
+
+    An empty string (the placeholder an app's pyproject declares, so that
+    ``flwr run --run-config`` may set the key) pins nothing.
+    """
     pins: dict[str, int] = {}
     given = [(f"`party_nodes`[{p!r}]", p, n) for p, n in dict(party_nodes or {}).items()]
     given += [(f"run config {k!r}", k[len(_PIN):], v) for k, v in run_config.items()
               if str(k).startswith(_PIN)]
-    for where, party, node in given:
+    for where, party, value in given:
+        if isinstance(value, str) and not value.strip():
+            continue
         if party not in leader.follower_specs:
             raise ValueError(f"{where} pins {party!r}, which is not a follower of this leader "
                              f"(followers: {sorted(leader.follower_specs)}).")
-        if isinstance(node, str) and node.strip().isdigit():
-            node = int(node)
-        if isinstance(node, bool) or not isinstance(node, (int, np.integer)) or node < 1:
-            raise ValueError(f"{where} must be a Flower node id (an integer >= 1, or its decimal "
-                             f"string); got {node!r}.")
+        node = value
+        if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
+            node = int(value.strip())
+        if isinstance(node, bool) or not isinstance(node, (int, np.integer)) or \
+                not 1 <= node < 2**64:
+            raise ValueError(f"{where} must be a Flower node id (an integer in [1, 2**64), or "
+                             f"its decimal string; \"\" pins nothing); got {value!r}.")
         if pins.get(party, int(node)) != int(node):
             raise ValueError(f"{where} pins {party!r} to node {int(node)}, but it is already "
                              f"pinned to node {pins[party]}.")
@@ -344,13 +353,22 @@ def _introduce(grid: Grid, nodes: list[int], leader: VerticalLeader, timeout: fl
     (any other node claiming it is ignored, logged); an unpinned follower
     claimed by two or more nodes stops the run (`RuntimeError` naming the
     party and the nodes): the leader never guesses, since the node it takes
-    would receive that follower's example ids and cut gradients.
+    would receive that follower's example ids and cut gradients. When every
+    follower is pinned only the pinned nodes are asked; an unpinned follower
+    is whichever single node claims it (logged: trusted on first claim).
     """
     pins = dict(pins or {})
-    asked = set(nodes)
+    unpinned = sorted(set(leader.follower_specs) - set(pins))
+    for party in unpinned:
+        logger.warning("follower %r is not pinned to a node id: the node that claims it is "
+                       "trusted on first claim (pin it: party_nodes= or the run config key "
+                       "'%s%s', with the SuperLink's node authentication on)", party, _PIN, party)
+    connected = sorted(nodes)
+    asked = set(connected) if unpinned else set(pins.values()) & set(connected)
     replies = grid.send_and_receive(
         [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type="query")
-         for n in nodes], timeout=timeout)
+         for n in sorted(asked)], timeout=timeout)
+    told: dict[int, str] = {}  # node -> what its answer was, for the error below
     claims: dict[str, list[tuple[int, EmbeddingSpec]]] = {}
     answered: set[int] = set()
     for reply in replies:
@@ -363,16 +381,20 @@ def _introduce(grid: Grid, nodes: list[int], leader: VerticalLeader, timeout: fl
         if reply.has_error():
             logger.warning("node %s did not introduce itself: %s", node,
                            _first_line(reply.error.reason))
+            told[node] = "answered the query with an error"
             continue
         try:
             party, spec = _introduction(reply)
         except MalformedMessage as error:
             logger.warning("node %s: its introduction was refused: %s", node, error)
+            told[node] = f"sent a malformed introduction ({error})"
             continue
         if party not in leader.follower_specs:
             logger.warning("node %s is party %r, not a follower of this leader; ignored", node,
                            party[:64])
+            told[node] = f"introduced itself as {party[:64]!r}"
             continue
+        told[node] = f"introduced itself as {party!r}"
         if party in pins and node != pins[party]:
             logger.warning("node %s claims follower %r, which is pinned to node %s; ignored",
                            node, party, pins[party])
@@ -399,11 +421,21 @@ def _introduce(grid: Grid, nodes: list[int], leader: VerticalLeader, timeout: fl
                                "same model.")
         node_of[party] = node
     missing = sorted(set(leader.follower_specs) - set(node_of))
+
+    def why(party: str) -> str:
+        node = pins.get(party)
+        if node is None:
+            return f"{party!r}: no node claimed it"
+        if node not in asked:
+            return f"{party!r}: pinned node {node} is not connected (connected: {connected})"
+        return f"{party!r}: pinned node {node} " + told.get(
+            node, f"did not answer the query within {timeout:g} s")
+
     if missing:
-        raise RuntimeError(f"the followers {missing} did not introduce themselves"
-                           + (f" (pinned: { {p: pins[p] for p in missing if p in pins} })"
-                              if any(p in pins for p in missing) else "")
-                           + "; the reasons are logged on the 'keras_fedpriv.flower' logger.")
+        raise RuntimeError(f"the followers {missing} did not introduce themselves ("
+                           + "; ".join(why(p) for p in missing)
+                           + "); refused introductions are logged on the "
+                           "'keras_fedpriv.flower' logger.")
     return node_of
 
 
@@ -426,9 +458,12 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
     asks (its operator's node config). A follower claimed by two nodes stops
     the run before anything is sent (a `RuntimeError` naming the party and
     the node ids), and a malformed introduction is refused with a logged
-    reason. A follower pinned to a node id is only that node; with the
-    SuperLink's node authentication on, a node id belongs to one registered
-    key, so no other node can take a pinned follower's place.
+    reason. A follower pinned to a node id is only that node (the leader
+    waits up to ``connect_timeout`` for it to connect); with the SuperLink's
+    node authentication on, a node id belongs to one registered key, so no
+    other node can take a pinned follower's place. An unpinned follower is
+    trusted on first claim (a warning is logged): if its real node is absent,
+    a single node claiming its name becomes it.
 
     Args:
         leader_fn: ``leader_fn()`` (with ``context=`` if declared) -> the
@@ -446,7 +481,8 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
             embeddings of those ids).
         validation_batch_size: examples per validation message.
         round_timeout: seconds to wait for the replies of one message round.
-        connect_timeout: seconds to wait for the followers to connect.
+        connect_timeout: seconds to wait for the followers (every pinned
+            node among them) to connect.
         on_finish: called with the `VerticalRunResult` at the end (in the
             Simulation Engine this runs in the caller's process); its
             history adds ``wire_bytes_up`` / ``wire_bytes_down`` (Flower's
@@ -454,8 +490,9 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
         party_nodes: None, or follower -> the Flower node id that alone may
             be that follower (the id ``flwr supernode register`` printed);
             the run config's ``party-node.<party>`` keys add to it (an int
-            or a decimal string; a follower pinned twice must get the same
-            id).
+            or a decimal string in [1, 2**64); ``""`` pins nothing, so an
+            app's pyproject can declare the key; a follower pinned twice must
+            get the same id).
 
     Returns:
         A `flwr.serverapp.ServerApp`.
@@ -486,7 +523,12 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
             v_ids, v_x, v_y = _call(validation_fn, context=context)
             validation = (v_ids, v_y, v_x)
         pins = _pins(party_nodes, run, leader)
-        nodes = _wait_for_nodes(grid, len(leader.follower_specs), connect_timeout, what="followers")
+        # a pinned follower's own node must be there: another node never stands in for it
+        nodes = _wait_for_nodes(grid, len(leader.follower_specs), connect_timeout,
+                                what="followers", required={
+                                    n: "follower " + ", ".join(repr(p) for p, m in
+                                                              sorted(pins.items()) if m == n)
+                                    for n in set(pins.values())})
         node_of = _introduce(grid, nodes, leader, wait, pins)
         party_of = {n: p for p, n in node_of.items()}
         traffic = {"up": 0, "down": 0}

@@ -40,6 +40,7 @@ from keras_fedpriv.mechanisms.laplace import (
     SAMPLERS,
     laplace,
     laplace_dp_event,
+    laplace_grid,
     laplace_scale,
 )
 from keras_fedpriv.mechanisms.random import SeededReleases, secret_generator
@@ -52,7 +53,7 @@ from keras_fedpriv.mechanisms.validation import (
 )
 
 __all__ = ["MAX_EPS", "MAX_REPORT_ROWS", "MAX_SCORED_ROWS", "METRICS", "PROBABILITY_TOLERANCE",
-           "LaplaceEvaluation"]
+           "TAIL_SCALES", "LaplaceEvaluation"]
 
 #: The reference implementation's eps domain is (0, MAX_EPS].
 MAX_EPS = 500000.0
@@ -64,6 +65,9 @@ METRICS = ("silhouette", "calinski_harabasz", "davies_bouldin")
 MAX_REPORT_ROWS = 10_000
 #: Default ``max_scored_rows``: the most rows one evaluation's scores are computed on.
 MAX_SCORED_ROWS = 5_000
+#: `LaplaceEvaluation.report_bound` allows this many noise scales beyond [0, 1]: an honest
+#: report's entry passes it with probability at most 2 * exp(-TAIL_SCALES).
+TAIL_SCALES = 700
 _INFERENCE_BATCH = 1024
 
 
@@ -231,12 +235,17 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     first), a deterministic subsample in which every buffered client keeps
     its share. So no client, and no number of clients, can make one
     evaluation's scoring cost more than that of ``max_scored_rows`` rows.
+    A report's values are bounded too (`report_bound`: beyond it an honest
+    report's noise has probability below ``2 exp(-700)``); a score that
+    scikit-learn cannot compute is logged as NaN with a warning. The buffer
+    holds up to ``cluster_client_num`` reports of at most ``max_report_rows``
+    rows (``8 K`` bytes each) in memory.
 
     **Scores.** scikit-learn's ``silhouette_score`` (Euclidean, with
     ``sample_size=silhouette_sample_size``: silhouette costs O(n^2) in the
     number of scored rows, so set it below ``max_scored_rows`` to make it
-    cheaper),
-    ``calinski_harabasz_score`` (higher is better) and
+    cheaper; at or above ``max_scored_rows`` it has no effect, with a
+    warning), ``calinski_harabasz_score`` (higher is better) and
     ``davies_bouldin_score`` (lower is better). Each needs between 2 and
     n - 1 distinct labels; otherwise (e.g. all noisy vectors have the same
     argmax) the score is logged as 0.0 with a warning that says why.
@@ -368,6 +377,12 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         self.max_scored_rows = validate_positive_int(max_scored_rows, "max_scored_rows",
                                                      minimum=2)
         self._clients = _split_eval_data(eval_data, self.num_eval_clients, self.max_report_rows)
+        if self.silhouette_sample_size is not None and \
+                self.silhouette_sample_size >= self.max_scored_rows:
+            warnings.warn(
+                f"LaplaceEvaluation(silhouette_sample_size={self.silhouette_sample_size}) has "
+                f"no effect: at most max_scored_rows={self.max_scored_rows} rows are scored, "
+                "and silhouette samples only when it is below that number.", stacklevel=2)
         if self.sensitivity < 2.0:
             warnings.warn(
                 f"LaplaceEvaluation(sensitivity={self.sensitivity:g}): two probability vectors "
@@ -398,6 +413,34 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     def noise_scale(self) -> float:
         """The Laplace scale ``b = sensitivity / eps`` added to every entry."""
         return laplace_scale(self.eps, self.sensitivity)
+
+    def report_bound(self, num_classes: int | None = None) -> float:
+        """The largest magnitude an honest report's entry may have (the server refuses more).
+
+        A report's entry is a probability in [0, 1] plus the mechanism's
+        noise: with the discrete sampler the value rounded to its grid (step
+        ``gamma``) plus ``gamma`` times integer noise ``Z`` with ``P(|Z| >= z)
+        <= 2 exp(-a z)`` (`laplace_grid`), with the continuous one Laplace
+        noise of scale ``b``. The bound is ``1 + gamma + TAIL_SCALES *
+        gamma / a`` (discrete) or ``1 + TAIL_SCALES * b`` (continuous): an
+        honest entry passes it with probability at most ``2 exp(-700)``.
+
+        Args:
+            num_classes: K, the entries per row (the discrete grid depends on
+                it); None: the `num_classes` seen so far (required then).
+
+        Returns:
+            The bound (a finite float > 1).
+        """
+        k = validate_positive_int(num_classes, "num_classes", allow_none=True)
+        k = self.num_classes if k is None else k
+        if k is None:
+            raise ValueError("`num_classes` is unknown before the first evaluation; pass "
+                             "report_bound(num_classes=K) with K the model's output length.")
+        if self.sampler == "continuous":
+            return 1.0 + TAIL_SCALES * self.noise_scale
+        gamma, _, a = laplace_grid(self.eps, self.sensitivity, k)
+        return 1.0 + gamma + TAIL_SCALES * gamma / a
 
     @property
     def epsilon(self) -> float:
@@ -759,10 +802,20 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                 f"{n_sub} scored vectors have {n_labels} distinct argmax label(s), and the "
                 f"score needs between 2 and n - 1 = {n_sub - 1}.", stacklevel=3)
             return 0.0
-        if idx is not None:
-            return float(_score_fn(metric)(x, labels, sample_size=self.silhouette_sample_size,
-                                           random_state=random_state))
-        return float(_score_fn(metric)(x, labels))
+        kwargs = {} if idx is None else {"sample_size": self.silhouette_sample_size,
+                                         "random_state": random_state}
+        try:
+            with np.errstate(all="ignore"):  # extreme values: judged by the result below
+                score = float(_score_fn(metric)(x, labels, **kwargs))
+        except Exception as error:  # noqa: BLE001 - one bad evaluation must not stop the run
+            reason = f"scikit-learn raised {type(error).__name__}"
+        else:
+            if np.isfinite(score):
+                return score
+            reason = f"the score is {score}"
+        warnings.warn(f"LaplaceEvaluation: {metric} of the {what} vectors is logged as NaN: "
+                      f"{reason} (values too extreme to score).", stacklevel=3)
+        return float("nan")
 
     # --- (de)serialization ---------------------------------------------------
 

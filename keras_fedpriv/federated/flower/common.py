@@ -10,7 +10,7 @@ import inspect
 import logging
 import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
@@ -61,15 +61,25 @@ def _first_line(reason: Any) -> str:
     return line.strip()[:200]
 
 
-def _wait_for_nodes(grid: Grid, count: int, timeout: float, what: str = "clients") -> list[int]:
-    """The connected node ids once ``count`` are connected (`TimeoutError` after ``timeout``)."""
+def _wait_for_nodes(grid: Grid, count: int, timeout: float, what: str = "clients",
+                    required: Mapping[int, str] | None = None) -> list[int]:
+    """The connected node ids once ``count`` are, and every node of ``required`` (node id ->
+    what it is, for the message) is too (`TimeoutError` after ``timeout``)."""
+    required = dict(required or {})
     deadline = time.monotonic() + timeout
-    while len(nodes := sorted(grid.get_node_ids())) < count:
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        absent = sorted(set(required) - set(nodes))
+        if len(nodes) >= count and not absent:
+            return nodes
         if time.monotonic() > deadline:
+            if absent:
+                raise TimeoutError("; ".join(f"pinned node {n} ({required[n]}) is not connected"
+                                             for n in absent)
+                                   + f" (connected: {nodes}) after {timeout:g} s.")
             raise TimeoutError(f"only {len(nodes)} of the {count} {what} needed connected "
                                f"within {timeout:g} s.")
         time.sleep(0.5)
-    return nodes
 
 
 def _arrays(record: Any, what: str, max_bytes: int) -> dict[str, np.ndarray]:

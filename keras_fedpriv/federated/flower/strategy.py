@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from typing import Any, Iterable, Sequence
@@ -382,9 +383,10 @@ class HorizontalStrategy(Strategy):
                 reason = "a second report from the same client"
             else:
                 try:
-                    reports[cid] = _parse_report(reply, state["width"] or
-                                                 self.laplace.num_classes,
-                                                 self.laplace.max_report_rows)
+                    width = state["width"] or self.laplace.num_classes
+                    bound = self.laplace.report_bound(width) if width else math.inf
+                    reports[cid] = _parse_report(reply, width, self.laplace.max_report_rows,
+                                                 bound)
                 except MalformedMessage as err:
                     reason = f"malformed report: {err}"
                 except Exception as err:  # noqa: BLE001 - no reply may stop the server
@@ -486,12 +488,15 @@ def _parse_reply(reply: Message, server: HorizontalServer, with_magrr: bool,
     return out
 
 
-def _parse_report(reply: Message, width: int | None,
-                  max_rows: int = MAX_REPORT_ROWS) -> np.ndarray:
+def _parse_report(reply: Message, width: int | None, max_rows: int = MAX_REPORT_ROWS,
+                  bound: float = math.inf) -> np.ndarray:
     """A client's LaplaceEvaluation report, checked (`MalformedUpload` if not as promised).
 
     Its size is checked before anything is deserialized: no more bytes than a
-    float64 ``(max_rows, width)`` array (the rows the server asked for).
+    float64 ``(max_rows, width)`` array (the rows the server asked for). Its
+    values must be finite and at most ``bound`` in magnitude
+    (`LaplaceEvaluation.report_bound`: an honest report exceeds it with
+    probability about ``exp(-700)``), so no report can overflow the scores.
     """
     if set(reply.content.keys()) != {"report", "config"}:
         raise MalformedUpload("the reply must hold exactly 'report' and 'config'.")
@@ -510,6 +515,9 @@ def _parse_report(reply: Message, width: int | None,
                               "asked for.")
     if not np.isfinite(noisy).all():
         raise MalformedUpload("the report holds NaN or infinity.")
+    if np.abs(noisy).max() > bound:
+        raise MalformedUpload(f"the report holds values beyond +-{bound:.6g}, which the "
+                              "mechanism's noise does not reach.")
     return noisy
 
 
