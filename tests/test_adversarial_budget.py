@@ -3,19 +3,25 @@
 3. A reply that carries anything without DP (BatchNormalization statistics and the data size,
    with ``batch_norm="average"``) never fits a client's budget: its composed eps is inf.
 4. A party restarted within a run (fresh node state, same run id) still counts what it sent in
-   that run: the file's entries are append-only, never overwritten.
+   that run: a release is added to its run's entry (numbered after the run's largest release
+   number), never overwriting it; folding a run's releases into one entry keeps the composed
+   eps exactly and the file small.
 5. Runs that share the file, in real concurrent processes, never spend past the cap together
-   and never lose an entry (check and record are one step under a file lock).
-6. A symlinked path is followed consistently (the real file is locked and replaced); a file
-   with negative, non-integer or out-of-range contents is unreadable, never accepted.
+   and never lose an entry (check and record are one step under a lock on the file's folder,
+   which removing files beside the budget does not break; the replace is synced).
+6. A symlinked path is followed consistently (the real file is locked and replaced); a relative
+   path and a file with two names (hard links) are refused; a file with negative, non-integer
+   or out-of-range contents, or nested too deeply, is unreadable, never accepted.
 
 The Flower client apps are called directly (``app(message, context)``), as a SuperNode would
 call them, without starting Flower.
 """
 
 import json
+import math
 import multiprocessing
 import os
+import stat
 import time
 
 import keras
@@ -170,7 +176,7 @@ def test_case4_a_horizontal_client_restarted_within_a_run_sends_no_more_than_the
     assert sent == [(0, "sent"), (0, "sent"), (0, 2), (1, 2), (1, 2), (1, 2)]
     budget = PrivacyBudget(cap, path=str(tmp_path / "client.json"))
     entries = json.loads((tmp_path / "client.json").read_text())["entries"]
-    assert [(e["run"], e["release"]) for e in entries] == [(str(RUN), 0), (str(RUN), 1)]
+    assert [(e["run"], e["release"]) for e in entries] == [(str(RUN), 1)]  # releases 0 and 1
     assert budget.epsilon(ReleaseLedger()) <= cap
 
 
@@ -218,6 +224,59 @@ def test_case4_a_vertical_follower_restarted_within_a_run_sends_no_more_than_the
     assert budget.epsilon(ReleaseLedger()) <= cap
     counts = [c for kind in budget.past().to_dict()["kinds"] for c in kind["units"].values()]
     assert sorted(counts) == [2] * 8  # every example embedded twice, none a third time
+
+
+def _entry(run, release, ledger):
+    return {"run": run, "release": release, "ledger": ledger.to_dict()}
+
+
+def test_case4_folding_a_long_run_keeps_the_composed_eps_exactly_and_the_file_small(tmp_path):
+    """Case 4 at scale: a vertical follower's file of 400 releases (batches of 32 of 64 records,
+    in two runs) is folded into one entry per run at the next release. The counts per kind and
+    record are exactly those of every release, so the composed eps is the same number; a
+    release that carries nothing writes nothing."""
+    import keras_fedpriv as kf
+
+    kind = ReleaseKind("EmbeddingDPLayer 'f1'", "features", "example",
+                       kf.EmbeddingDPLayer(eps=1.0).dp_event(4))
+
+    def batch(i):
+        ledger = ReleaseLedger()
+        ledger.record(kind, (np.arange(32) + 32 * i) % 64)
+        return ledger
+
+    path = tmp_path / "follower.json"
+    path.write_text(json.dumps({"version": 2, "entries": [
+        _entry("1" if i < 300 else "2", i if i < 300 else i - 300, batch(i)) for i in range(400)]}))
+    unfolded_size = path.stat().st_size
+    budget = PrivacyBudget(1e9, path=str(path), per_record=True)
+    eps = budget.reserve(batch(400), run_id=2)  # composed from the 400 entries as written
+    assert math.isfinite(eps) and eps > 0
+    entries = json.loads(path.read_text())["entries"]
+    assert [(e["run"], e["release"]) for e in entries] == [("1", 299), ("2", 100)]
+    assert path.stat().st_size < unfolded_size / 50
+    counts = budget.past().to_dict()["kinds"]
+    assert len(counts) == 1 and counts[0]["units"] == {str(r): 201 if r < 32 else 200
+                                                       for r in range(64)}
+    assert budget.epsilon(ReleaseLedger()) == eps  # the same counts compose to the same eps
+    before = path.read_bytes()
+    budget.reserve(batch(1), run_id=2, before=batch(1))  # a gradient-only request: nothing new
+    assert path.read_bytes() == before
+
+
+def test_case4_a_release_is_numbered_after_the_largest_number_of_its_run(tmp_path):
+    """Case 4: numbering a run's release by its count of entries repeats a number after a gap
+    (entries 0 and 2: the next was numbered 2), and a repeated entry makes the file unreadable:
+    every later release of every run refused."""
+    path = tmp_path / "budget.json"
+    path.write_text(json.dumps({"version": 2, "entries": [_entry("1", 0, _ledger(1)),
+                                                          _entry("1", 2, _ledger(1))]}))
+    budget = PrivacyBudget(100.0, path=str(path))
+    budget.reserve(_ledger(1), run_id=1)
+    budget.reserve(_ledger(1), run_id=2)
+    entries = json.loads(path.read_text())["entries"]
+    assert [(e["run"], e["release"]) for e in entries] == [("1", 3), ("2", 0)]
+    assert budget.past().total(KIND) == 4
 
 
 # ------------------------------------------------------------------ concurrent processes
@@ -273,7 +332,8 @@ def test_case5_runs_sharing_the_file_never_spend_past_the_cap_together(tmp_path)
     assert sum(sent) == 6
     budget = PrivacyBudget(cap, path=path)
     assert budget.past().total(KIND) == 6  # every release that was let out is in the file
-    assert len(json.loads(open(path).read())["entries"]) == 6
+    entries = json.loads(open(path).read())["entries"]  # one per run, numbered 0, 1, ...
+    assert sum(e["release"] + 1 for e in entries) == 6
     assert budget.epsilon(ReleaseLedger()) <= cap
 
 
@@ -283,6 +343,73 @@ def test_case5_concurrent_saves_lose_no_entry(tmp_path):
     path = str(tmp_path / "shared.json")
     assert sum(_in_processes(_save_one, (path,), 16)) == 16
     assert PrivacyBudget(100.0, path=path).past().total(KIND) == 16
+
+
+def _hold_the_lock(path, cap, inside, go, results):
+    """A run that takes the budget's lock and keeps it (between its read and its record) until
+    ``go`` is set."""
+    budget = PrivacyBudget(cap, path=path)
+    composed = budget._composed
+
+    def slow(entries, release):
+        inside.set()
+        go.wait(timeout=120)
+        return composed(entries, release)
+
+    budget._composed = slow
+    budget.reserve(_ledger(1), run_id="holder")
+    results.put("sent")
+
+
+@pytest.mark.slow
+def test_case5_removing_files_beside_the_budget_while_it_is_locked_lets_no_run_in(tmp_path):
+    """Case 5: a cleaner that removes a "stale" lock file while one run holds it let a second
+    run take a new lock and spend past the cap. The lock is on the folder that holds the file:
+    the second run waits (here: gives up, refused), and the cap allowing 1 holds."""
+    path = str(tmp_path / "budget.json")
+    cap = _cap_allowing(KIND.event, 1)
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["keras_fedpriv.privacy.budget", "keras_fedpriv.privacy.report"])
+    inside, go, results = ctx.Event(), ctx.Event(), ctx.Queue()
+    holder = ctx.Process(target=_hold_the_lock, args=(path, cap, inside, go, results))
+    holder.start()
+    try:
+        assert inside.wait(timeout=120)
+        for name in os.listdir(tmp_path):
+            if name.endswith(".lock"):
+                os.unlink(tmp_path / name)
+        late = PrivacyBudget(cap, path=path)
+        late.lock_timeout = 0.5
+        with pytest.raises(BudgetExhausted, match="stayed locked"):
+            late.reserve(_ledger(1), run_id="late")
+        go.set()
+        holder.join(timeout=120)
+        assert holder.exitcode == 0 and results.get(timeout=10) == "sent"
+    finally:
+        go.set()
+        if holder.is_alive():  # only the process this test started
+            holder.terminate()
+            holder.join(timeout=10)
+    assert PrivacyBudget(cap, path=path).past().total(KIND) == 1
+
+
+def test_case5_the_replace_is_synced_with_its_folder(tmp_path, monkeypatch):
+    """Case 5: after the atomic replace, the folder is synced, so the new name survives a
+    crash (the file alone being synced is not enough)."""
+    path = tmp_path / "budget.json"
+    synced = []
+    fsync = os.fsync
+
+    def recording(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            synced.append((os.path.samestat(os.fstat(fd), os.stat(tmp_path)),
+                           path.exists() and PrivacyBudget(9.0, path=str(path)).past()
+                           .total(KIND)))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    PrivacyBudget(9.0, path=str(path)).reserve(_ledger(1), run_id=1)
+    assert synced == [(True, 1)]  # this folder, after the replace
 
 
 # ------------------------------------------------------------------ symlinks, malformed files
@@ -302,14 +429,35 @@ def test_case6_a_symlinked_path_is_followed_and_the_real_file_is_updated(tmp_pat
     assert via_link.past().total(KIND) == via_real.past().total(KIND) == 2
     via_link.reserve(_ledger(1), run_id=3)
     assert link.is_symlink() and os.path.realpath(link) == str(real)
-    assert (real.parent / "budget.json.lock").exists() and not (tmp_path / "link.json.lock") \
-        .exists()
+    assert sorted(os.listdir(tmp_path)) == ["link.json", "real"]  # nothing beside the link
     with pytest.raises(BudgetExhausted):  # one budget, whichever path the 4th release takes
         via_real.reserve(_ledger(1), run_id=4)
     with pytest.raises(BudgetExhausted):
         via_link.reserve(_ledger(1), run_id=4)
     assert PrivacyBudget(cap, path=str(link)).past().total(KIND) == 3
     assert via_link.path == str(link)  # the path as given; the real file is what is used
+
+
+def test_case6_a_budget_file_with_two_names_refuses(tmp_path):
+    """Case 6: a hard link is a second name for the file; the atomic replace gives one name a
+    new file and leaves the other with the old count, so the two names split the budget."""
+    real, alias = tmp_path / "budget.json", tmp_path / "alias.json"
+    cap = _cap_allowing(KIND.event, 3)
+    PrivacyBudget(cap, path=str(real)).reserve(_ledger(1), run_id=0)
+    os.link(real, alias)
+    for i, name in enumerate([alias, real, alias, real]):
+        with pytest.raises(BudgetExhausted, match=f"{str(name)!r} has 2 names"):
+            PrivacyBudget(cap, path=str(name)).reserve(_ledger(1), run_id=i + 1)
+    alias.unlink()  # one name again: the budget goes on from the one release
+    assert PrivacyBudget(cap, path=str(real)).past().total(KIND) == 1
+
+
+def test_case6_a_relative_path_is_refused(tmp_path, monkeypatch):
+    """Case 6: a relative path names a different file from each working directory."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="`path` must be an absolute path.*'budget.json'"):
+        PrivacyBudget(8.0, path="budget.json")
+    assert os.listdir(tmp_path) == []
 
 
 def _kinds(state):
@@ -362,8 +510,9 @@ def test_case6_a_well_formed_file_with_impossible_contents_is_unreadable(tmp_pat
     '{"version": 2, "version": 2, "entries": []}',
     '{"version": 3, "entries": []}',
     '{"version": 2, "entries": [], "runs": {}}',
+    '{"version": 2, "entries": ' + "[" * 100000 + "]" * 100000 + "}",
 ], ids=["repeated entry", "negative release number", "repeated key", "unknown version",
-        "both layouts"])
+        "both layouts", "nested too deeply"])
 def test_case6_a_malformed_entries_file_is_unreadable(tmp_path, content):
     path = tmp_path / "budget.json"
     path.write_text(content)

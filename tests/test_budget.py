@@ -37,15 +37,17 @@ def test_the_cap_is_the_composed_eps_of_the_accountant():
         budget.check(_ledger(4))
 
 
-def test_every_saved_entry_counts_and_entries_are_appended_never_replaced(tmp_path):
+def test_every_saved_release_counts_folded_into_one_entry_per_run(tmp_path):
     path = tmp_path / "sub" / "budget.json"
     budget = PrivacyBudget(12.0, path=str(path))
     budget.save(_ledger(2, unit=3), run_id=1)        # run 1: client id 3
-    # two releases of run 2: two entries, keyed by run and release number
+    # two releases of run 2: one entry, keyed by run and its last release's number
     budget.save(_ledger(1, unit=5), run_id=2)
     budget.save(_ledger(1, unit=5), run_id=2)
+    budget.save(ReleaseLedger(), run_id=2)           # a release that carries nothing
     entries = json.loads(path.read_text())["entries"]
-    assert [(e["run"], e["release"]) for e in entries] == [("1", 0), ("2", 0), ("2", 1)]
+    assert [(e["run"], e["release"]) for e in entries] == [("1", 0), ("2", 1)]
+    assert entries[1]["ledger"]["kinds"][0]["units"] == {"5": 2}
     # the client's id changed between runs: still one person's data, 2 + 1 + 1 releases
     five = privacy_report(_Holder(_ledger(5)), delta=1e-5).epsilon
     assert budget.past().total(KIND) == 4
@@ -68,7 +70,8 @@ def test_reserve_records_only_what_is_new_since_before_and_only_if_it_fits(tmp_p
     assert budget.past().total(KIND) == 3
     with pytest.raises(BudgetExhausted, match="over the budget"):
         budget.reserve(_ledger(4), run_id=9, before=_ledger(3))
-    assert len(json.loads(path.read_text())["entries"]) == 3  # a refusal records nothing
+    entries = json.loads(path.read_text())["entries"]  # a refusal records nothing
+    assert [(e["run"], e["release"]) for e in entries] == [("9", 2)]
     with pytest.raises(ValueError, match="`before` holds releases"):
         budget.reserve(_ledger(1), run_id=9, before=_ledger(2))
     # without a file the budget knows only the ledger it is given: all of it counts
@@ -110,6 +113,8 @@ def test_an_unreadable_budget_file_refuses_every_release(tmp_path, content):
     ({"max_epsilon": float("nan")}, ValueError, "max_epsilon"),
     ({"max_epsilon": 1.0, "delta": 1.5}, ValueError, "delta"),
     ({"max_epsilon": 1.0, "path": 3}, TypeError, "`path` must be None or a file path"),
+    ({"max_epsilon": 1.0, "path": "budget.json"}, ValueError,
+     "`path` must be an absolute path .*got 'budget.json'"),
     ({"max_epsilon": 1.0, "accountant": "gdp"}, ValueError, "accountant"),
 ])
 def test_bad_budget_arguments_are_named(kwargs, error, match):

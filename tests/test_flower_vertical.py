@@ -225,11 +225,11 @@ def test_a_follower_with_a_budget_refuses_the_embeddings_that_would_go_over_it(t
     assert result.history["skipped"] == [0.0, float(batches)]
     reasons = {r for _, _, _, r in result.rejected}
     assert reasons == {"error reply: BudgetExhausted: the follower's privacy budget is spent"}
-    # each follower's own file (one entry per batch sent): every training example released
-    # once, none twice
+    # each follower's own file (one entry for the run, numbered by the last of the batches
+    # sent): every training example released once, none twice
     for i in range(2):
         entries = json.loads((tmp_path / f"follower-{i}.json").read_text())["entries"]
-        assert len(entries) == batches
+        assert [e["release"] + 1 for e in entries] == [batches]
         ledger = kf.privacy.PrivacyBudget(1.0, path=str(tmp_path / f"follower-{i}.json"),
                                           per_record=True).past().to_dict()
         counts = [c for k in ledger["kinds"] for c in k["units"].values()]

@@ -176,8 +176,9 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
             the request. The node config key ``max-epsilon`` sets it too;
             with both, the smaller counts.
         budget_delta: the delta of that composed eps.
-        budget_path: None, a JSON file on the follower's machine keeping
-            every release of every run (append-only, recorded under the
+        budget_path: None, the absolute path of a JSON file on the follower's
+            machine keeping every release of every run (releases are only ever
+            added, one name per file, recorded under the
             file's lock before the embedding leaves), or
             ``budget_path(context)`` returning one (node config key
             ``privacy-budget-path`` takes precedence).

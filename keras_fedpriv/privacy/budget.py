@@ -8,21 +8,31 @@ leaves (`PrivacyBudget.reserve`), so what it refuses is never released.
 
 What the budget guarantees:
 
-* **Every entry counts.** The file is append-only: one entry per message,
-  keyed by run and release number, never overwritten or removed. The
-  composed eps is that of every entry ever saved (this run's and every past
-  run's) plus the release about to be sent, so a party restarted within a
-  run (fresh node state, same run id) goes on from what the file holds.
+* **Every entry counts.** The file keeps one entry per run, keyed by run id
+  and the number of the run's last release, holding the summed counts of
+  every release of that run. A new release is folded into its run's entry
+  (numbered after the largest release number saved for the run); nothing is
+  ever subtracted or dropped. Folding is exact: the composed eps depends
+  only on the summed counts per kind of release and per unit, and every
+  write checks that the folded file holds exactly the counts it was given.
+  The composed eps is that of every run in the file (this one's and every
+  past one's) plus the release about to be sent, so a party restarted
+  within a run (fresh node state, same run id) goes on from what the file
+  holds. A release that carries nothing is not written.
 * **Non-private is inf.** A release without DP (a reply carrying anything
   in the clear) makes the composed eps inf, so it never fits a budget, and
   such a release is never subtracted away: a ledger that holds one is inf.
 * **One at a time.** The check and the record are one step under an
-  exclusive lock on a lock file beside the budget (`filelock`), and the file
-  is replaced atomically: runs that share the file cannot both pass the
-  check, and no entry is lost.
-* **Symlinks are followed once.** The path is resolved (`os.path.realpath`)
-  when the budget is made; the lock, the read and the atomic replace all act
-  on the real file, so every path that leads to it shares one budget.
+  exclusive lock (``fcntl.flock``) on the folder that holds the file (a
+  folder that holds the budget cannot be removed casually, unlike a lock
+  file), and the file is replaced atomically and synced with its folder:
+  runs that share the file cannot both pass the check, and no release is
+  lost.
+* **One file, one name, an absolute path.** The path must be absolute; a
+  symlink is resolved (`os.path.realpath`) when the budget is made, and the
+  lock, the read and the atomic replace all act on the real file. A file
+  with more than one name (hard links) is refused: replacing one name would
+  leave the other with a count of its own.
 * **Malformed is unreadable.** A file that is not exactly what this class
   writes (bad JSON, negative or non-integer counts, unknown or out-of-range
   DP events, repeated entries) refuses every release (`BudgetExhausted`)
@@ -38,14 +48,20 @@ holds for the busiest record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
 import os
 import tempfile
+import time
+from collections.abc import Iterator
 from typing import Any
 
-import filelock
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: no file lock, so no release (see _locked)
+    fcntl = None
 
 from keras_fedpriv.mechanisms.ledger import SECRETS, UNITS, ReleaseLedger
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_real
@@ -75,6 +91,66 @@ def _one_unit(ledger: ReleaseLedger) -> ReleaseLedger:
         kind["units"] = {"0": int(kind.get("everyone", 0)) + sum(kind["units"].values())}
         kind["everyone"] = 0
     return ReleaseLedger.from_dict(state)
+
+
+def _counts(ledger: ReleaseLedger) -> dict[tuple, tuple]:
+    """What composition depends on: each kind's anonymous and nonzero per-unit counts."""
+    out = {}
+    for item in ledger.to_dict()["kinds"]:
+        units = {u: c for u, c in item["units"].items() if c}
+        if item["everyone"] or units:
+            key = (item["mechanism"], item["protects"], item["unit"], item["note"],
+                   json.dumps(item["event"], sort_keys=True))
+            out[key] = (item["everyone"], units, item["approximate"])
+    return out
+
+
+class _LockTimeout(Exception):
+    pass
+
+
+class _LockFailed(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: str, timeout: float) -> Iterator[int]:
+    """Hold an exclusive ``flock`` on ``folder``; yield the folder's descriptor.
+
+    The lock is checked to be on the folder the path names *after* it is
+    taken (a folder removed and made again in between is a different one):
+    otherwise it is let go and taken again.
+    """
+    if fcntl is None:
+        raise _LockFailed("this system has no POSIX file locks (fcntl)")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError as err:
+            raise _LockFailed(err.strerror) from None
+        try:
+            pause = 0.005
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise _LockTimeout from None
+                    time.sleep(pause)
+                    pause = min(2 * pause, 0.1)
+                except OSError as err:  # e.g. a file system without flock
+                    raise _LockFailed(err.strerror) from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(folder))
+            except FileNotFoundError:
+                same = False
+            if same:
+                yield fd
+                return
+        finally:
+            os.close(fd)  # the only descriptor of this open: closing it lets the lock go
 
 
 # ------------------------------------------------------------------ strict reading
@@ -220,21 +296,24 @@ def _release(ledger: ReleaseLedger, before: ReleaseLedger | None) -> ReleaseLedg
 class PrivacyBudget:
     """A cap on the eps a party's releases compose to, over this run and past ones.
 
-    With a file, the composed eps is that of every entry the file holds
-    (append-only: one entry per release, keyed by run and release number)
-    plus the release about to be sent; `reserve` checks it and records the
-    release in one step under the file's lock. Without a file the budget
-    knows only the ledger it is given: pass the party's releases of this run
-    so far (``before`` is then not used).
+    With a file, the composed eps is that of every release the file holds
+    (one entry per run, the run's releases summed) plus the release about to
+    be sent; `reserve` checks it and records the release in one step under
+    the lock on the file's folder. Without a file the budget knows only the
+    ledger it is given: pass the party's releases of this run so far
+    (``before`` is then not used).
 
     Args:
         max_epsilon: the cap on the composed eps (at ``delta``), > 0.
         delta: the delta of the composed (eps, delta), in (0, 1).
-        path: None (this run only, in memory) or a JSON file on the party's
-            machine that keeps every release of every run (created if
-            missing; the party must keep it, and never share it between two
-            parties). A symlink is resolved once, here: the budget then
-            reads, locks (``<real file>.lock``) and replaces the real file.
+        path: None (this run only, in memory) or the absolute path of a JSON
+            file on the party's machine that keeps every release of every
+            run (created if missing; the party must keep it, give it one
+            name (no hard links), and never share it between two parties).
+            A symlink is resolved once, here: the budget then locks the real
+            file's folder, reads the real file and replaces it. A budget made
+            after a symlinked folder on the path was pointed elsewhere uses
+            the file it now leads to: a new budget.
         accountant: ``"pld"`` (default) or ``"rdp"``.
         per_record: False (default): every release is about the party's one
             person; True: releases are about records (the ledgers' unit ids,
@@ -257,6 +336,10 @@ class PrivacyBudget:
         self.delta = validate_real(delta, "delta", low=0, low_open=True, high=1, high_open=True)
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"`path` must be None or a file path; got {type(path).__name__}.")
+        if path is not None and not os.path.isabs(os.fspath(path)):
+            raise ValueError(f"`path` must be an absolute path (a relative one would name a "
+                             f"different file from each working directory); got "
+                             f"{os.fspath(path)!r}.")
         if accountant not in ("pld", "rdp"):
             raise ValueError(f"`accountant` must be 'pld' or 'rdp'; got {accountant!r}.")
         if not isinstance(per_record, bool):
@@ -279,12 +362,18 @@ class PrivacyBudget:
             return []
         try:
             with open(self._file) as f:
+                names = os.fstat(f.fileno()).st_nlink
+                if names > 1:
+                    raise BudgetExhausted(
+                        f"the privacy budget file {self.path!r} has {names} names (hard "
+                        "links): each name would keep a count of its own once the file is "
+                        "replaced. No release until the party's operator leaves it one name.")
                 state = json.load(f, parse_constant=_no_constants,
                                   object_pairs_hook=_no_repeats)
             if not isinstance(state, dict):
                 raise _Malformed("not an object")
             if set(state) == {"runs"} and isinstance(state["runs"], dict):
-                # written before entries were append-only: each run's ledger, one entry each
+                # written before entries were kept: each run's ledger, one entry each
                 entries = [{"run": str(k), "release": 0, "ledger": v}
                            for k, v in state["runs"].items()]
             elif set(state) == {"version", "entries"} and state["version"] == _VERSION \
@@ -303,19 +392,40 @@ class PrivacyBudget:
                 entry["_ledger"] = _checked_ledger(entry["ledger"])
         except _Malformed as err:
             raise self._unreadable(str(err)) from None
+        except RecursionError:
+            raise self._unreadable("nested too deeply") from None
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise self._unreadable(type(err).__name__) from None
         return entries
 
-    def _append(self, entries: list[dict[str, Any]], release: ReleaseLedger,
-                run_id: Any) -> None:
-        """Write ``entries`` plus ``release`` as a new entry of run ``run_id`` (under the lock)."""
-        run = str(run_id)
-        number = sum(e["run"] == run for e in entries)
-        kept = [{k: e[k] for k in ("run", "release", "ledger")} for e in entries]
-        kept.append({"run": run, "release": number, "ledger": release.to_dict()})
-        folder = os.path.dirname(self._file)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".privacy-budget-", suffix=".json")
+    def _write(self, folder: int, entries: list[dict[str, Any]], release: ReleaseLedger,
+               run_id: Any) -> None:
+        """Replace the file by ``entries`` plus ``release`` (run ``run_id``), one entry per run.
+
+        Under the lock on the file's folder (descriptor ``folder``). Each run's
+        entries are folded into one, numbered by the run's last release; the
+        new release is numbered after the largest number saved for its run.
+        """
+        folded: dict[str, list] = {}  # run -> [last release number, its ledgers]
+        for entry in entries:
+            run = folded.setdefault(entry["run"], [entry["release"], []])
+            run[0] = max(run[0], entry["release"])
+            run[1].append(entry["_ledger"])
+        run = folded.setdefault(str(run_id), [-1, []])
+        run[0] += 1
+        run[1].append(release)
+        kept = [{"run": name, "release": last, "ledger": ReleaseLedger.merged(ledgers).to_dict()}
+                for name, (last, ledgers) in folded.items()]
+        # folding sums counts per kind and unit, all that composition depends on: check that
+        # the file about to be written holds exactly the counts it was given, as it will be read
+        given = ReleaseLedger.merged([e["_ledger"] for e in entries] + [release])
+        written = ReleaseLedger.merged(ReleaseLedger.from_dict(e["ledger"]) for e in kept)
+        if _counts(written) != _counts(given):
+            raise BudgetExhausted(f"folding the privacy budget file {self.path!r} would change "
+                                  "its counts; nothing was written and the message was not "
+                                  "sent.")
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self._file), prefix=".privacy-budget-",
+                                   suffix=".json")
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump({"version": _VERSION, "entries": kept}, f)
@@ -326,10 +436,22 @@ class PrivacyBudget:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+        os.fsync(folder)  # the replace itself survives a crash
 
-    def _locked(self) -> filelock.FileLock:
-        os.makedirs(os.path.dirname(self._file), exist_ok=True)
-        return filelock.FileLock(self._file + ".lock", timeout=self.lock_timeout)
+    @contextlib.contextmanager
+    def _locked(self, refused: str) -> Iterator[int]:
+        """The lock on the file's folder (its descriptor); `BudgetExhausted` if it stays taken."""
+        folder = os.path.dirname(self._file)
+        os.makedirs(folder, exist_ok=True)
+        try:
+            with _folder_lock(folder, self.lock_timeout) as fd:
+                yield fd
+        except _LockTimeout:
+            raise BudgetExhausted(f"the privacy budget file {self.path!r} stayed locked for "
+                                  f"{self.lock_timeout:g} s; {refused}") from None
+        except _LockFailed as err:
+            raise BudgetExhausted(f"the folder of the privacy budget file {self.path!r} cannot "
+                                  f"be locked ({err}); {refused}") from None
 
     def _units(self, ledger: ReleaseLedger) -> ReleaseLedger:
         return ledger if self.per_record else _one_unit(ledger)
@@ -337,8 +459,7 @@ class PrivacyBudget:
     def _composed(self, entries: list[dict[str, Any]], release: ReleaseLedger) -> float:
         from keras_fedpriv.privacy.report import privacy_report
 
-        total = ReleaseLedger.merged([self._units(e["_ledger"]) for e in entries]
-                                     + [self._units(release)])
+        total = self._units(ReleaseLedger.merged([e["_ledger"] for e in entries] + [release]))
         if not len(total):
             return 0.0
         return privacy_report(_Holder(total), delta=self.delta,
@@ -407,13 +528,12 @@ class PrivacyBudget:
         """Check the release ``ledger`` - ``before`` and record it, in one step under the lock.
 
         Call it after computing a message and before sending it; send only if
-        it returns. A refused release is not recorded. Without a file it is
-        `check` of the whole ``ledger``.
+        it returns. A refused release is not recorded, nor is a release that
+        carries nothing. Without a file it is `check` of the whole ``ledger``.
 
         Args:
             ledger: the party's ledger including the release about to be sent.
-            run_id: the run the release belongs to (the entry's key, with the
-                release's number in that run).
+            run_id: the run the release belongs to (its entry in the file).
             before: the same party's ledger before that release (None: all of
                 ``ledger`` is new).
 
@@ -423,25 +543,22 @@ class PrivacyBudget:
         release = self._considered(ledger, before)
         if self._file is None:
             return self.check(release)
-        try:
-            with self._locked():
-                entries = self._entries()
-                eps = self._composed(entries, release)
-                error = self._over(eps)
-                if error is not None:
-                    raise error
-                self._append(entries, release, run_id)
-        except filelock.Timeout:
-            raise BudgetExhausted(f"the privacy budget file {self.path!r} stayed locked for "
-                                  f"{self.lock_timeout:g} s; the message was not sent.") from None
+        with self._locked("the message was not sent.") as folder:
+            entries = self._entries()
+            eps = self._composed(entries, release)
+            error = self._over(eps)
+            if error is not None:
+                raise error
+            if len(release):
+                self._write(folder, entries, release, run_id)
         return eps
 
     def save(self, ledger: ReleaseLedger, run_id: Any = None,
              before: ReleaseLedger | None = None) -> None:
-        """Append the release ``ledger`` - ``before`` as an entry of run ``run_id``, unchecked.
+        """Add the release ``ledger`` - ``before`` to run ``run_id``'s entry, unchecked.
 
-        The entry is added under the lock, never replacing another (no-op
-        without a file). Prefer `reserve`, which checks in the same step.
+        Under the lock, as `reserve` (no-op without a file or for a release
+        that carries nothing). Prefer `reserve`, which checks in the same step.
 
         Args:
             ledger, run_id, before: as in `reserve`.
@@ -452,9 +569,7 @@ class PrivacyBudget:
         if self._file is None:
             return
         release = _release(ledger, before)
-        try:
-            with self._locked():
-                self._append(self._entries(), release, run_id)
-        except filelock.Timeout:
-            raise BudgetExhausted(f"the privacy budget file {self.path!r} stayed locked for "
-                                  f"{self.lock_timeout:g} s; nothing was saved.") from None
+        if not len(release):
+            return
+        with self._locked("nothing was saved.") as folder:
+            self._write(folder, self._entries(), release, run_id)

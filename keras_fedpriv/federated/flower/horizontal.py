@@ -205,8 +205,9 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             error reply saying the budget is spent). The node config key
             ``max-epsilon`` sets it too; with both, the smaller counts.
         budget_delta: the delta of that composed eps.
-        budget_path: None, or a JSON file on the client's machine that keeps
-            every release of every run (append-only; each reply is checked
+        budget_path: None, or the absolute path of a JSON file on the client's
+            machine that keeps every release of every run (releases are only
+            ever added, one name per file; each reply is checked
             and recorded under the file's lock before it leaves), or
             ``budget_path(context)`` returning one (one file per client;
             the node config key ``privacy-budget-path`` takes precedence).
