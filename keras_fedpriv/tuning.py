@@ -23,7 +23,9 @@ best epoch, averaged over its executions: neither is what the search spent.
 
 * `track_search(tuner)`, called before ``tuner.search``, records the full
   release ledger of every execution of every trial (whatever was released
-  about the data, every epoch, evaluation included) as a `SearchLedger`.
+  about the data, every epoch, evaluation included) as a `SearchLedger`,
+  saved in the tuner's project folder so that a resumed search counts what
+  earlier processes released.
 * `search_epsilon(tuner)` composes all of them for the worst example
   (dp-accounting, as `privacy_report` does); `trial_epsilon(trial)` one
   trial's executions. Papernot and Steinke, "Hyperparameter tuning with Renyi
@@ -41,6 +43,7 @@ Example::
         model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
         return model
 
+    x = with_example_ids(x)          # the layer randomizes each label once, keyed by id
     tuner = keras_tuner.RandomSearch(build, objective=privacy_objective(), max_trials=10)
     spent = track_search(tuner)
     tuner.search(x, y, validation_data=(xv, yv), epochs=20,
@@ -50,8 +53,13 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import glob
+import inspect
+import json
 import math
 import numbers
+import os
 from typing import Any
 
 import keras
@@ -167,34 +175,62 @@ class PrivacyUtility(keras.callbacks.Callback):
 
 # ------------------------------------------------------------------ what a search spent
 _SEARCH = "_fedpriv_search"          # the SearchLedger of a tracked tuner / oracle
+_LEDGER_DIR = "fedpriv_ledgers"      # in the tuner's project folder: one JSON file per trial
 
 
 class _SeeModels(keras.callbacks.Callback):
-    """Collects the models its copies are set on (keras-tuner deep-copies callbacks)."""
+    """Collects the models its copies are set on (keras-tuner deep-copies callbacks) and
+    saves the trial's ledgers at the end of every epoch."""
 
-    def __init__(self, models: list) -> None:
+    def __init__(self, models: list, save: Any) -> None:
         super().__init__()
         self._models = models
+        self._save = save
 
     def __deepcopy__(self, memo: dict) -> _SeeModels:
-        return _SeeModels(self._models)
+        return _SeeModels(self._models, self._save)
 
     def set_model(self, model: Any) -> None:
         super().set_model(model)
         if not any(m is model for m in self._models):
             self._models.append(model)
 
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._save()
 
-def _unseen_ledger(trial_id):
-    """A trial that returned without a model we could see: its releases are unknown."""
+
+def _unknown_ledger(trial_id, what, why):
+    """Releases that cannot be known: they count as released without DP (inf)."""
     ledger = ReleaseLedger()
     for secret in SECRETS:
-        ledger.record(ReleaseKind(
-            f"trial {trial_id!r} (no model seen)", secret, EXAMPLE, non_private_event(),
-            "the trial ran without a fit that took the search's callbacks and returned no "
-            "History: what it released is unknown, so it counts as released without DP"),
-            units=None)
+        ledger.record(ReleaseKind(f"trial {trial_id!r} ({what})", secret, EXAMPLE,
+                                  non_private_event(), why), units=None)
     return ledger
+
+
+def _unseen_ledger(trial_id):
+    """A trial that ended without a model we could see: its releases are unknown."""
+    return _unknown_ledger(
+        trial_id, "no model seen",
+        "the trial ran without a fit that took the search's callbacks and returned no History: "
+        "what it released is unknown, so it counts as released without DP")
+
+
+def _takes_callbacks(run_trial):
+    """Whether ``run_trial`` accepts a ``callbacks`` keyword (or any keyword)."""
+    try:
+        params = inspect.signature(run_trial).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: keras-tuner's own takes **kwargs
+        return True
+    return any(p.kind is p.VAR_KEYWORD or (p.name == "callbacks" and p.kind in (
+        p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) for p in params)
+
+
+def _saved(ledger):
+    try:
+        return ledger.to_dict()
+    except ValueError:  # an event the ledger cannot save: unknown after a reload
+        return None
 
 
 class SearchLedger:
@@ -205,13 +241,26 @@ class SearchLedger:
     passes to each execution's ``fit``, and through the returned
     `History` objects) is read with `keras_fedpriv.privacy.privacy_ledger` when
     the trial's ``run_trial`` returns or fails, so every epoch, every
-    execution and every retry counts, and the evaluation passes too.
+    execution and every retry counts, and the evaluation passes too. A
+    trial that ends without a model in sight (a ``run_trial`` that takes no
+    ``callbacks`` and returns no `History`, or trains in a custom loop)
+    counts as released without DP (inf).
+
+    The ledgers are also saved in the tuner's project folder
+    (``fedpriv_ledgers/trial_<id>.json``: when a trial starts, after every
+    epoch and when it ends), so a search resumed with ``overwrite=False``
+    and tracked again counts what the earlier process released, a trial
+    re-run after a crash included. A trial that was running when its process
+    died counts its last saved ledgers plus a release without DP (what it
+    released after its last saved epoch is unknown). A trial that ran before
+    `track_search` (or in a process that did not track it) is refused for
+    good, even if it runs again.
 
     The figures compose the merged ledgers for the worst example: the same
     example ids in every trial are the same examples. Protections shared by
     several trials' models (layers built outside the tuner's ``build``) are
     counted once per execution that used them, an over-count: build new
-    protections in ``build``. Only trials run by this process are recorded.
+    protections in ``build``.
 
     Attributes:
         tuner: the tracked tuner.
@@ -225,12 +274,24 @@ class SearchLedger:
         self.tuner = tuner
         self.executions: dict[str, list[ReleaseLedger]] = {}
         self._training: dict[str, list] = {}  # trial id -> models of a trial still running
+        self._attempts: dict[str, list[dict]] = {}  # trial id -> saved runs of the trial
+        project = getattr(tuner, "project_dir", None)
+        self._folder = None if project is None else os.path.join(str(project), _LEDGER_DIR)
+        self._untracked = self._load()
+        pass_callbacks = _takes_callbacks(run_trial)
 
         def tracked_run_trial(trial: Any, *args: Any, **kwargs: Any) -> Any:
-            models = self._training.setdefault(trial.trial_id, [])
-            kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [_SeeModels(models)]
-            executions = self.executions.setdefault(trial.trial_id, [])
+            tid = trial.trial_id
+            models = self._training.setdefault(tid, [])
+            attempt = {"complete": False, "ledgers": []}
+            self._attempts.setdefault(tid, []).append(attempt)
+            save = functools.partial(self._save, tid, attempt, models)
+            if pass_callbacks:
+                kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [
+                    _SeeModels(models, save)]
+            executions = self.executions.setdefault(tid, [])
             object.__setattr__(trial, _SEARCH, self)
+            save()
             result = None
             try:
                 result = run_trial(trial, *args, **kwargs)
@@ -241,35 +302,119 @@ class SearchLedger:
                     if isinstance(item, keras.callbacks.History) and model is not None and not any(
                             m is model for m in models):
                         models.append(model)
-                executions.extend(privacy_ledger(m) for m in models)
-                del self._training[trial.trial_id]
-            if not models:
-                executions.append(_unseen_ledger(trial.trial_id))
+                ledgers = [privacy_ledger(m) for m in models] or [_unseen_ledger(tid)]
+                executions.extend(ledgers)
+                del self._training[tid]
+                self._write(tid, attempt, ledgers, complete=True)
             return result
 
         tuner.run_trial = tracked_run_trial
         object.__setattr__(tuner, _SEARCH, self)
         object.__setattr__(tuner.oracle, _SEARCH, self)
 
+    # -- the saved ledgers -----------------------------------------------------------------
+    def _path(self, trial_id):
+        return os.path.join(self._folder, f"trial_{trial_id}.json")
+
+    def _save(self, trial_id, attempt, models):
+        """Save the ledgers of a running trial's models (not complete yet)."""
+        self._write(trial_id, attempt, [privacy_ledger(m) for m in models], complete=False)
+
+    def _write(self, trial_id, attempt, ledgers, complete):
+        attempt["ledgers"] = [_saved(ledger) for ledger in ledgers]
+        attempt["complete"] = complete
+        if self._folder is None:
+            return
+        os.makedirs(self._folder, exist_ok=True)
+        path = self._path(trial_id)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"trial_id": trial_id, "attempts": self._attempts[trial_id]}, f)
+        os.replace(path + ".tmp", path)  # atomic: a crash leaves the old file or the new one
+
+    def _load(self):
+        """Read the ledgers saved by earlier processes; return the trials run untracked."""
+        saved = set()
+        if self._folder is not None and os.path.isdir(self._folder):
+            for name in sorted(os.listdir(self._folder)):
+                if not (name.startswith("trial_") and name.endswith(".json")):
+                    continue
+                with open(os.path.join(self._folder, name)) as f:
+                    state = json.load(f)
+                tid = str(state["trial_id"])
+                self._attempts[tid] = state["attempts"]
+                self.executions[tid] = [ledger for attempt in state["attempts"]
+                                        for ledger in self._reloaded(tid, attempt)]
+                saved.add(tid)
+        trials = getattr(self.tuner.oracle, "trials", {})
+        for tid in saved & set(trials):
+            object.__setattr__(trials[tid], _SEARCH, self)
+        # Trials that ran: those the oracle reloaded, and every trial folder of the project
+        # (keras-tuner reloads nothing when it was stopped before its first trial ended).
+        ran = {t: getattr(trial, "status", None) for t, trial in trials.items()}
+        if self._folder is not None:
+            pattern = os.path.join(os.path.dirname(self._folder), "trial_*", "trial.json")
+            for name in glob.glob(pattern):
+                with open(name) as f:
+                    state = json.load(f)
+                ran.setdefault(str(state.get("trial_id")), state.get("status"))
+        return {t for t, status in ran.items() if t not in saved and status != "IDLE"}
+
+    @staticmethod
+    def _reloaded(trial_id, attempt):
+        out = []
+        for state in attempt["ledgers"]:
+            out.append(ReleaseLedger.from_dict(state) if state is not None else _unknown_ledger(
+                trial_id, "a release the ledger file cannot hold",
+                "an execution released with an event that could not be saved: unknown after a "
+                "reload, so it counts as released without DP"))
+        if not attempt["complete"]:
+            out.append(_unknown_ledger(
+                trial_id, "stopped while running",
+                "the process stopped while the trial ran: what it released after its last "
+                "saved epoch is unknown, so it counts as released without DP"))
+        return out
+
+    # -- the figures -------------------------------------------------------------------------
     def _ledgers(self, trial_id: str | None) -> list[ReleaseLedger]:
         """The recorded ledgers, and those of the models of trials still running."""
+        trials = getattr(self.tuner.oracle, "trials", {})
         if trial_id is not None:
+            if trial_id in self._untracked:
+                raise ValueError(f"trial {trial_id!r} ran before track_search() or in another "
+                                 f"process that did not track it: what it released is "
+                                 f"unknown.")
             if trial_id not in self.executions:
                 raise ValueError(f"`trial_id` {trial_id!r} has not run under this SearchLedger "
                                  f"(recorded: {sorted(self.executions)}).")
             ids = [trial_id]
         else:
-            untracked = [t for t, trial in getattr(self.tuner.oracle, "trials", {}).items()
-                         if t not in self.executions and getattr(trial, "status", None) != "IDLE"]
+            untracked = self._untracked | {
+                t for t, trial in trials.items()
+                if t not in self.executions and getattr(trial, "status", None) != "IDLE"}
             if untracked:
                 raise ValueError(f"trials {sorted(untracked)} ran before track_search() or in "
-                                 f"another process: what they released is unknown.")
+                                 f"another process that did not track them: what they released "
+                                 f"is unknown.")
             if not self.executions:
                 raise ValueError("no trial has run under this SearchLedger yet.")
             ids = list(self.executions)
         return [ledger for t in ids
                 for ledger in self.executions[t] + [privacy_ledger(m)
                                                    for m in self._training.get(t, [])]]
+
+    def _recorded(self, trial_ids: list[str | None]) -> list[ReleaseLedger]:
+        """`_ledgers` of several selections; refused if they record no release at all."""
+        ledgers = [ledger for t in trial_ids for ledger in self._ledgers(t)]
+        if not any(len(ledger) for ledger in ledgers):
+            trials = getattr(self.tuner.oracle, "trials", {})
+            ids = list(self.executions) if None in trial_ids else trial_ids
+            statuses = {t: getattr(trials.get(t), "status", None) for t in ids}
+            raise ValueError(
+                f"the search recorded no release at all (trials and their status: {statuses}): "
+                f"trials that failed before releasing anything have no eps to report, and "
+                f"nothing recorded is never 'private'. Each trial's `message` says why it "
+                f"failed.")
+        return ledgers
 
     def privacy_ledger(self, trial_id: str | None = None) -> ReleaseLedger:
         """The merged ledger of every execution (of one trial with ``trial_id``).
@@ -280,7 +425,7 @@ class SearchLedger:
         Returns:
             A `ReleaseLedger`; `privacy_report(search_ledger)` composes it.
         """
-        return ReleaseLedger.merged(self._ledgers(trial_id))
+        return ReleaseLedger.merged(self._recorded([trial_id]))
 
     def report(self, trial_id: str | None = None, delta: float = 1e-5,
                accountant: str = "pld", protects: str | None = None) -> PrivacyReport:
@@ -295,7 +440,7 @@ class SearchLedger:
         """
         if trial_id is None:
             return privacy_report(self, delta=delta, accountant=accountant, protects=protects)
-        return privacy_report(_Ledgers(self._ledgers(trial_id)), delta=delta,
+        return privacy_report(_Ledgers(self._recorded([trial_id])), delta=delta,
                               accountant=accountant, protects=protects)
 
 
@@ -342,7 +487,8 @@ def trial_epsilon(trial: Any, delta: float = 1e-5, accountant: str = "pld",
 
     Raises:
         ValueError: the trial did not run under `track_search` (its logged
-            metrics cannot say what it spent).
+            metrics cannot say what it spent), or it recorded no release (it
+            failed before training).
     """
     search = getattr(trial, _SEARCH, None)
     if search is None:
@@ -369,8 +515,9 @@ def search_epsilon(trial_epsilons: Any, delta: float = 1e-5, accountant: str = "
         The search's eps (``inf`` if anything was released without DP).
 
     Raises:
-        ValueError: a tuner, oracle or trial that was not tracked, or an
-            empty list.
+        ValueError: a tuner, oracle or trial that was not tracked, a search
+            that recorded no release at all (e.g. every trial failed before
+            training), or an empty list.
     """
     search = getattr(trial_epsilons, _SEARCH, None)
     if search is not None:
@@ -385,8 +532,11 @@ def search_epsilon(trial_epsilons: Any, delta: float = 1e-5, accountant: str = "
         if missing:
             raise ValueError(f"search_epsilon: trials {missing} were not recorded by "
                              f"track_search(); {_UNTRACKED}")
-        unique = {(id(getattr(t, _SEARCH)), t.trial_id): t for t in items}.values()
-        ledgers = [ledger for t in unique for ledger in getattr(t, _SEARCH)._ledgers(t.trial_id)]
+        searches = {}
+        for t in items:
+            searches.setdefault(getattr(t, _SEARCH), set()).add(t.trial_id)
+        ledgers = [ledger for search, ids in searches.items()
+                   for ledger in search._recorded(sorted(ids))]
         return privacy_report(_Ledgers(ledgers), delta=delta, accountant=accountant,
                               protects=protects).epsilon
     values = [validate_eps(t, "trial_epsilons") for t in items]

@@ -3,10 +3,12 @@
 Issue 18, case 10: planned for 3 epochs at a target of 8, a plain ``model.fit(batch_size=32)``
 reported 65.3: the plan assumed per-example releases, the run had no example ids (each call of
 the layer is then a release about every example). `plan_run` returns a `Plan` that says which
-pattern it assumes; `PlanCheck` raises at the end of the first epoch whose report is over the
-target, naming the mismatch, and warns when the pattern differs before that.
+pattern it assumes; `PlanCheck` raises after the first batch whose report is over the target
+(not an epoch later: 4096 rows were stopped at eps 118), naming the mismatch, and warns when the
+pattern differs before that.
 """
 
+import dataclasses
 import math
 import warnings
 
@@ -17,6 +19,7 @@ import pytest
 import keras_fedpriv as kf
 from keras_fedpriv import __main__ as cli
 from keras_fedpriv.privacy import (
+    Plan,
     PlanCheck,
     PlanExceeded,
     PlanMismatchWarning,
@@ -46,19 +49,51 @@ def _releases(model):
     return row.count
 
 
-def test_case10_a_plain_fit_against_a_per_example_plan_is_stopped_after_one_epoch():
+def test_case10_a_plain_fit_against_a_per_example_plan_is_stopped_at_the_first_batch_over():
+    """At 4096 rows (128 batches an epoch) a check at the epoch's end let the run reach eps
+    118 against a target of 8: the check after every batch stops it one release past the
+    plan's count."""
     plan = plan_run(TARGET, releases=EPOCHS, mechanism="embedding_dp", num_coordinates=D)
     assert plan.pattern == "per_example"
     assert "per-example releases with example ids" in plan.assumption()
-    model, x, y = _plain_model(plan.epsilon, n=256)
+    model, x, y = _plain_model(plan.epsilon, n=4096)
     with pytest.raises(PlanExceeded) as err:
         model.fit(x, y, epochs=EPOCHS, batch_size=32, verbose=0, callbacks=[PlanCheck(plan)])
     message = str(err.value)
     assert "per-example releases with example ids" in message
-    assert "8 release(s) without example ids, each counted for every example" in message
+    assert f"{EPOCHS + 1} release(s) without example ids, each counted for every example" \
+        in message
     assert "pattern='every_example'" in message
-    assert _releases(model) == 8  # stopped at the end of the first epoch (8 batches)
-    assert privacy_report(model).epsilon > TARGET
+    assert _releases(model) == EPOCHS + 1  # stopped at the 4th batch of the first epoch
+    assert TARGET < privacy_report(model, protects="features").epsilon < 1.5 * TARGET
+
+
+def test_case10_a_vertical_model_without_ids_is_stopped_at_the_first_batch_over():
+    plan = plan_run(TARGET, releases=EPOCHS, mechanism="label_dp")
+    model, x, y = vertical_model(label_dp=kf.LabelDPLayer(eps=plan.epsilon, per_batch=True,
+                                                          seed=0), n=512)
+    x = {k: v for k, v in x.items() if k != "example_ids"}
+    with pytest.raises(PlanExceeded, match="without example ids"):
+        model.fit(x, y, epochs=EPOCHS, batch_size=32, verbose=0, callbacks=[PlanCheck(plan)])
+    (row,) = privacy_report(model, protects="labels").releases
+    assert row.count == EPOCHS + 1  # not the 16 batches of a whole epoch
+
+
+def test_case10_a_run_within_its_plan_is_not_composed_between_epochs(monkeypatch):
+    """The check after every batch counts; it composes only when counting cannot tell."""
+    judged = []
+    judge = Plan._judge
+    monkeypatch.setattr(Plan, "_judge", lambda self, report, warn=True: judged.append(warn)
+                        or judge(self, report, warn))
+    plan = plan_run(TARGET, releases=EPOCHS, mechanism="embedding_dp", num_coordinates=D)
+    model, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=plan.epsilon, seed=0),
+                                 label_dp=kf.LabelDPLayer(eps=1.0, seed=0))
+    model.fit(x, y, epochs=EPOCHS, batch_size=32, verbose=0, callbacks=[PlanCheck(plan)])
+    assert judged == [True] * EPOCHS  # once per epoch, never per batch (4 batches an epoch)
+    ledger = privacy_report(model, protects="features").ledger
+    assert plan.within(ledger)
+    assert not dataclasses.replace(plan, releases=EPOCHS - 1).within(ledger)
+    assert not dataclasses.replace(plan, value=plan.value / 2).within(ledger)  # another event
 
 
 def test_case10_a_pattern_mismatch_warns_before_the_target_is_reached_then_raises():

@@ -1,12 +1,14 @@
 """eps as a keras-tuner hyperparameter, the privacy-utility objective, with three tuners."""
 
+import pathlib
+import re
+
 import keras
 import keras_tuner as kt
 import numpy as np
 import pytest
 
 import keras_fedpriv as kf
-from keras_fedpriv.federated import VerticalModel, with_example_ids
 from keras_fedpriv.mechanisms import randomized_response_dp_event
 from keras_fedpriv.privacy import compose_epsilon
 from keras_fedpriv.tuning import (
@@ -18,25 +20,16 @@ from keras_fedpriv.tuning import (
     trial_epsilon,
 )
 
+from tuning_cases import vertical_data, vertical_trial_model
+
 
 def _data():
-    rng = np.random.default_rng(0)
-    xa = rng.normal(size=(256, 6)).astype("float32")
-    xb = rng.normal(size=(256, 4)).astype("float32")
-    y = (xa[:, 0] + xb[:, 0] > 0).astype("float32")
-    train = (with_example_ids({"party_a": xa[:192], "party_b": xb[:192]}), y[:192])
-    val = ({"party_a": xa[192:], "party_b": xb[192:]}, y[192:])
-    return train, val
+    return vertical_data(192, 64)
 
 
 def _build(hp):
     eps = eps_hyperparameter(hp, min_value=0.25, max_value=8.0)
-    bottom = lambda n: keras.Sequential([keras.Input((n,)), keras.layers.Dense(4)])  # noqa: E731
-    top = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1, activation="sigmoid")])
-    model = VerticalModel({"party_a": bottom(6), "party_b": bottom(4)}, top, leader="party_b",
-                          label_dp=kf.LabelDPLayer(eps=eps))
-    model.compile(keras.optimizers.Adam(0.05), "binary_crossentropy", metrics=["accuracy"])
-    return model
+    return vertical_trial_model(kf.LabelDPLayer(eps=eps))
 
 
 @pytest.mark.parametrize("tuner_cls", ["RandomSearch", "BayesianOptimization", "Hyperband"])
@@ -154,3 +147,28 @@ def test_tracking_needs_a_tuner():
         track_search(object())
     with pytest.raises(TypeError):
         search_epsilon([True])
+
+
+def test_the_docs_snippet_runs_as_written(tmp_path, monkeypatch, capsys):
+    """docs/tuning.md's example, with a small search: every trial trains, and the search's
+    eps is printed (it once failed every trial silently and printed 0.0)."""
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "tuning.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    small = snippet.replace("max_trials=12", "max_trials=2").replace("epochs=20", "epochs=2")
+    assert small.count("max_trials=2") == 1 and small.count("epochs=2,") == 1
+    rng = np.random.default_rng(0)
+    features = {p: rng.normal(size=(80, 15)).astype("float32") for p in ("party_a", "party_b")}
+    labels = (features["party_a"][:, 0] > 0).astype("float32")
+    namespace = {"x": {p: v[:64] for p, v in features.items()}, "y": labels[:64],
+                 "x_val": {p: v[64:] for p, v in features.items()}, "y_val": labels[64:]}
+    monkeypatch.chdir(tmp_path)  # keras-tuner's default project folder
+    keras.utils.set_random_seed(0)
+    exec(compile(small, "docs/tuning.md", "exec"), namespace)
+    printed = float(capsys.readouterr().out.strip().splitlines()[-1])
+    tuner = namespace["tuner"]
+    assert [t.status for t in tuner.oracle.trials.values()] == ["COMPLETED"] * 2
+    # each trial's labels were randomized once (a new key per trial), at its eps
+    events = [(randomized_response_dp_event(t.hyperparameters.get("eps"), 2), 1)
+              for t in tuner.oracle.trials.values()]
+    assert printed == pytest.approx(compose_epsilon(events, 1e-5), rel=2e-3)
+    assert printed > max(t.hyperparameters.get("eps") for t in tuner.oracle.trials.values())

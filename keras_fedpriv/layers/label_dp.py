@@ -6,6 +6,7 @@ from typing import Any
 
 import dp_accounting
 import keras
+import numpy as np
 import tensorflow as tf
 from numpy.typing import ArrayLike
 
@@ -165,6 +166,31 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
             A `keras.KerasTensor` of the labels' shape and dtype.
         """
         return keras.KerasTensor(labels.shape, dtype=labels.dtype)
+
+    def __call__(self, labels: ArrayLike, *args: Any, **kwargs: Any) -> Any:
+        """Check the prior's kind and build from the labels' shape before Keras does.
+
+        Keras builds a layer from the shape of the first tensor among the call's
+        arguments: with NumPy labels, that of ``example_ids`` or ``prior``, which
+        would blame the labels for the prior's shape.
+
+        Args:
+            labels, *args, **kwargs: the arguments of `call`.
+
+        Returns:
+            What `call` returns.
+        """
+        prior = kwargs.get("prior", args[1] if len(args) > 1 else None)
+        if prior is not None:
+            label_formats.refuse_non_dense_prior(prior)
+        if not self.built and not isinstance(labels, keras.KerasTensor):
+            try:
+                shape = tuple(labels.shape) if hasattr(labels, "shape") else np.shape(labels)
+            except ValueError:  # not an array: `call` says why
+                shape = None
+            if shape is not None:
+                self.build(shape)
+        return super().__call__(labels, *args, **kwargs)
 
     @input_checks.private_errors
     def call(self, labels: ArrayLike, example_ids: ArrayLike | None = None,

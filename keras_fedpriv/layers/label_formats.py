@@ -18,6 +18,8 @@ the host (see `LabelDPLayer.check_input_errors`).
 
 from __future__ import annotations
 
+import collections.abc
+
 import numpy as np
 import tensorflow as tf
 
@@ -159,9 +161,33 @@ _PRIOR_RULE = (f"class probabilities: finite values in [0, 1], each row summing 
                f"{PRIOR_SUM_TOLERANCE})")
 
 
+def _not_dense(what):
+    return TypeError(f"LabelDPLayer: `prior` must be a dense numeric array (a NumPy array, a "
+                     f"tf.Tensor or nested lists of numbers) of {_PRIOR_RULE}; got {what}.")
+
+
+def refuse_non_dense_prior(prior):
+    """Raise TypeError (naming `prior`, never its values) for a prior that is not dense.
+
+    Called before Keras looks at the call's tensors (it would build the layer from a
+    ragged prior's shape and blame the labels) and again when the prior is converted.
+    """
+    if isinstance(prior, tf.RaggedTensor):
+        raise _not_dense("a tf.RaggedTensor (rows of different lengths)")
+    if isinstance(prior, tf.SparseTensor):
+        raise _not_dense("a tf.SparseTensor (densify it with tf.sparse.to_dense)")
+    if isinstance(prior, (collections.abc.Mapping, str, bytes)):
+        raise _not_dense(f"a {type(prior).__name__}")
+
+
 def prior_matrix(prior, mode, num_classes):
     """The prior as float32 (N, K); binary priors may be P(label = 1) of shape (N,) / (N, 1)."""
-    p = tf.convert_to_tensor(prior)
+    refuse_non_dense_prior(prior)
+    try:
+        p = tf.convert_to_tensor(prior)
+    except (TypeError, ValueError):  # TensorFlow's message would show the prior's values
+        raise _not_dense(f"a {type(prior).__name__} that is not a rectangular array of "
+                         f"numbers") from None
     if not (p.dtype.is_floating or p.dtype.is_integer or p.dtype == tf.bool):
         raise TypeError(f"LabelDPLayer: `prior` must be a numeric array of {_PRIOR_RULE}; got "
                         f"dtype {p.dtype.name}.")
@@ -183,12 +209,16 @@ def _wrong_rows(num_classes, rows, num_labels):
 
 
 def prior_rows_ok(p):
-    """Graph check of every row of a float32 (N, K) prior: a bool (N,) tensor."""
-    finite = tf.reduce_all(tf.math.is_finite(p), axis=-1)
+    """Graph check of every row of a float32 (N, K) prior: a bool (N,) tensor.
+
+    Values in [0, 1] are finite (NaN and inf fail both comparisons), so no
+    separate finiteness test: the short form keeps XLA's fusion of the
+    layer's randomized response (an extra ``is_finite``/``where`` pass cost
+    ~30% per call at 4096 x 10 under ``jit_compile``).
+    """
     in_range = tf.reduce_all(tf.logical_and(p >= 0.0, p <= 1.0), axis=-1)
-    sums = tf.reduce_sum(tf.where(tf.math.is_finite(p), p, 0.0), axis=-1)
-    return tf.logical_and(tf.logical_and(finite, in_range),
-                          tf.abs(sums - 1.0) <= PRIOR_SUM_TOLERANCE)
+    return tf.logical_and(in_range,
+                          tf.abs(tf.reduce_sum(p, axis=-1) - 1.0) <= PRIOR_SUM_TOLERANCE)
 
 
 def check_prior(prior, mode, num_classes, num_labels, eager):
@@ -211,7 +241,8 @@ def check_prior(prior, mode, num_classes, num_labels, eager):
         raised) and the graph's assert ops (empty when eager).
 
     Raises:
-        TypeError: a prior that is not numeric.
+        TypeError: a prior that is not a dense numeric array (sparse, ragged,
+            a mapping, mixed types).
         ValueError: a wrong shape or number of rows (eager, or static shapes),
             or (eager) a row that is not a probability vector.
     """
@@ -235,18 +266,21 @@ def check_prior(prior, mode, num_classes, num_labels, eager):
             raise ValueError(f"LabelDPLayer: `prior` must hold {_PRIOR_RULE}; row {row} has "
                              f"{what} ({bad.size} invalid row(s) in total).")
         return p, None, []
-    n = tf.cast(num_labels, tf.int32)
-    rows = tf.shape(p)[0]
-    count_ok = tf.equal(rows, n)
-    uniform = tf.fill(tf.stack([n, num_classes]), 1.0 / num_classes)
-    p = tf.concat([p, uniform], axis=0)[:n]
+    asserts = []
+    if rows is not None and static_n is not None:  # the same count (checked above)
+        count_ok = tf.constant(True)
+    else:  # a count known only when the graph runs: pad or cut to it, and check it
+        n = tf.cast(num_labels, tf.int32)
+        rows = tf.shape(p)[0]
+        count_ok = tf.equal(rows, n)
+        uniform = tf.fill(tf.stack([n, num_classes]), 1.0 / num_classes)
+        p = tf.concat([p, uniform], axis=0)[:n]
+        asserts.append(tf.debugging.Assert(
+            count_ok, [f"LabelDPLayer: `prior` must have shape (N, {num_classes}) with one row "
+                       "per label; rows, labels:", rows, n]))
     row_ok = prior_rows_ok(p)
     first_bad = tf.argmin(tf.concat([tf.cast(row_ok, tf.int32), [0]], axis=0))
-    asserts = [
-        tf.debugging.Assert(count_ok, [f"LabelDPLayer: `prior` must have shape (N, {num_classes}) "
-                                       "with one row per label; rows, labels:", rows, n]),
-        tf.debugging.Assert(tf.logical_or(tf.reduce_all(row_ok), tf.logical_not(count_ok)),
-                            [f"LabelDPLayer: `prior` must hold {_PRIOR_RULE}; first bad row:",
-                             first_bad]),
-    ]
+    asserts.append(tf.debugging.Assert(
+        tf.logical_or(tf.reduce_all(row_ok), tf.logical_not(count_ok)),
+        [f"LabelDPLayer: `prior` must hold {_PRIOR_RULE}; first bad row:", first_bad]))
     return p, tf.logical_and(count_ok, tf.reduce_all(row_ok)), asserts

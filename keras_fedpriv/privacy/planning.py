@@ -13,7 +13,7 @@ and never above it).
 A plan is only as good as its count of releases, and the count depends on
 how the run releases: `plan_run` returns a `Plan` that names the **release
 pattern** it assumes (`PATTERNS`) and checks a run against it: `Plan.check`
-(or the `PlanCheck` callback, every epoch) raises `PlanExceeded` when the
+(or the `PlanCheck` callback, after every batch and epoch) raises `PlanExceeded` when the
 run's report is already over the target, naming how the run's releases
 differ from the plan's, and warns (`PlanMismatchWarning`) when the pattern
 differs before the target is reached.
@@ -36,16 +36,32 @@ import warnings
 from typing import Any, Iterable
 
 import dp_accounting
-import keras
+import numpy as np
+import tensorflow as tf
 
+from keras_fedpriv.layers.release_counter import FRESH_IDS
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
 from keras_fedpriv.mechanisms.quantize import quantize_rr_dp_event
 from keras_fedpriv.mechanisms.randomized_response import randomized_response_dp_event
 from keras_fedpriv.mechanisms.signds import signds_dp_event
-from keras_fedpriv.mechanisms.ledger import CLIENT, CLIENT_DATA, EXAMPLE, FEATURES, LABELS
+from keras_fedpriv.mechanisms.ledger import (
+    CLIENT,
+    CLIENT_DATA,
+    EXAMPLE,
+    FEATURES,
+    LABELS,
+    ReleaseLedger,
+)
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
 from keras_fedpriv.privacy.accountant import MixedPLDAccountant
-from keras_fedpriv.privacy.report import compose_epsilon, privacy_report
+from keras_fedpriv.privacy.report import (
+    EpsilonLogger,
+    PrivacyReport,
+    compose_epsilon,
+    find_protections,
+    privacy_ledger,
+    privacy_report,
+)
 
 __all__ = ["EVERY_EXAMPLE", "MECHANISMS", "PATTERNS", "PER_CLIENT", "PER_EXAMPLE", "Plan",
            "PlanCheck", "PlanExceeded", "PlanMismatchWarning", "plan_epsilon",
@@ -318,8 +334,33 @@ class Plan:
                 ids), or none of the planned secret, while still within the
                 target.
         """
-        report = privacy_report(obj, delta=self.target_delta, callbacks=callbacks,
-                                protects=self.protects)
+        return self._judge(privacy_report(obj, delta=self.target_delta, callbacks=callbacks,
+                                          protects=self.protects))
+
+    def within(self, ledger: ReleaseLedger) -> bool:
+        """Whether a ledger is within this plan by counting alone (no accounting).
+
+        Args:
+            ledger: a run's `ReleaseLedger` (e.g. ``privacy_ledger(model)``).
+
+        Returns:
+            True if every release about `protects` is the planned event
+            about the planned unit and they add up to at most ``releases``
+            for the busiest unit: the run's report is then at most the
+            plan's figure. False means "compose to know", not "over".
+        """
+        event, unit, releases = self.event(), _UNIT[self.mechanism], 0
+        for kind in ledger.kinds:
+            if kind.protects != self.protects:
+                continue
+            count = ledger.total(kind)
+            if count and (kind.unit != unit or kind.event != event):
+                return False
+            releases += count  # a bound on the busiest unit's count
+        return releases <= self.releases
+
+    def _judge(self, report, warn=True):
+        """Raise `PlanExceeded` if ``report`` is over the target; warn on a mismatch."""
         spent = report.epsilon
         observed, mismatch = self._observed(report)
         slack = 1e-6 * max(1.0, self.target_epsilon)
@@ -329,11 +370,11 @@ class Plan:
                 f"{self.protects}, over the plan's target of {self.target_epsilon:g}. The plan "
                 f"assumed {self.assumption()}, at {self._per_release()}; this run records "
                 f"{observed}.{_ADVICE[self.pattern] if mismatch else ''}")
-        if mismatch or not report.releases:
+        if warn and (mismatch or not report.releases):
             warnings.warn(PlanMismatchWarning(
                 f"The plan assumed {self.assumption()}; this run records {observed} (eps "
                 f"{spent:.4g} so far, target {self.target_epsilon:g})."
-                f"{_ADVICE[self.pattern] if mismatch else ''}"), stacklevel=2)
+                f"{_ADVICE[self.pattern] if mismatch else ''}"), stacklevel=3)
         return report
 
     def _per_release(self):
@@ -416,13 +457,26 @@ def plan_run(target_epsilon: float, target_delta: float = 1e-5, *, releases: int
                 int(num_classes), None if num_coordinates is None else int(num_coordinates))
 
 
-class PlanCheck(keras.callbacks.Callback):
-    """Check a run against its `Plan` at the end of every epoch (or round).
+class PlanCheck(EpsilonLogger):
+    """Check a run against its `Plan` after every batch and at the end of every epoch (or round).
 
     Raises `PlanExceeded` (which stops the fit) as soon as the run's report
-    is over the plan's target, and warns `PlanMismatchWarning` when the run
-    releases in another pattern than planned. Works with ``model.fit`` and
-    `HorizontalFL.fit`; place it after the callbacks that release.
+    is over the plan's target, and warns `PlanMismatchWarning` at the end of
+    an epoch when the run releases in another pattern than planned. Works
+    with ``model.fit`` and `HorizontalFL.fit` (checked every round); place it
+    after the callbacks that release.
+
+    During ``model.fit`` it also checks after every training and validation
+    batch, so a run that releases more often than planned (e.g. without
+    example ids where the plan assumed them: every call is then a release
+    about every example) is stopped at the first batch that takes it over
+    the target, not an epoch later. That check is cheap: it re-reads a
+    protection layer's ledger only when its calls other than the
+    per-example-id ones changed (per-example counts reach the busiest
+    example once per pass over the data, and are checked at the epoch's
+    end), and composes with dp-accounting only when the counts changed and
+    are not within the plan by counting alone (`Plan.within`): a run that
+    follows its plan never composes between epochs.
 
     Args:
         plan: the `Plan` (from `plan_run`).
@@ -430,19 +484,63 @@ class PlanCheck(keras.callbacks.Callback):
     """
 
     def __init__(self, plan: Plan, callbacks: Iterable[Any] = ()) -> None:
-        super().__init__()
         if not isinstance(plan, Plan):
             raise TypeError(f"`plan` must be a Plan from plan_run(); got {type(plan).__name__}.")
+        super().__init__(plan.target_delta, callbacks=callbacks, protects=plan.protects)
         self.plan = plan
-        self.callbacks = list(callbacks)
-        self._fl = None
-        self.last_report = None
+        self._protections = None  # found at the first batch of a fit
+        self._read = {}           # id(protection) -> (its counts, its ledger then)
 
-    def on_federated_train_begin(self, fl: Any) -> None:
-        """Check the `HorizontalFL` run rather than its model."""
-        self._fl = fl
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        """Find the run's protections again at the first batch (a new fit may add some)."""
+        self._protections, self._read = None, {}
+
+    def _check_batch(self):
+        """Check the releases so far, cheaply: a protection layer's ledger is re-read only
+        when its calls other than per-example-id ones changed (per-example counts reach the
+        busiest example once per pass over the data; they are read at the epoch's end), and
+        nothing is composed while the run is within the plan by counting alone."""
+        objs, protects = [self._run(), *self.callbacks], self.plan.protects
+        if self._protections is None:
+            self._protections = find_protections(objs)
+        if not self._protections:  # nothing found: not private
+            self.plan._judge(PrivacyReport(privacy_ledger(objs), self.plan.target_delta),
+                             warn=False)
+            return
+        changed = False
+        for protection in self._protections:
+            totals = getattr(protection, "release_totals", None)  # a protection layer's
+            last = self._read.get(id(protection))
+            if isinstance(totals, tf.Variable):
+                calls = np.delete(np.asarray(totals.numpy()), FRESH_IDS)
+                if last is not None and np.array_equal(last[0], calls):
+                    continue
+                ledger = protection.privacy_ledger().only(protects)
+            else:
+                ledger = protection.privacy_ledger().only(protects)
+                calls = [(k.key, ledger.total(k)) for k in ledger.kinds]
+                if last is not None and last[0] == calls:
+                    continue
+            self._read[id(protection)] = (calls, ledger)
+            changed = True
+        if not changed:
+            return
+        ledgers = [v[1] for v in self._read.values()]
+        ledger = ledgers[0] if len(ledgers) == 1 else ReleaseLedger.merged(ledgers)
+        if not self.plan.within(ledger):
+            self.last_report = self.plan._judge(PrivacyReport(ledger, self.plan.target_delta),
+                                                warn=False)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """Check the releases so far (raises `PlanExceeded` when over the target)."""
+        self._check_batch()
+
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """Check the releases so far, evaluation passes included."""
+        self._check_batch()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        """Check the run so far (raises `PlanExceeded` when over the target)."""
-        target = self._fl if self._fl is not None else self.model
-        self.last_report = self.plan.check(target, callbacks=self.callbacks)
+        """Check the run so far (raises `PlanExceeded` when over the target; warns on a
+        pattern mismatch)."""
+        self._read = {}  # the next batch re-reads every ledger, per-example counts included
+        self.last_report = self.plan.check(self._run(), callbacks=self.callbacks)

@@ -407,9 +407,13 @@ class EpsilonLogger(keras.callbacks.Callback):
     def on_federated_train_begin(self, fl: Any) -> None:
         self._fl = fl
 
+    def _run(self) -> Any:
+        """What is reported: the `HorizontalFL` run, else the model being fit."""
+        return self._fl if self._fl is not None else self.model
+
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        target = self._fl if self._fl is not None else self.model
-        self.last_report = privacy_report(target, delta=self.delta, accountant=self.accountant,
-                                          callbacks=self.callbacks, protects=self.protects)
+        self.last_report = privacy_report(self._run(), delta=self.delta,
+                                          accountant=self.accountant, callbacks=self.callbacks,
+                                          protects=self.protects)
         if logs is not None:
             logs["epsilon"] = self.last_report.epsilon
