@@ -110,3 +110,24 @@ def test_registering_a_protection_is_idempotent():
     register_protection(model, protection)
     register_protection(model, protection)
     assert model._fedpriv_protections == [protection]
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda k: k.update(everyone=-1),
+    lambda k: k.update(everyone=1.5),
+    lambda k: k.update(units={"3": -2}),
+    lambda k: k.update(units={"x": 1}),
+    lambda k: k["event"].update(noise_parameter=float("nan")),
+    lambda k: k["event"].update(num_buckets=1),
+    lambda k: k["event"].update(extra=1),
+])
+def test_from_dict_refuses_a_state_that_would_count_less(tamper):
+    """A saved ledger is read strictly: negative or non-integer counts, bad unit ids and
+    out-of-range events would make a restored ledger (a budget file, a state_dict) under-count."""
+    ledger = ReleaseLedger()
+    ledger.record(ReleaseKind("m", "labels", "example",
+                              dp_accounting.RandomizedResponseDpEvent(0.2, 2)), units=[3])
+    state = ledger.to_dict()
+    tamper(state["kinds"][0])
+    with pytest.raises(ValueError, match="ledger state"):
+        ReleaseLedger.from_dict(state)

@@ -73,6 +73,18 @@ def _released(totals):
     return bool(np.any(np.asarray(totals)[list(_RELEASE_SLOTS)] != 0))
 
 
+def _saved_totals(saved, owner):
+    """``saved`` totals as int64 with every slot (lineage 0 = unknown, for files written
+    before lineages existed); ValueError if malformed (wrong size, negative counts)."""
+    saved = np.asarray(saved, np.int64).reshape(-1)
+    if saved.size == len(SLOTS) - 1:
+        saved = np.concatenate([saved, [0]])
+    if saved.size != len(SLOTS) or np.any(saved[:LINEAGE] < 0):
+        raise ValueError(f"{owner}: the saved release counts are malformed (expected "
+                         f"{len(SLOTS)} non-negative counts); nothing was loaded.")
+    return saved
+
+
 def merge_release_totals(live: Any, saved: Any, owner: str) -> np.ndarray:
     """The totals after restoring ``saved`` into a layer whose totals are ``live``.
 
@@ -84,12 +96,7 @@ def merge_release_totals(live: Any, saved: Any, owner: str) -> np.ndarray:
             ones come from another layer (another lineage).
     """
     live = np.asarray(live, np.int64).reshape(-1)
-    saved = np.asarray(saved, np.int64).reshape(-1)
-    if saved.size == len(SLOTS) - 1:  # saved before lineages existed: lineage unknown
-        saved = np.concatenate([saved, [0]])
-    if saved.size != len(SLOTS) or np.any(saved[:LINEAGE] < 0):
-        raise ValueError(f"{owner}: the saved release counts are malformed (expected "
-                         f"{len(SLOTS)} non-negative counts); they were not loaded.")
+    saved = _saved_totals(saved, owner)
     if _released(live) and _released(saved) and saved[LINEAGE] != live[LINEAGE]:
         raise ValueError(
             f"{owner} has already released, and the state being restored was saved by another "
@@ -113,9 +120,7 @@ def refuse_if_behind(live: Any, saved: Any, owner: str) -> None:
         ValueError: the state is behind the live layer, or from another one.
     """
     live = np.asarray(live, np.int64).reshape(-1)
-    saved = np.asarray(saved, np.int64).reshape(-1)
-    if saved.size != live.size or np.any(saved[:LINEAGE] < 0):
-        raise ValueError(f"{owner}: the saved release counts are malformed; nothing was loaded.")
+    saved = _saved_totals(saved, owner)
     if _released(live) and (saved[LINEAGE] != live[LINEAGE]
                             or np.any(saved[:LINEAGE] < live[:LINEAGE])):
         raise ValueError(

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
+import numbers
 from typing import Any, Iterable, Mapping
 
 import dp_accounting
@@ -220,11 +222,15 @@ class ReleaseLedger:
                              f"{type(state).__name__}.")
         out = cls()
         for item in state["kinds"]:
+            if not isinstance(item, dict) or not isinstance(item.get("units", {}), dict):
+                raise ValueError("a ledger state's kinds must be dicts from "
+                                 "ReleaseLedger.to_dict().")
             kind = ReleaseKind(item["mechanism"], item["protects"], item["unit"],
                                _event_from_dict(item["event"]), item.get("note", ""))
-            out.record(kind, units=None, count=int(item.get("everyone", 0)))
+            out.record(kind, units=None, count=_count(item.get("everyone", 0)))
             units = item.get("units", {})
-            out.record_counts(kind, [int(u) for u in units], [int(c) for c in units.values()],
+            out.record_counts(kind, [_unit_id(u) for u in units],
+                              [_count(c) for c in units.values()],
                               approximate=bool(item.get("approximate", False)))
         return out
 
@@ -316,18 +322,59 @@ def _event_to_dict(event):
     raise ValueError(f"cannot save the DpEvent {event!r} in a ledger state.")
 
 
+# A saved ledger is read strictly: a count that is negative or not an integer, or an event
+# parameter out of its range, would make a restored ledger count less than was released.
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError("a count in a ledger state must be an integer >= 0.")
+    return int(value)
+
+
+def _unit_id(value: Any) -> int:
+    text = str(value)
+    if isinstance(value, bool) or not text.isascii() or not text.isdigit():
+        raise ValueError("a unit id in a ledger state must be an integer >= 0.")
+    return int(text)
+
+
+def _parameter(value: Any, low: float, high: float = math.inf, low_open: bool = False) -> Any:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError("an event parameter in a ledger state must be a finite number.")
+    if value > high or value < low or (low_open and value == low):
+        raise ValueError("an event parameter in a ledger state is out of range.")
+    return value
+
+
+_EVENT_FIELDS = {"non_private": (), "no_op": (), "composed": ("events",),
+                 "self_composed": ("event", "count"),
+                 **{name: fields for name, (_, fields) in _EVENTS.items()}}
+
+
 def _event_from_dict(data):
-    kind = data.get("type")
+    kind = data.get("type") if isinstance(data, dict) else None
+    fields = _EVENT_FIELDS.get(kind)
+    if fields is None or set(data) != {"type", *fields}:
+        raise ValueError(f"unknown or malformed DpEvent {kind!r} in a ledger state.")
     if kind == "non_private":
         return dp_accounting.NonPrivateDpEvent()
     if kind == "no_op":
         return dp_accounting.NoOpDpEvent()
     if kind == "composed":
+        if not isinstance(data["events"], list):
+            raise ValueError("a composed DpEvent in a ledger state lists its events.")
         return dp_accounting.ComposedDpEvent([_event_from_dict(e) for e in data["events"]])
     if kind == "self_composed":
         return dp_accounting.SelfComposedDpEvent(_event_from_dict(data["event"]),
-                                                 int(data["count"]))
-    if kind in _EVENTS:
-        cls, fields = _EVENTS[kind]
-        return cls(**{f: data[f] for f in fields})
-    raise ValueError(f"unknown DpEvent type {kind!r} in a ledger state.")
+                                                 _count(data["count"]))
+    if kind == "randomized_response":
+        _parameter(data["noise_parameter"], 0.0, 1.0)
+        if _count(data["num_buckets"]) < 2:
+            raise ValueError("randomized response in a ledger state needs >= 2 buckets.")
+    elif kind in ("gaussian", "laplace"):
+        _parameter(data["noise_multiplier"], 0.0, low_open=True)
+    else:  # discrete_laplace
+        _parameter(data["noise_parameter"], 0.0, low_open=True)
+        if _count(data["sensitivity"]) < 1:
+            raise ValueError("a discrete Laplace sensitivity in a ledger state must be >= 1.")
+    cls, fields = _EVENTS[kind]
+    return cls(**{f: data[f] for f in fields})

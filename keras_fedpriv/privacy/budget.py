@@ -51,7 +51,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import numbers
 import os
 import tempfile
 import time
@@ -93,15 +92,19 @@ def _one_unit(ledger: ReleaseLedger) -> ReleaseLedger:
     return ReleaseLedger.from_dict(state)
 
 
+def _kind_key(item: dict[str, Any]) -> tuple:
+    """The identity of a kind in `ReleaseLedger.to_dict`'s form."""
+    return (item["mechanism"], item["protects"], item["unit"], item["note"],
+            json.dumps(item["event"], sort_keys=True, default=repr))
+
+
 def _counts(ledger: ReleaseLedger) -> dict[tuple, tuple]:
     """What composition depends on: each kind's anonymous and nonzero per-unit counts."""
     out = {}
     for item in ledger.to_dict()["kinds"]:
         units = {u: c for u, c in item["units"].items() if c}
         if item["everyone"] or units:
-            key = (item["mechanism"], item["protects"], item["unit"], item["note"],
-                   json.dumps(item["event"], sort_keys=True))
-            out[key] = (item["everyone"], units, item["approximate"])
+            out[_kind_key(item)] = (item["everyone"], units, item["approximate"])
     return out
 
 
@@ -158,52 +161,6 @@ class _Malformed(ValueError):
     pass
 
 
-def _count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _Malformed("a count must be an integer >= 0")
-    return value
-
-
-def _real(value: Any, low: float, high: float = math.inf, low_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise _Malformed("an event parameter must be a finite number")
-    if value > high or value < low or (low_open and value == low):
-        raise _Malformed("an event parameter is out of range")
-    return float(value)
-
-
-def _check_event(event: Any) -> None:
-    """A DP event as `ReleaseLedger.to_dict` writes it, with parameters in range."""
-    if not isinstance(event, dict):
-        raise _Malformed("an event must be an object")
-    kind = event.get("type")
-    fields = {"non_private": (), "no_op": (), "composed": ("events",),
-              "self_composed": ("event", "count"),
-              "randomized_response": ("noise_parameter", "num_buckets"),
-              "gaussian": ("noise_multiplier",), "laplace": ("noise_multiplier",),
-              "discrete_laplace": ("noise_parameter", "sensitivity")}.get(kind)
-    if fields is None or set(event) != {"type", *fields}:
-        raise _Malformed("unknown event")
-    if kind == "composed":
-        if not isinstance(event["events"], list):
-            raise _Malformed("a composed event lists events")
-        for inner in event["events"]:
-            _check_event(inner)
-    elif kind == "self_composed":
-        _check_event(event["event"])
-        _count(event["count"])
-    elif kind == "randomized_response":
-        _real(event["noise_parameter"], 0.0, 1.0)
-        if _count(event["num_buckets"]) < 2:
-            raise _Malformed("randomized response needs >= 2 buckets")
-    elif kind in ("gaussian", "laplace"):
-        _real(event["noise_multiplier"], 0.0, low_open=True)
-    elif kind == "discrete_laplace":
-        _real(event["noise_parameter"], 0.0, low_open=True)
-        if _count(event["sensitivity"]) < 1:
-            raise _Malformed("a sensitivity must be >= 1")
-
-
 def _checked_ledger(state: Any) -> ReleaseLedger:
     """The ledger ``state`` holds, if it is exactly what `ReleaseLedger.to_dict` writes."""
     if not isinstance(state, dict) or set(state) != {"kinds"} or not isinstance(
@@ -218,20 +175,10 @@ def _checked_ledger(state: Any) -> ReleaseLedger:
                 and item["protects"] in SECRETS and item["unit"] in UNITS
                 and isinstance(item["approximate"], bool) and isinstance(item["units"], dict)):
             raise _Malformed("a ledger kind is malformed")
-        _check_event(item["event"])
-        _count(item["everyone"])
-        for unit, count in item["units"].items():
-            if unit != str(_int_id(unit)):
-                raise _Malformed("a unit id must be a decimal integer")
-            _count(count)
-    return ReleaseLedger.from_dict(state)
-
-
-def _int_id(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise _Malformed("a unit id must be a decimal integer") from None
+    try:  # counts, unit ids and events: ReleaseLedger.from_dict reads them strictly
+        return ReleaseLedger.from_dict(state)
+    except ValueError as err:
+        raise _Malformed(str(err).rstrip(".")) from None
 
 
 def _no_constants(name: str) -> Any:
@@ -266,18 +213,14 @@ def _release(ledger: ReleaseLedger, before: ReleaseLedger | None) -> ReleaseLedg
         raise TypeError(f"`before` must be None or a ReleaseLedger; got "
                         f"{type(before).__name__}.")
 
-    def key(item):
-        return (item["mechanism"], item["protects"], item["unit"], item["note"],
-                json.dumps(item["event"], sort_keys=True, default=repr))
-
     def behind(item):
         return ValueError(f"`before` holds releases of {item['mechanism']!r} that `ledger` "
                           "does not: pass the same party's ledger from before the release.")
 
-    earlier = {key(item): item for item in before.to_dict()["kinds"]}
+    earlier = {_kind_key(item): item for item in before.to_dict()["kinds"]}
     kinds = []
     for item in ledger.to_dict()["kinds"]:
-        old = earlier.pop(key(item), None)
+        old = earlier.pop(_kind_key(item), None)
         if old is not None and not _is_non_private(item["event"]):
             item["everyone"] -= old["everyone"]
             units = {u: c - old["units"].get(u, 0) for u, c in item["units"].items()}
@@ -386,7 +329,10 @@ class PrivacyBudget:
                 if not isinstance(entry, dict) or set(entry) != {"run", "release", "ledger"} \
                         or not isinstance(entry["run"], str):
                     raise _Malformed("an entry must hold 'run', 'release' and 'ledger'")
-                if (entry["run"], _count(entry["release"])) in seen:
+                release = entry["release"]
+                if isinstance(release, bool) or not isinstance(release, int) or release < 0:
+                    raise _Malformed("a release number must be an integer >= 0")
+                if (entry["run"], release) in seen:
                     raise _Malformed("an entry is repeated")
                 seen.add((entry["run"], entry["release"]))
                 entry["_ledger"] = _checked_ledger(entry["ledger"])
