@@ -30,6 +30,7 @@ bench: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/laplace_eval.py
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/audit.py
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/gradient_inversion.py
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/budget.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

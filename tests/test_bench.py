@@ -21,6 +21,7 @@ DOCS = REPO / "docs"
 # script -> (strings its --quick output must contain, marks)
 SCRIPTS = {
     "audit": (["audits in", "0 unexpected verdict(s)", "caught"], ()),
+    "budget": (["vertical", "horizontal", "ratio"], ()),
     "flower": (["HorizontalFL", "Flower simulation", "signds"], (pytest.mark.flower,)),
     "gradient_inversion": (["batch 1", "FedAvg (L2, lr known)", "SignDS eps=10"], ()),
     "hfl_signds": (["FedAvg", "SignDS eps=10 + MagRR", "Gaussian"], ()),
