@@ -22,7 +22,7 @@ from keras_fedpriv.federated import HorizontalFL, partition  # noqa: E402
 from keras_fedpriv.federated import laplace_eval as laplace_eval_module  # noqa: E402
 from keras_fedpriv.federated.flower import HorizontalStrategy  # noqa: E402
 from keras_fedpriv.federated.flower.common import _record  # noqa: E402
-from keras_fedpriv.federated.flower.strategy import _parse_report  # noqa: E402
+from keras_fedpriv.federated.flower.horizontal_wire import parse_report as _parse_report  # noqa: E402,E501
 from keras_fedpriv.federated.malformed import MalformedMessage  # noqa: E402
 
 from flower_stubs import model_fn  # noqa: E402

@@ -259,14 +259,14 @@ def _good_content(server):
     (lambda c: c.__delitem__("config"), "exactly the records"),
 ])
 def test_the_server_parses_a_malicious_reply_without_deserializing_or_crashing(tamper, match):
-    from keras_fedpriv.federated.flower.strategy import _parse_reply
+    from keras_fedpriv.federated.flower.horizontal_wire import parse_train_reply
 
     server = _server()
     content = _good_content(server)
-    assert _parse_reply(Reply(content), server, False, "average")["upload"].nbytes > 0
+    assert parse_train_reply(Reply(content), server, False, "average").upload.nbytes > 0
     tamper(content)
     with pytest.raises(MalformedMessage, match=match):
-        _parse_reply(Reply(content), server, False, "average")
+        parse_train_reply(Reply(content), server, False, "average")
 
 
 def test_a_client_id_claimed_twice_or_missing_takes_no_part():
@@ -308,7 +308,7 @@ def test_the_example_client_takes_its_scheme_from_its_own_node_config_not_the_ru
 def test_the_server_drops_a_malformed_laplace_report(report, match):
     from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-    from keras_fedpriv.federated.flower.strategy import _parse_report
+    from keras_fedpriv.federated.flower.horizontal_wire import parse_report as _parse_report
 
     good = RecordDict({"report": ArrayRecord({"report": Array(np.zeros((3, 10)))}),
                        "config": ConfigRecord({"client-id": 0})})

@@ -162,3 +162,39 @@ def test_steps_out_of_order_and_bad_settings_are_refused(in_a_run):
     assert list(strategy.configure_evaluate(1, strategy.initial_arrays(), ConfigRecord(),
                                             _Grid())) == []
     assert strategy.aggregate_evaluate(1, []) is None
+
+
+def test_every_history_key_has_one_entry_per_round_when_a_round_falls_short(in_a_run):
+    """A round with too few good replies logs NaN for what it could not compute."""
+    strategy = _strategy(min_replies=2)
+    scheme = strategy.upload
+    delta = np.zeros(strategy.server.dim, np.float32)
+    wire = {k: np.asarray(v) for k, v in scheme.to_wire(scheme.client_message(delta, 5)).items()}
+    from flwr.app import Array
+
+    def good(node, cid):
+        reply = Message(RecordDict({"upload": ArrayRecord({k: Array(v) for k, v in wire.items()}),
+                                    "config": ConfigRecord({"client-id": cid})}),
+                        dst_node_id=1, message_type="train")
+        reply.metadata.__dict__["_src_node_id"] = node
+        return reply
+
+    grid = _Grid()
+    answered = []
+    for rnd in (1, 2, 3):
+        messages = list(strategy.configure_train(rnd, strategy.initial_arrays(), ConfigRecord(),
+                                                 grid))
+        nodes = [m.metadata.dst_node_id for m in messages]
+        replies = [good(n, grid.nodes.index(n)) for n in nodes]
+        if rnd == 2:  # one client fails: 1 good reply < min_replies
+            replies[1] = Reply(None, nodes[1], error="boom")
+        arrays, _ = strategy.aggregate_train(rnd, replies)
+        answered.append(arrays is not None)
+        assert strategy.aggregate_evaluate(rnd, []) is None
+    assert answered == [True, False, True]
+    history = strategy.history
+    assert history["replies"] == [2.0, 1.0, 2.0]
+    assert {k: len(v) for k, v in history.items()} == dict.fromkeys(history, 3)
+    assert np.isnan(history["global_lr"][1]) and not np.isnan(history["global_lr"][0])
+    assert history["payload_bytes_up"][1] == history["payload_bytes_up"][0] / 2 > 0
+    assert strategy.run_result().history == history

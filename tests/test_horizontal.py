@@ -54,6 +54,18 @@ def test_fedavg_learns_digits_and_logs_a_keras_history():
     assert h["upload_bytes_per_client"][0] == 4 * (64 * 16 + 16 + 16 * 10 + 10)
     assert h["upload_bytes"][0] == 5 * h["upload_bytes_per_client"][0]
     assert fl.participation.sum() == 8 * 5
+    assert h["replies"] == [5.0] * 8 and h["dropped"] == [0.0] * 8
+    assert {len(v) for v in h.values()} == {8}  # one entry per round for every key
+
+
+def test_client_data_already_float32_is_not_copied():
+    x, y = digits()
+    x32, x64 = x[:40].astype(np.float32), x[40:80].astype(np.float64)
+    y32 = y[:40].astype(np.float32)
+    fl = HorizontalFL(digits_model(), [(x32, y[:40]), (x64, y[40:80]), (x32, y32)])
+    assert np.shares_memory(fl.clients[0][0], x32)
+    assert np.shares_memory(fl.clients[2][1], y32)
+    assert fl.clients[1][0].dtype == np.float32 and not np.shares_memory(fl.clients[1][0], x64)
 
 
 def test_signds_round_moves_only_the_uploaded_coordinates_by_the_server_step():

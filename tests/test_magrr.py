@@ -182,6 +182,37 @@ def test_flip_rate_matches_flip_probability():
     assert_rejects(flips, n, flip_probability(eps / 2), "MagRR flips")
 
 
+@pytest.mark.parametrize("seed", [21, None])
+def test_per_client_reports_flip_with_the_formulas_probability(seed):
+    """The vectorized per-client path (one noise word per client's own stream)."""
+    n, eps = 60_000, 1.5
+    magrr = MagRR(eps_rr=eps, seed=seed)
+    bits = np.random.default_rng(4).integers(0, 2, size=n)
+    reports = magrr.client_reports(_magnitudes_with_bits(bits, magrr), np.arange(n))
+    flips = int(np.sum(reports != bits))
+    assert_rate(flips, n, flip_probability(eps), "MagRR per-client flips")
+    assert_rejects(flips, n, flip_probability(1.2 * eps), "MagRR per-client flips")
+    assert_rejects(flips, n, flip_probability(eps / 1.2), "MagRR per-client flips")
+    # both bits flip at the same rate (no bias towards 0 or 1)
+    for b in (0, 1):
+        assert_rate(int(np.sum(reports[bits == b] != b)), int(np.sum(bits == b)),
+                    flip_probability(eps), f"MagRR flips of {b}")
+
+
+def test_a_clients_report_is_the_same_alone_or_in_a_batch_and_seeded_runs_repeat():
+    r = np.random.default_rng(1).uniform(0, 4e-5, size=300)
+    ids = np.arange(300) * 7
+    batch = MagRR(eps_rr=0.5, seed=8).client_reports(r, ids)
+    again = MagRR(eps_rr=0.5, seed=8).client_reports(r, ids)
+    np.testing.assert_array_equal(batch, again)
+    alone = [int(MagRR(eps_rr=0.5, seed=8).client_reports(r[i:i + 1], ids[i:i + 1])[0])
+             for i in range(0, 300, 37)]
+    np.testing.assert_array_equal(batch[::37], alone)
+    reversed_order = MagRR(eps_rr=0.5, seed=8).client_reports(r[::-1], ids[::-1])
+    np.testing.assert_array_equal(batch, reversed_order[::-1])
+    assert np.any(batch != MagRR(eps_rr=0.5, seed=9).client_reports(r, ids))
+
+
 def test_seeded_reproducible_and_unseeded_fresh():
     r = np.random.default_rng(0).uniform(0, 4e-5, size=2000)
     a, b = MagRR(eps_rr=0.1, seed=42), MagRR(eps_rr=0.1, seed=42)

@@ -34,6 +34,7 @@ from keras_fedpriv.federated.horizontal_parties import (
     LocalTrainer,
     batch_norm_statistics,
 )
+from keras_fedpriv.federated.horizontal_loop import HorizontalLoop, TrainReply, TrainRequest
 from keras_fedpriv.federated.laplace_eval import LaplaceEvaluation
 from keras_fedpriv.federated.magrr import MagRR
 from keras_fedpriv.federated.uploads import SignDSUpload, as_upload
@@ -167,6 +168,7 @@ class HorizontalFL:
         self._seed = validate_seed(seed)
         self._server = None
         self._client_parties = None
+        self._validation_data = None
 
     @staticmethod
     def _check_client(i, client):
@@ -177,9 +179,9 @@ class HorizontalFL:
             raise ValueError(f"`clients[{i}]` must have the same non-zero number of rows in x "
                              f"and y; got {len(x)} and {len(y)}.")
         if x.dtype.kind == "f":
-            x = x.astype(np.float32)
+            x = x.astype(np.float32, copy=False)  # no copy of data already float32
         if y.dtype.kind == "f":
-            y = y.astype(np.float32)
+            y = y.astype(np.float32, copy=False)
         return x, y
 
     # ----------------------------------------------------------------- clients
@@ -251,11 +253,14 @@ class HorizontalFL:
             verbose: 0 silent, 1 a progress bar over rounds.
             initial_round: round to start at (to resume).
 
-        Logged per round: ``upload_bytes_per_client``, ``upload_bytes`` (sum
-        over the round's clients), ``download_bytes_per_client`` (the dense
-        float32 model), ``global_lr``, ``round_time_s`` and the validation
-        metrics (computed by the server on its own data); callbacks (MagRR)
-        add their own. The clients' local losses are not logged: no upload
+        Logged per round (one entry per round for every key; rounds run by
+        `keras_fedpriv.federated.HorizontalLoop`, the loop the Flower
+        strategy runs too): ``replies`` and ``dropped`` (every client
+        answers in one process: ``clients_per_round`` and 0),
+        ``upload_bytes_per_client``, ``upload_bytes`` (sum over the round's
+        clients), ``download_bytes_per_client`` (the dense float32 model),
+        ``global_lr``, ``round_time_s`` and the validation metrics (computed
+        by the server on its own data); callbacks (MagRR) add their own. The clients' local losses are not logged: no upload
         releases them (see ``log_client_loss``).
         """
         rounds = validate_positive_int(rounds, "rounds")
@@ -267,6 +272,7 @@ class HorizontalFL:
         initial_round = validate_positive_int(initial_round, "initial_round", minimum=0)
         callbacks = list(callbacks or [])
         magrr = self._find_magrr(callbacks)
+        self._validation_data = validation_data
         for callback in callbacks:
             if is_protection(callback) and not any(
                     callback is c for c in self._callbacks_seen):
@@ -280,65 +286,38 @@ class HorizontalFL:
         server.magrr = magrr
         for party in parties:
             party.magrr = magrr  # in one process the clients share the MagRR object
-        tv = list(model.trainable_variables)
-        dim = server.dim
         laplaces = [c for c in callbacks if isinstance(c, LaplaceEvaluation)]
         for laplace in laplaces:
             laplace.begin_federated_run()
+        loop = self._loop(server, laplaces[0] if laplaces else None)
         for callback in callbacks:
             hook = getattr(callback, "on_federated_train_begin", None)
             if hook is not None:
                 hook(self)
         cb.on_train_begin()
         logs = {}
+        everyone = range(self.num_clients)
         for rnd in range(initial_round, rounds):
             started = time.perf_counter()
             cb.on_epoch_begin(rnd)
-            global_weights = [v.numpy() for v in tv]
-            global_bn = [v.numpy() for v in self._bn_vars]
-            chosen = np.asarray(server.sample(range(self.num_clients), clients_per_round))
-            cut = server.magrr_cut() if magrr is not None else None
-            results = []
-            for c in chosen:
-                party = parties[int(c)]
-                results.append(party.fit(global_weights, rnd, local_epochs, global_bn,
-                                         magrr_cut=cut, record=self._recorder(int(c))))
-            uploads = [r.upload for r in results]
-            losses = [r.loss for r in results]
-            if self._bn_vars and self.batch_norm == "average":
-                self._ledger.record(ReleaseKind(
-                    "HorizontalFL BatchNormalization statistics", "client data", CLIENT,
-                    non_private_event(), "batch_norm='average': each client's moving mean and "
-                    "variance reach the server in the clear"), [int(c) for c in chosen])
+            logs = loop.run_round(rnd, everyone, clients_per_round, local_epochs, self._exchange)
+            chosen = np.asarray(loop.accepted, np.int64)
             self.participation[chosen] += 1
-            round_logs = server.step(
-                uploads, magrr_reports=[r.magrr_report for r in results] if magrr else None,
-                num_examples=[parties[int(c)].num_examples for c in chosen],
-                batch_norm=[r.batch_norm for r in results], global_weights=global_weights,
-                global_bn=global_bn)
-            logs = {
-                "upload_bytes_per_client": float(np.mean([u.nbytes for u in uploads])),
-                "upload_bytes": float(sum(u.nbytes for u in uploads)),
-                "download_bytes_per_client": float(4 * dim),
-                "global_lr": round_logs["global_lr"],
-            }
             if self.log_client_loss:  # simulation-only: never released by the protocol
-                logs["sim_client_loss"] = float(np.mean(losses))
+                logs["sim_client_loss"] = float(np.mean([r.loss for r in loop.results]))
                 self._ledger.record(ReleaseKind(
                     "HorizontalFL sim_client_loss", "client data", CLIENT, non_private_event(),
                     "log_client_loss=True: the clients' exact losses in the History "
                     "(simulation-only)"), [int(c) for c in chosen])
-            if validation_data is not None:
-                vx, vy = validation_data
-                scores = model.evaluate(vx, vy, batch_size=1024, verbose=0, return_dict=True)
-                logs.update({f"val_{k}": float(v) for k, v in scores.items()})
             for laplace in laplaces:  # the round's clients evaluate the new global model
-                logs.update(laplace.evaluate_round(
-                    model, rnd, {int(c): self.clients[int(c)][0] for c in chosen}))
+                inputs = {int(c): self.clients[int(c)][0] for c in chosen}
+                logs.update(loop.evaluate_in_process(rnd, inputs) if laplace is loop.laplace
+                            else laplace.evaluate_round(model, rnd, inputs))
             for callback in callbacks:
                 hook = getattr(callback, "on_federated_round", None)
                 if hook is not None:
                     hook(self, rnd, chosen, logs)
+            logs.pop("round_time_s", None)
             logs["round_time_s"] = time.perf_counter() - started
             cb.on_epoch_end(rnd, logs)
             if progbar is not None:
@@ -350,6 +329,24 @@ class HorizontalFL:
                 break
         cb.on_train_end(logs)
         return model.history
+
+    def _loop(self, server, laplace):
+        """The round loop of this run: the BN statistics counted when the clients are asked."""
+        kinds = []
+        if self._bn_vars and self.batch_norm == "average":
+            kinds.append(ReleaseKind(
+                "HorizontalFL BatchNormalization statistics", "client data", CLIENT,
+                non_private_event(), "batch_norm='average': each client's moving mean and "
+                "variance reach the server in the clear"))
+        return HorizontalLoop(server, ledger=self._ledger, asked_kinds=kinds, laplace=laplace,
+                              validation_data=self._validation_data)
+
+    def _exchange(self, request: TrainRequest) -> list[TrainReply]:
+        """Carry a round's request to the clients in this process (they share the model)."""
+        _, parties = self._parties()
+        return [TrainReply(c, result=parties[c].fit(
+            request.weights, request.round, request.local_epochs, request.batch_norm,
+            magrr_cut=request.magrr_cut, record=self._recorder(c))) for c in request.client_ids]
 
     def _recorder(self, client):
         """None when the scheme records its own releases, else an encoder that records here."""

@@ -170,12 +170,15 @@ class ClientResult:
         batch_norm: the client's BatchNormalization statistics after
             training (sent in the clear only with ``batch_norm="average"``).
         magrr_report: MagRR's randomized bit, or None without MagRR.
+        num_examples: the client's data size (weights its BatchNormalization
+            statistics), or None where it was not sent.
     """
 
     upload: ClientUpload
     loss: float
-    batch_norm: list[np.ndarray]
+    batch_norm: list[np.ndarray] | None
     magrr_report: int | None = None
+    num_examples: int | None = None
 
 
 class HorizontalClient:
@@ -195,11 +198,15 @@ class HorizontalClient:
             statistics) or ``"local"`` (keep the client's own, FedBN).
         magrr: the client side of a `keras_fedpriv.callbacks.MagRR` (a copy
             with the run's ``eps_rr`` and the client's seed), or None.
+        laplace: the client side of a
+            `keras_fedpriv.callbacks.LaplaceEvaluation` (its copy with the
+            client's eps and seed; ``log_clean`` off), or None: the client
+            answers no evaluation.
     """
 
     def __init__(self, trainer: LocalTrainer, data: tuple[np.ndarray, np.ndarray], upload: Any,
                  client_id: int, seed: int | None = None, batch_norm: str = "average",
-                 magrr: Any = None) -> None:
+                 magrr: Any = None, laplace: Any = None) -> None:
         self.trainer = trainer
         self.x, self.y = data
         self.upload = upload
@@ -209,7 +216,29 @@ class HorizontalClient:
             raise ValueError(f"`batch_norm` must be 'average' or 'local'; got {batch_norm!r}.")
         self.batch_norm = batch_norm
         self.magrr = magrr
+        if laplace is not None and getattr(laplace, "log_clean", False):
+            raise ValueError("a client's LaplaceEvaluation must not log_clean: the clean "
+                             "outputs would have to leave the client.")
+        self.laplace = laplace
         self._own_bn = None  # batch_norm='local': this client's statistics
+
+    @property
+    def own_batch_norm(self) -> list[np.ndarray] | None:
+        """The client's own BatchNormalization statistics (``batch_norm="local"``), or None.
+
+        None until the client has trained once. Set it to restore what a
+        previous process of the same client kept (e.g. from Flower's node
+        state); with ``batch_norm="average"`` it is never used.
+        """
+        return None if self._own_bn is None else list(self._own_bn)
+
+    @own_batch_norm.setter
+    def own_batch_norm(self, stats: Sequence[ArrayLike] | None) -> None:
+        self._own_bn = None if stats is None else [np.asarray(a) for a in stats]
+
+    def privacy_protections(self) -> list[Any]:
+        """What records this client's releases: its upload scheme, MagRR and Laplace copies."""
+        return [p for p in (self.upload, self.magrr, self.laplace) if p is not None]
 
     @property
     def num_examples(self) -> int:
@@ -271,7 +300,7 @@ class HorizontalClient:
                                  "the client runs MagRR.")
             report = int(self.magrr.client_reports([upload.magnitude], [self.client_id],
                                                    cut=magrr_cut)[0])
-        return ClientResult(upload, loss, bn_end, report)
+        return ClientResult(upload, loss, bn_end, report, self.num_examples)
 
 
 class HorizontalServer:

@@ -491,7 +491,15 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                                  sampler=self.sampler, distance=2.0)
         return repeat_event(event, evaluations)
 
-    def _release_kind(self):
+    def release_kind(self) -> ReleaseKind:
+        """The ledger's kind of one evaluation's release about one client.
+
+        A server that asks clients to evaluate records it for every client it
+        asks (`keras_fedpriv.federated.flower.HorizontalStrategy`).
+
+        Returns:
+            A `ReleaseKind` (its event: `dp_event` of one evaluation).
+        """
         return ReleaseKind("LaplaceEvaluation", "client data", CLIENT,
                            self.dp_event(),
                            "noisy softmax outputs: each evaluation releases every evaluated "
@@ -523,7 +531,15 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                 "evaluation inputs: LaplaceEvaluation(x_eval, eps=...).")
         self._evaluated_epoch = None
 
-    def _due(self, epoch):
+    def is_due(self, epoch: int) -> bool:
+        """Whether an evaluation runs after ``epoch`` (0-based; every ``every_n_epochs``-th).
+
+        Args:
+            epoch: the epoch or federated round (0-based).
+
+        Returns:
+            True on epochs ``every_n_epochs - 1``, ``2 * every_n_epochs - 1``, ...
+        """
         return (int(epoch) + 1) % self.every_n_epochs == 0
 
     def evaluate_round(self, model: keras.Model, round: int,  # noqa: A002
@@ -539,7 +555,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         Returns:
             The logged scores (``laplace_*``), or ``{}`` when not due.
         """
-        if not self._due(round):
+        if not self.is_due(round):
             return {}
         if self._clients is None:
             ids = [int(i) for i in client_inputs]
@@ -556,7 +572,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         """Evaluate (unless `on_federated_round` already did) and write the logs."""
         if self._evaluated_epoch == int(epoch):
             values = self.last_scores
-        elif self._due(epoch):
+        elif self.is_due(epoch):
             if self._clients is None:
                 raise ValueError(
                     "LaplaceEvaluation(eval_data=None) got no federated round for "
@@ -609,7 +625,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         clean = np.asarray(outputs) if self.log_clean else None
         cid = int(client_id)
         self.client_releases[cid] = self.client_releases.get(cid, 0) + 1
-        kinds = [self._release_kind()]
+        kinds = [self.release_kind()]
         if self.log_clean:
             kinds.append(ReleaseKind(
                 "LaplaceEvaluation clean_*", "client data", CLIENT, non_private_event(),

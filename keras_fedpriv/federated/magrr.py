@@ -28,8 +28,8 @@ from keras_fedpriv.mechanisms.events import pure_epsilon, repeat_event
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, register_protection
 from keras_fedpriv.mechanisms.random import SeededReleases
 from keras_fedpriv.mechanisms.randomized_response import (
-    binary_randomized_response,
     flip_probability,
+    flip_threshold,
     randomized_response_dp_event,
 )
 from keras_fedpriv.mechanisms.validation import (
@@ -291,15 +291,18 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         if r.size == 0:
             return np.zeros((0,), np.int32)
         bits = (r < float(cut)).astype(np.int32)
+        # one uint32 noise word per client; a bit flips when its word is below the
+        # threshold of binary_randomized_response (flip probability flip_threshold / 2**32)
         if client_ids is None:
-            seed = int(self._release_generator().integers(0, 2**63))
-            reports = binary_randomized_response(bits, self.eps_rr, seed=seed)
+            words = self._release_generator().integers(0, 2**32, size=r.size, dtype=np.uint32)
         else:
-            reports = np.concatenate([
-                keras.ops.convert_to_numpy(binary_randomized_response(
-                    bits[i:i + 1], self.eps_rr,
-                    seed=int(self._release_generator(int(c)).integers(0, 2**63))))
-                for i, c in enumerate(client_ids)])
+            # each client's word from its own stream: the same bit whether one object serves
+            # every client or each client runs its own copy
+            words = np.fromiter((self._release_generator(int(c)).integers(0, 2**32,
+                                                                           dtype=np.uint32)
+                                 for c in client_ids), np.uint32, count=r.size)
+        flips = words.astype(np.uint64) < np.uint64(flip_threshold(self.eps_rr))
+        reports = bits ^ flips.astype(np.int32)
         kind = ReleaseKind("MagRR", "client data", CLIENT,
                            self.dp_event(1),
                            "its step size: one randomized-response bit per round a client "
@@ -308,7 +311,7 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
             self._ledger.record(kind, units=None, count=1)
         else:
             self._ledger.record(kind, units=client_ids)
-        return np.asarray(keras.ops.convert_to_numpy(reports), dtype=np.int32)
+        return reports.astype(np.int32)
 
     # --- server side -------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """What the Flower apps share: message sizes, records, error lines, waiting for nodes.
 
-Private helpers of `keras_fedpriv.federated.flower` and
-`keras_fedpriv.federated.flower_vertical`; `message_nbytes` is public.
+Helpers of the Flower apps (`keras_fedpriv.federated.flower` and the vertical
+adapter), public so that no module reaches into another's private names.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from flwr.serverapp import Grid
 from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.privacy.budget import PrivacyBudget
 
-__all__ = ["message_nbytes"]
+__all__ = ["arrays_record", "call_with_context", "checked_arrays", "first_line",
+           "message_nbytes", "party_budget", "wait_for_nodes"]
 
 logger = logging.getLogger("keras_fedpriv.flower")
 
@@ -35,7 +36,7 @@ def message_nbytes(message: Message) -> int:
     return len(message_to_proto(message).SerializeToString())
 
 
-def _call(fn: Callable[..., Any], *args: Any, context: Context) -> Any:
+def call_with_context(fn: Callable[..., Any], *args: Any, context: Context) -> Any:
     """``fn(*args, context=context)`` if ``fn`` declares ``context``, else ``fn(*args)``."""
     try:
         takes = "context" in inspect.signature(fn).parameters
@@ -44,7 +45,7 @@ def _call(fn: Callable[..., Any], *args: Any, context: Context) -> Any:
     return fn(*args, context=context) if takes else fn(*args)
 
 
-def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+def arrays_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     """Named numpy arrays as a Flower ArrayRecord."""
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
@@ -52,7 +53,7 @@ def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _first_line(reason: Any) -> str:
+def first_line(reason: Any) -> str:
     """An error reply's own message, one line: a client's traceback is its own business."""
     text = _ANSI.sub("", str(reason))
     # a ClientApp exception, as the engine wraps it
@@ -61,7 +62,7 @@ def _first_line(reason: Any) -> str:
     return line.strip()[:200]
 
 
-def _wait_for_nodes(grid: Grid, count: int, timeout: float, what: str = "clients",
+def wait_for_nodes(grid: Grid, count: int, timeout: float, what: str = "clients",
                     required: Mapping[int, str] | None = None) -> list[int]:
     """The connected node ids once ``count`` are, and every node of ``required`` (node id ->
     what it is, for the message) is too (`TimeoutError` after ``timeout``)."""
@@ -82,7 +83,7 @@ def _wait_for_nodes(grid: Grid, count: int, timeout: float, what: str = "clients
         time.sleep(0.5)
 
 
-def _arrays(record: Any, what: str, max_bytes: int) -> dict[str, np.ndarray]:
+def checked_arrays(record: Any, what: str, max_bytes: int) -> dict[str, np.ndarray]:
     """A received ArrayRecord's arrays, checked before anything is deserialized."""
     if not isinstance(record, ArrayRecord):
         raise MalformedMessage(f"{what!r} must be an ArrayRecord; got {type(record).__name__}.")
@@ -97,7 +98,7 @@ def _arrays(record: Any, what: str, max_bytes: int) -> dict[str, np.ndarray]:
     return {str(k): a.numpy() for k, a in record.items()}
 
 
-def _budget(context: Context, max_epsilon: float | None, delta: float,
+def party_budget(context: Context, max_epsilon: float | None, delta: float,
             path: str | Callable[[Context], str] | None,
             per_record: bool = False) -> PrivacyBudget | None:
     """A party's `PrivacyBudget` from its own code and its operator's node config.
@@ -113,3 +114,8 @@ def _budget(context: Context, max_epsilon: float | None, delta: float,
         where = path(context) if callable(path) else path
     return PrivacyBudget(min(float(c) for c in caps), delta,
                          path=str(where) if where else None, per_record=per_record)
+
+
+# the names these helpers had before they were public (still imported by older modules)
+_call, _record, _first_line = call_with_context, arrays_record, first_line
+_wait_for_nodes, _arrays, _budget = wait_for_nodes, checked_arrays, party_budget

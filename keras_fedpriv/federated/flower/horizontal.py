@@ -4,18 +4,15 @@ The apps are thin: the client half (`HorizontalClient`) and the server half
 (`HorizontalServer`) are the objects `HorizontalFL` drives in one process, so
 given the same seeds and data both runtimes compute the same global model.
 
-What crosses the wire each round (Flower ``Message`` contents):
-
-* server -> client (message type ``"train"``): ``"weights"`` (the global
-  trainable weights), ``"batch-norm"`` (the global BatchNormalization
-  statistics, if any) and ``"config"`` (round, local epochs, MagRR's
-  announcement ``magrr-cut``);
-* client -> server: ``"upload"`` (exactly the upload scheme's `to_wire`
-  arrays: for SignDS a sign and h indices, nothing else), and only where the
-  protocol needs it ``"batch-norm"`` + ``num-examples`` (``batch_norm=
-  "average"``, in the clear) and ``magrr-report`` (MagRR's randomized bit).
-  The client's loss, data size (SignDS, Gaussian) and SignDS magnitude stay
-  on the client.
+What crosses the wire each round (the record names, config keys, encoders and
+parsers are in `keras_fedpriv.federated.flower.horizontal_wire`): the server
+sends the global weights (and BatchNormalization statistics, MagRR's
+announcement); a client answers with exactly the upload scheme's `to_wire`
+arrays (for SignDS a sign and h indices, nothing else) and, only where the
+protocol needs them, its BatchNormalization statistics with its data size
+(``batch_norm="average"``, in the clear) and MagRR's randomized bit. The
+client's loss, data size (SignDS, Gaussian) and SignDS magnitude stay on the
+client.
 
 The server checks every reply before it is used: a reply with an error, a
 malformed upload (`MalformedUpload`: wrong keys, dtype or length, unsorted,
@@ -42,21 +39,21 @@ from typing import Any, Callable
 
 import keras
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from keras_fedpriv.federated.flower import horizontal_wire as wire
 from keras_fedpriv.federated.flower.common import (  # noqa: F401 - message_nbytes is public here
-    _budget,
-    _call,
-    _record,
+    party_budget,
+    call_with_context,
     logger,
     message_nbytes,
 )
 from keras_fedpriv.federated.flower.strategy import (  # noqa: F401 - FlowerRunResult is public here
     FlowerRunResult,
     HorizontalStrategy,
-    _write_result,
+    write_result,
 )
 from keras_fedpriv.federated.horizontal_parties import HorizontalClient, LocalTrainer
 from keras_fedpriv.federated.uploads import as_upload
@@ -109,12 +106,13 @@ def _save_state(context: Context, client: HorizontalClient) -> None:
     """The client's release counters, ledgers and FedBN statistics into ``context.state``."""
     states = [obj.state_dict() for obj in _stateful(client.upload)]
     magrr = client.magrr.state_dict() if client.magrr is not None else None
-    laplace = getattr(client, "laplace", None)
+    laplace = client.laplace
     context.state["keras-fedpriv"] = ConfigRecord(
         {"upload": json.dumps(states), "magrr": json.dumps(magrr),
          "laplace": json.dumps(None if laplace is None else laplace.state_dict())})
-    if client._own_bn is not None:
-        context.state["keras-fedpriv-bn"] = ArrayRecord(numpy_ndarrays=list(client._own_bn))
+    own = client.own_batch_norm
+    if own is not None:
+        context.state["keras-fedpriv-bn"] = ArrayRecord(numpy_ndarrays=own)
 
 
 def _load_state(context: Context, client: HorizontalClient) -> None:
@@ -132,10 +130,10 @@ def _load_state(context: Context, client: HorizontalClient) -> None:
         if client.magrr is not None and magrr is not None:
             client.magrr.load_state_dict(magrr)
         laplace = json.loads(record["laplace"]) if "laplace" in record else None
-        if getattr(client, "laplace", None) is not None and laplace is not None:
+        if client.laplace is not None and laplace is not None:
             client.laplace.load_state_dict(laplace)
     if "keras-fedpriv-bn" in context.state:
-        client._own_bn = context.state["keras-fedpriv-bn"].to_numpy_ndarrays()
+        client.own_batch_norm = context.state["keras-fedpriv-bn"].to_numpy_ndarrays()
 
 
 def _client_error(msg: Message, what: str, budget: bool = False) -> Message:
@@ -244,10 +242,10 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         recorded in one step under the budget file's lock. ``clear``: the reply also
         carries BatchNormalization statistics and the data size without DP (inf).
         """
-        cap = _budget(context, max_epsilon, budget_delta, budget_path)
+        cap = party_budget(context, max_epsilon, budget_delta, budget_path)
         if cap is None:
             return None
-        now = privacy_ledger([party.upload, party.magrr, party.laplace])
+        now = privacy_ledger(party.privacy_protections())
         ledger = ReleaseLedger.merged([now])
         if clear:
             ledger.record(_CLEAR_KIND, [party.client_id])
@@ -279,9 +277,9 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         x, y = data_fn(context)
         x, y = np.asarray(x), np.asarray(y)
         if x.dtype.kind == "f":
-            x = x.astype(np.float32)
+            x = x.astype(np.float32, copy=False)
         if y.dtype.kind == "f":
-            y = y.astype(np.float32)
+            y = y.astype(np.float32, copy=False)
         # by name: an unpickled copy of model_fn is another object for every message
         tkey = (context.run_id, getattr(model_fn, "__module__", ""),
                 getattr(model_fn, "__qualname__", repr(model_fn)))
@@ -298,15 +296,10 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             from keras_fedpriv.federated.magrr import MagRR
 
             magrr = MagRR(eps_rr=eps_rr, seed=seed)
-        party = HorizontalClient(trainer, (x, y), as_upload(_call(upload_fn, context=context)),
-                                 client_id_fn(context),
-                                 seed=seed, batch_norm=batch_norm, magrr=magrr)
-        party.laplace = None
-        if laplace_eval_fn is not None:
-            party.laplace = laplace_eval_fn(context)
-            if getattr(party.laplace, "log_clean", False):
-                raise ValueError("a client's LaplaceEvaluation must not log_clean: the clean "
-                                 "outputs would have to leave the client.")
+        party = HorizontalClient(trainer, (x, y), as_upload(call_with_context(upload_fn, context=context)),
+                                 client_id_fn(context), seed=seed, batch_norm=batch_norm,
+                                 magrr=magrr, laplace=(None if laplace_eval_fn is None
+                                                       else laplace_eval_fn(context)))
         _load_state(context, party)
         clients[key] = party
         return party
@@ -317,8 +310,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             party = client(context)
         except Exception:  # noqa: BLE001 - the reason stays on the client
             return _client_error(msg, "query")
-        return Message(RecordDict({"config": ConfigRecord({"client-id": party.client_id})}),
-                       reply_to=msg)
+        return Message(wire.query_reply_content(party.client_id), reply_to=msg)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
@@ -327,16 +319,13 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             if party.laplace is None:
                 raise ValueError("this client runs no LaplaceEvaluation (laplace_eval_fn).")
             model = party.trainer.model
-            for v, w in zip(model.trainable_variables,
-                            msg.content["weights"].to_numpy_ndarrays()):
+            order = wire.read_train(msg)
+            for v, w in zip(model.trainable_variables, order.weights):
                 v.assign(w)
-            if "batch-norm" in msg.content:
-                for v, w in zip(party.trainer.bn_variables,
-                                msg.content["batch-norm"].to_numpy_ndarrays()):
-                    v.assign(w)
+            for v, w in zip(party.trainer.bn_variables, order.batch_norm):
+                v.assign(w)
             before = spend(context, party)
-            asked = msg.content["config"] if "config" in msg.content else {}
-            outputs = party.laplace.client_outputs(model, party.x, max_rows=asked.get("max-rows"))
+            outputs = party.laplace.client_outputs(model, party.x, max_rows=order.max_rows)
             noisy, _ = party.laplace.report_outputs(outputs, party.client_id)
             spend(context, party, before)
             _save_state(context, party)
@@ -344,9 +333,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             return _client_error(msg, "evaluate", budget=True)
         except Exception:  # noqa: BLE001 - the reason stays on the client
             return _client_error(msg, "evaluate")
-        return Message(RecordDict({"report": _record({"report": noisy}),
-                                   "config": ConfigRecord({"client-id": party.client_id})}),
-                       reply_to=msg)
+        return Message(wire.report_content(party.client_id, noisy), reply_to=msg)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -359,28 +346,21 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
 
     def _train(msg: Message, context: Context) -> Message:
         party = client(context)
-        config = msg.content["config"]
-        weights = msg.content["weights"].to_numpy_ndarrays()
-        bn = msg.content["batch-norm"].to_numpy_ndarrays() if "batch-norm" in msg.content else []
-        cut = config["magrr-cut"] if "magrr-cut" in config else None
-        epochs = validate_positive_int(config["local-epochs"], "local-epochs")
+        order = wire.read_train(msg)
+        bn = order.batch_norm
+        epochs = validate_positive_int(order.local_epochs, "local-epochs")
         if epochs > max_local_epochs:
             raise ValueError(f"the server asked for {epochs} local epochs; this client accepts "
                              f"at most max_local_epochs={max_local_epochs}.")
-        rnd = validate_positive_int(config["round"], "round", minimum=0)
+        rnd = validate_positive_int(order.round, "round", minimum=0)
         clear = bool(bn) and batch_norm == "average"  # the reply carries BN statistics
         before = spend(context, party, clear=clear)  # already over: refuse before training
-        result = party.fit(weights, rnd, epochs, bn, magrr_cut=cut)
+        result = party.fit(order.weights, rnd, epochs, bn, magrr_cut=order.magrr_cut)
         spend(context, party, before, clear=clear)
         _save_state(context, party)
-        content = RecordDict({"upload": _record(party.upload.to_wire(result.upload))})
-        meta: dict[str, Any] = {"client-id": party.client_id}
-        if result.magrr_report is not None:
-            meta["magrr-report"] = int(result.magrr_report)
-        if bn and batch_norm == "average":
-            content["batch-norm"] = ArrayRecord(numpy_ndarrays=result.batch_norm)
-            meta["num-examples"] = party.num_examples
-        content["config"] = ConfigRecord(meta)
+        content = wire.train_reply_content(
+            party.client_id, party.upload.to_wire(result.upload), result.magrr_report,
+            result.batch_norm if clear else None, party.num_examples)
         return Message(content, reply_to=msg)
 
     return app
@@ -475,14 +455,14 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         if callable(laplace) and not hasattr(laplace, "receive_reports"):
             laplace = laplace(context)
         strategy = HorizontalStrategy(
-            model, _call(upload_fn, context=context), clients_per_round=per_round,
+            model, call_with_context(upload_fn, context=context), clients_per_round=per_round,
             local_epochs=epochs, num_clients=num_clients, min_replies=need, seed=seed,
             batch_norm=batch_norm, magrr=magrr_, laplace_eval=laplace,
             validation_data=validation_data, connect_timeout=connect_timeout)
         strategy.start(grid, strategy.initial_arrays(), num_rounds=n_rounds, timeout=wait)
         result = strategy.run_result()
         if run.get("result-path"):
-            _write_result(str(run["result-path"]), result)
+            write_result(str(run["result-path"]), result)
         if on_finish is not None:
             on_finish(result)
 
