@@ -25,6 +25,7 @@ bench: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/rr_with_prior.py
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/layer_overhead.py
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/vertical_privacy.py
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/vertical_k.py
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/hfl_throughput.py
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/hfl_signds.py
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/laplace_eval.py

@@ -128,7 +128,7 @@ def _horizontal_app(eps, tmp_path, **kwargs):
 def _forget_the_process_cache():
     """A restarted SuperNode process: no cached client or follower of this run."""
     from keras_fedpriv.federated.flower.horizontal import _caches
-    from keras_fedpriv.federated.flower_vertical import _followers
+    from keras_fedpriv.federated.flower.vertical import _followers
 
     _caches()[1].pop((RUN, NODE), None)
     _followers().pop((RUN, NODE), None)
@@ -206,7 +206,7 @@ def test_case4_a_vertical_follower_restarted_within_a_run_sends_no_more_than_the
     cap = _cap_allowing(kf.EmbeddingDPLayer(eps=1.0).dp_event(4), 2)
     app = vertical_client_app(_follower_fn, lambda party: features, max_epsilon=cap,
                               budget_path=str(tmp_path / "follower.json"))
-    ids = flower.ArrayRecord({"ids": flower.Array(np.arange(8, dtype=np.int64))})
+    ids = flower.ArrayRecord({"0/ids": flower.Array(np.arange(8, dtype=np.int64))})
     sent = []
     for life in range(2):
         context = _context(flower, {"party": "f1"})  # fresh node state, same run id

@@ -105,11 +105,9 @@ class _Grid:
                 replies.append(Message(_hello(follower.name, self.spec(node)), reply_to=m))
             elif kind in ("train", "evaluate"):
                 content = m.content
-                request = FollowerRequest(
-                    gradient=({k: a.numpy() for k, a in content["gradient"].items()}
-                              if "gradient" in content else None),
-                    example_ids=content["ids"]["ids"].numpy() if "ids" in content else None,
-                    training=kind == "train")
+                request = FollowerRequest.from_arrays(
+                    *[({k: a.numpy() for k, a in content[r].items()} if r in content else None)
+                      for r in ("ids", "gradient")], training=kind == "train")
                 arrays = serve_request(self.followers[node], request, self.tables[node])
                 replies.append(Message(RecordDict({"embedding": _record(arrays)}), reply_to=m))
             else:
@@ -287,7 +285,7 @@ def test_an_empty_pin_pins_nothing_and_the_declared_override_reaches_the_leader(
 
     from flwr.common.config import get_fused_config_from_dir, parse_config_args
 
-    from keras_fedpriv.federated.flower_vertical import _pins
+    from keras_fedpriv.federated.flower.vertical import _pins
 
     leader = model_fn().split_parties().leader
     assert _pins({"f1": ""}, {"party-node.f2": " "}, leader) == {}

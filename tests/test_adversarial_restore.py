@@ -238,10 +238,10 @@ def test_a_follower_refuses_a_state_behind_its_releases():
     ids = np.arange(16)
     x = data["features"][ids, COLUMNS["f1"]]
     follower.embed(x, example_ids=ids)
-    follower._pending = None
+    follower.discard()
     stale = {k: np.array(v) for k, v in follower.state_dict().items()}
     sent = follower.embed(x, example_ids=ids)["bits"]
-    follower._pending = None
+    follower.discard()
     before = privacy_report(follower).epsilon
     with pytest.raises(ValueError, match="behind"):
         follower.load_state_dict(stale)

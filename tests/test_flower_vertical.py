@@ -20,7 +20,7 @@ from flwr.simulation import run_simulation  # noqa: E402
 import keras_fedpriv as kf  # noqa: E402
 from keras_fedpriv.datasets import breast_cancer_vertical  # noqa: E402
 from keras_fedpriv.federated import VerticalModel  # noqa: E402
-from keras_fedpriv.federated.flower_vertical import (  # noqa: E402
+from keras_fedpriv.federated.flower.vertical import (  # noqa: E402
     vertical_client_app,
     vertical_server_app,
 )
@@ -82,10 +82,10 @@ def _tampering(follower):
         return follower
     embed = follower.embed
 
-    def tampered(x, example_ids=None, training=True):
+    def tampered(x, example_ids=None, training=True, **kwargs):
         if training and 150 in example_ids:
             raise RuntimeError("a follower crash quoting its data: 0.123456")
-        message = embed(x, example_ids, training)
+        message = embed(x, example_ids, training, **kwargs)
         if training and 5 in example_ids:
             return {"bits": message["bits"].astype(np.int16)}
         if training and 300 in example_ids:
@@ -104,7 +104,7 @@ def _save_follower(folder):
     return on_finish
 
 
-def _run_on_flower(tmp_path, monkeypatch, tamper=False, shuffle=True):
+def _run_on_flower(tmp_path, monkeypatch, tamper=False, shuffle=True, **run):
     # the Simulation Engine's worker processes import this checkout's package
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
@@ -118,19 +118,19 @@ def _run_on_flower(tmp_path, monkeypatch, tamper=False, shuffle=True):
                                  on_finish=_save_follower(str(tmp_path)))
     server = vertical_server_app(leader_fn, lambda: (IDS, XB, Y), shuffle=shuffle,
                                  validation_fn=lambda: (IDS_T, XB_T, Y_T),
-                                 on_finish=lambda r: out.update(result=r), **RUN)
+                                 on_finish=lambda r: out.update(result=r), **{**RUN, **run})
     run_simulation(server_app=server, client_app=client, num_supernodes=2,
                    backend_config=BACKEND)
     return out["result"]
 
 
-def _run_in_process(tamper=False, shuffle=True):
+def _run_in_process(tamper=False, shuffle=True, **run):
     parties = model_fn().split_parties(metrics=[keras.metrics.AUC(name="auc")])
     if tamper:
         _tampering(parties.followers["f2"])
     driver = VerticalDriver(parties, {p: follower_data(p) for p in COLUMNS})
     result = driver.fit(Y, example_ids=IDS, x=XB, shuffle=shuffle,
-                        validation_data=(IDS_T, Y_T, XB_T), **RUN)
+                        validation_data=(IDS_T, Y_T, XB_T), **{**RUN, **run})
     return parties, result
 
 
@@ -174,6 +174,19 @@ def test_vertical_on_flower_matches_the_in_process_driver(tmp_path, monkeypatch)
         privacy_report(local.leader, delta=1e-5).epsilon)
     assert privacy_report(flower.leader, delta=1e-5, protects="labels").epsilon == \
         pytest.approx(kf.LabelDPLayer(eps=2.0).epsilon, rel=1e-3)
+
+
+def test_several_batches_per_message_on_flower_match_the_in_process_driver(tmp_path,
+                                                                          monkeypatch):
+    """K = 3 batches per message (7 steps an epoch: messages of 3, 3 and 1 batches): the
+    followers keep a queue of batches awaiting gradients in their node state between
+    messages, and both runtimes still compute the same model and count the same bytes."""
+    flower = _run_on_flower(tmp_path, monkeypatch, batches_per_message=3)
+    parties, local = _run_in_process(batches_per_message=3)
+    _assert_same_model(flower, local, parties, str(tmp_path))
+    assert flower.rejected == [] and flower.history["steps"] == [7.0, 7.0]
+    assert flower.history["bytes_up_f1"] == [float(N)] * 2
+    assert flower.history["val_auc"][-1] > 0.9
 
 
 def test_malformed_and_failed_replies_on_flower_are_refused_as_in_process(tmp_path, monkeypatch,
@@ -275,3 +288,44 @@ def test_the_vertical_example_keeps_each_partys_secrets_unseeded():
     cols = sorted(i for s in task.FOLLOWERS.values() for i in range(15)[s])
     assert cols == list(range(15))
     assert task.follower_features("f1").shape[1] == 8
+
+
+def test_a_follower_refuses_a_message_of_more_batches_than_its_node_config_allows(monkeypatch):
+    """The follower's operator caps K (node config ``max-batches-per-message``): a message of 3
+    batches is answered with an error and releases nothing; 2 batches are served, and the
+    next message's 2 gradients are applied from the node state (a new message, a new call)."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from keras_fedpriv.federated.flower.vertical import _followers
+
+    for attr, value in (("_run_id", 7), ("_node_id", 0), ("_task_id", 0)):
+        monkeypatch.setattr(TaskIdentity, attr, value)
+    app = vertical_client_app(lambda party: model_fn().split_parties().followers[party],
+                              follower_data, max_batches_per_message=8)
+    context = Context(run_id=7, node_id=3, node_config={"party": "f1",
+                                                        "max-batches-per-message": 2},
+                      state=RecordDict(), run_config={})
+
+    def send(ids=None, gradients=None):
+        content = RecordDict({"config": ConfigRecord({"epoch": 0, "step": 0})})
+        if ids is not None:
+            content["ids"] = ArrayRecord({f"{i}/ids": Array(np.asarray(a, np.int64))
+                                          for i, a in enumerate(ids)})
+        if gradients is not None:
+            content["gradient"] = ArrayRecord({f"{i}/gradient": Array(g)
+                                               for i, g in enumerate(gradients)})
+        return app(Message(content, dst_node_id=3, message_type="train"), context).content
+
+    try:
+        refused = send([np.arange(4), np.arange(4, 8), np.arange(8, 12)])
+        assert "at most 2" in refused["error"]["reason"]
+        served = send([np.arange(4), np.arange(4, 7)])
+        assert sorted(served["embedding"].keys()) == ["0/bits", "1/bits"]
+        follower = _followers()[(7, 3)].follower
+        assert int(follower.protection.release_totals.numpy()[0]) == 2  # the refused: none
+        assert follower.pending_batches == 2
+        done = send(gradients=[np.ones((4, 4), np.float32), np.ones((3, 4), np.float32)])
+        assert "error" not in done and not follower.pending
+    finally:
+        _followers().pop((7, 3), None)

@@ -54,7 +54,7 @@ def test_a_follower_refuses_a_malformed_gradient_and_updates_nothing(data):
         np.testing.assert_array_equal(a, b.numpy())
     table = FeatureTable(data["features"][:, COLUMNS["f1"]])
     with pytest.raises(MalformedMessage, match="unknown to this party"):
-        serve_request(follower, FollowerRequest(example_ids=np.array([0, 10 ** 6])), table)
+        serve_request(follower, FollowerRequest(example_ids=[np.array([0, 10 ** 6])]), table)
     with pytest.raises(MalformedMessage, match="integer"):
         table.rows(np.array([0.5]))
 
@@ -72,3 +72,60 @@ def test_bad_arguments_raise_clear_errors(data):
         f1.embed(data["features"][:2, COLUMNS["f1"]], example_ids=[0, 1, 2])
     with pytest.raises(TypeError, match="`example_ids` must be integers"):
         f1.embed(data["features"][:2, COLUMNS["f1"]], example_ids=[0.0, 1.0])
+
+
+def test_a_queue_of_batches_moves_to_another_process_in_the_middle_of_a_group(data):
+    """Three batches embedded with the same weights (one message of K = 3); the first gradient
+    applied, then the follower's state moves to a fresh copy: the other two batches keep the
+    weights they were embedded with (the replay is checked bit for bit, so a wrong weight would
+    raise), and both copies end with the same weights and counts."""
+    rng = np.random.default_rng(1)
+    batches = [np.arange(0, 16), np.arange(16, 40), np.arange(40, 48)]
+    grads = [rng.normal(size=(len(b), 4)).astype(np.float32) for b in batches]
+    first = model_fn().split_parties().followers["f1"]
+    sent = [first.embed(data["features"][b, COLUMNS["f1"]], example_ids=b, queue=True)
+            for b in batches]
+    assert first.pending_batches == 3
+    first.apply_gradients(grads[0])
+    state = {k: np.array(v) for k, v in first.state_dict().items()}
+    assert any(k.startswith("pending_weights/0/") for k in state)  # stored once for both
+    assert not any(k.startswith("pending_weights/1/") for k in state)
+
+    copy = model_fn().split_parties().followers["f1"]
+    copy.load_state_dict(state)
+    assert copy.pending_batches == 2
+    for follower in (first, copy):
+        for g in grads[1:]:
+            follower.apply_gradients(g)
+        assert not follower.pending
+    for a, b in zip(first.trainable_variables, copy.trainable_variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(first.protection.release_totals.numpy(),
+                                  copy.protection.release_totals.numpy())
+    assert int(first.protection.release_totals.numpy()[0]) == 3  # three releases, no more
+    assert all(set(m) == {"bits"} for m in sent)
+
+    # the delayed gradients: the same update as computing all three at the weights the batches
+    # were embedded with (here: applied in one process, without a state move)
+    again = model_fn().split_parties().followers["f1"]
+    for b in batches:
+        again.embed(data["features"][b, COLUMNS["f1"]], example_ids=b, queue=True)
+    for g in grads:
+        again.apply_gradients(g)
+    for a, b in zip(first.trainable_variables, again.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_embed_without_queue_drops_the_waiting_batches(data):
+    follower = model_fn().split_parties().followers["f1"]
+    ids = np.arange(8)
+    x = data["features"][ids, COLUMNS["f1"]]
+    follower.embed(x, example_ids=ids, queue=True)
+    follower.embed(x, example_ids=ids, queue=True)
+    assert follower.pending_batches == 2
+    follower.embed(x, example_ids=ids)
+    assert follower.pending_batches == 1
+    with pytest.raises(TypeError, match="`queue` must be a bool"):
+        follower.embed(x, example_ids=ids, queue=1)
+    with pytest.raises(MalformedMessage, match="for batch 1 but 1 await one"):
+        follower.receive_gradient({"gradient": np.zeros((8, 4), np.float32)}, 1)

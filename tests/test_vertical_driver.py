@@ -133,8 +133,8 @@ def test_malformed_replies_are_logged_and_never_used(data, caplog):
     inner = f2.embed
     calls = {"n": 0}
 
-    def embed(x, example_ids=None, training=True):
-        message = inner(x, example_ids, training)
+    def embed(x, example_ids=None, training=True, **kwargs):
+        message = inner(x, example_ids, training, **kwargs)
         step = calls["n"]
         calls["n"] += 1
         return hows[step](message) if training and step in hows else message
@@ -189,3 +189,100 @@ def test_bad_arguments_raise_clear_errors(data):
         driver.fit(data["y"], example_ids=np.arange(3), x=data["xb"])
     with pytest.raises(ValueError, match="unique"):
         FeatureTable(np.zeros((3, 2)), example_ids=[1, 1, 2])
+
+
+def _k_fit(data, k, epochs=2, batch_size=32, seed=5, parties=None):
+    parties = parties or model_fn().split_parties(metrics=[keras.metrics.AUC(name="auc")])
+    driver = VerticalDriver(parties, follower_data(data))
+    result = driver.fit(data["y"], example_ids=data["ids"], x=data["xb"], epochs=epochs,
+                        batch_size=batch_size, batches_per_message=k, seed=seed,
+                        validation_data=(data["ids_t"], data["y_t"], data["xb_t"]))
+    return driver, result
+
+
+@pytest.fixture(scope="module")
+def k_runs(data):
+    return {k: _k_fit(data, k) for k in (1, 4)}
+
+
+def test_k_batches_per_message_record_the_same_releases_as_one(k_runs):
+    """K = 4 (13 steps an epoch: messages of 4, 4, 4 and 1 batches) releases exactly what
+    K = 1 releases: the same ledgers, reports and payload bytes; only the model differs."""
+    from keras_fedpriv.privacy.report import privacy_ledger
+
+    (d1, r1), (d4, r4) = k_runs[1], k_runs[4]
+    assert r1.rejected == r4.rejected == []
+    assert r1.history["steps"] == r4.history["steps"] == [13.0, 13.0]
+    for key in ("bytes_up", "bytes_down", "bytes_up_f1", "bytes_down_f2"):
+        assert r1.history[key] == r4.history[key], key
+    assert r1.privacy_ledger().to_dict() == r4.privacy_ledger().to_dict()
+    for p in ("f1", "f2"):
+        f1, f4 = d1.parties.followers[p], d4.parties.followers[p]
+        counts1, counts4 = (privacy_ledger(f).to_dict() for f in (f1, f4))
+        assert counts1["kinds"] and [k["units"] for k in counts1["kinds"]] == [
+            k["units"] for k in counts4["kinds"]]
+        np.testing.assert_array_equal(f1.protection.release_totals.numpy()[:2],
+                                      f4.protection.release_totals.numpy()[:2])
+    assert privacy_report(d1, delta=1e-5).epsilon == privacy_report(d4, delta=1e-5).epsilon
+    assert np.isfinite(privacy_report(d4, delta=1e-5).epsilon)
+    # K changed the computation (stale embeddings), not only the message count
+    w1 = d1.parties.followers["f1"].trainable_variables[0].numpy()
+    w4 = d4.parties.followers["f1"].trainable_variables[0].numpy()
+    assert not np.allclose(w1, w4)
+
+
+def test_k_batches_per_message_learn_about_as_well_as_one(k_runs):
+    auc1, auc4 = (k_runs[k][1].history["val_auc"][-1] for k in (1, 4))
+    loss4 = k_runs[4][1].history["loss"]
+    assert auc4 > 0.95 and auc4 > auc1 - 0.02
+    assert loss4[-1] < loss4[0]
+
+
+def test_a_malformed_batch_skips_its_whole_message(data):
+    """K = 4, batch 64 (7 steps: messages of steps 0-3 and 4-6): f2 answers the batch holding
+    example 5 with int16 bits, and one reply of f1 lacks a batch: their messages' steps are
+    skipped, the rest train, nothing malformed is used, and every embedding stays recorded."""
+    parties = model_fn().split_parties(metrics=[keras.metrics.AUC(name="auc")])
+    f2 = parties.followers["f2"]
+    inner = f2.embed
+
+    def embed(x, example_ids=None, training=True, **kwargs):
+        message = inner(x, example_ids, training, **kwargs)
+        return {"bits": message["bits"].astype(np.int16)} if training and 5 in example_ids \
+            else message
+
+    f2.embed = embed
+    driver = VerticalDriver(parties, follower_data(data))
+    exchange, calls = driver.exchange, {"n": 0}
+
+    def short(requests):
+        replies = exchange(requests)
+        calls["n"] += 1
+        if calls["n"] == 5:  # epoch 1, the message of steps 4-6: f1's third batch is missing
+            replies["f1"] = {k: v for k, v in replies["f1"].items() if not k.startswith("2/")}
+        return replies
+
+    driver.exchange = short
+    result = driver.fit(data["y"], example_ids=data["ids"], x=data["xb"], epochs=2,
+                        batch_size=64, batches_per_message=4, seed=3, shuffle=False,
+                        validation_data=(data["ids_t"], data["y_t"], data["xb_t"]))
+    reasons = {(e, s, p): r for e, s, p, r in result.rejected}
+    assert sorted(reasons) == [(0, 0, "f2"), (1, 0, "f2"), (1, 4, "f1")]
+    assert "uint8" in reasons[(0, 0, "f2")] and "holds 2 batches; 3 were expected" in \
+        reasons[(1, 4, "f1")]
+    assert result.history["skipped"] == [4.0, 7.0] and result.history["steps"] == [3.0, 0.0]
+    assert all(np.isfinite(v.numpy()).all() for v in parties.leader.trainable_variables)
+    assert np.isfinite(result.history["val_auc"]).all()
+    # f1 embedded every training batch (14) and the validation set twice: all recorded
+    assert int(parties.followers["f1"].protection.release_totals.numpy()[0]) == 16
+
+
+def test_k_arguments_are_checked(data):
+    parties = model_fn().split_parties()
+    with pytest.raises(ValueError, match="`max_batches_per_message` must be an integer >= 1"):
+        VerticalDriver(parties, follower_data(data), max_batches_per_message=0)
+    driver = VerticalDriver(parties, follower_data(data), max_batches_per_message=8)
+    with pytest.raises(ValueError, match=r"`batches_per_message` must be an integer in \[1, 8\]"):
+        driver.fit(data["y"], x=data["xb"], batches_per_message=9)
+    with pytest.raises(TypeError, match="`batches_per_message` must be an integer"):
+        driver.fit(data["y"], x=data["xb"], batches_per_message="4")

@@ -50,3 +50,25 @@ def test_packed_bits_round_trip_and_what_is_refused():
                        ({"grad": np.zeros((7, 12), np.float32)}, "exactly the array")]:
         with pytest.raises(MalformedMessage, match=match):
             decode_gradient(bad, SPEC_BITS, 7)
+
+
+def test_several_batches_pack_into_one_message_and_unpack_checked():
+    from keras_fedpriv.federated.vertical_parties import pack_batches, unpack_batches
+
+    messages = [encode_embedding(np.ones((n, 12), np.float32), SPEC_BITS) for n in (3, 1)]
+    packed = pack_batches(messages)
+    assert sorted(packed) == ["0/bits", "1/bits"]
+    back = unpack_batches(packed, "an embedding message", count=2, max_count=2)
+    assert [decode_embedding(b, SPEC_BITS, n).shape for b, n in zip(back, (3, 1))] == [
+        (3, 12), (1, 12)]
+    assert pack_batches([]) == {} and unpack_batches({}, "m", count=0) == []
+    for arrays, kwargs, match in [
+            (packed, {"count": 3}, "holds 2 batches; 3 were expected"),
+            (packed, {"max_count": 1}, "at most 1"),
+            ({"1/bits": packed["1/bits"]}, {}, r"numbered 0 \.\. 0"),
+            ({"01/bits": packed["1/bits"]}, {}, "'<batch>/<name>'"),
+            ({"0/bits/x": packed["0/bits"]}, {}, "'<batch>/<name>'"),
+            ({"0/bits": [[1]]}, {}, "numpy array"),
+            ([1], {}, "mapping")]:
+        with pytest.raises(MalformedMessage, match=match):
+            unpack_batches(arrays, "an embedding message", **kwargs)

@@ -1,18 +1,28 @@
 """The ServerApp: the leader, which holds the labels and drives the run."""
 
-import logging
-
 import keras
-from flower_vertical.task import leader_data, leader_validation, model_fn
+from flower_vertical.task import (
+    BATCH_SIZE,
+    BATCHES_PER_MESSAGE,
+    EPOCHS,
+    leader_data,
+    leader_validation,
+    model_fn,
+)
 
-from keras_fedpriv.federated.flower_vertical import vertical_server_app
+from keras_fedpriv.federated.flower.vertical import vertical_server_app
 from keras_fedpriv.privacy import privacy_report
-
-logging.getLogger("keras_fedpriv.vertical").setLevel(logging.INFO)
 
 
 def _leader():
     return model_fn().split_parties(metrics=[keras.metrics.AUC(name="auc")]).leader
+
+
+def _progress(epoch, logs):
+    # one line per epoch, printed by the leader's process
+    print(f"epoch {epoch + 1}: loss {logs['loss']:.4f}, val_auc {logs['val_auc']:.4f}, "
+          f"{logs['epoch_time_s']:.1f} s, {int(logs['steps'])} steps "
+          f"({int(logs['skipped'])} skipped)", flush=True)
 
 
 def _report(result):
@@ -24,5 +34,8 @@ def _report(result):
     print(privacy_report(result.leader, delta=1e-5))
 
 
+# the run config (pyproject.toml, or `flwr run --run-config`) overrides these per run
 app = vertical_server_app(_leader, leader_data, validation_fn=leader_validation,
-                          epochs=3, batch_size=128, on_finish=_report)
+                          epochs=EPOCHS, batch_size=BATCH_SIZE,
+                          batches_per_message=BATCHES_PER_MESSAGE, on_finish=_report,
+                          on_epoch_end=_progress)

@@ -18,11 +18,20 @@ from keras_fedpriv.federated import VerticalModel
 FOLLOWERS = {"f1": slice(0, 8), "f2": slice(8, 15)}  # the followers' columns of the 15
 LEADER = "leader"
 LABEL_EPS, EMBEDDING_EPS = 2.0, 4.0
+# what a run sets (the run config of pyproject.toml overrides them per run)
+EPOCHS, BATCH_SIZE, BATCHES_PER_MESSAGE, LEARNING_RATE = 2, 32, 13, 0.01
 
 
-def model_fn():
-    """The whole model's layout; each party keeps its own half of it."""
-    seeds = iter(range(100))  # public initial weights: the same in every process
+def model_fn(seed=None):
+    """The whole model's layout; each party keeps its own half of it.
+
+    Args:
+        seed: None (a deployment: every protection draws its secret key from OS entropy) or
+            an int that seeds the protections and the initial weights (reproducible runs in
+            one process, e.g. bench/vertical_k.py).
+    """
+    base = 0 if seed is None else 1000 * (int(seed) + 1)
+    seeds = iter(range(base, base + 100))  # public initial weights: the same in every process
 
     def dense(units, **kwargs):
         return keras.layers.Dense(units, kernel_initializer=keras.initializers.GlorotUniform(
@@ -37,9 +46,9 @@ def model_fn():
     top = keras.Sequential([keras.Input((12,)), dense(8, activation="relu"),
                             dense(1, activation="sigmoid")], name="top")
     model = VerticalModel(bottoms, top, leader=LEADER,
-                          embedding_dp=kf.EmbeddingDPLayer(eps=EMBEDDING_EPS),
-                          label_dp=kf.LabelDPLayer(eps=LABEL_EPS))
-    model.compile(keras.optimizers.Adam(0.01), "binary_crossentropy")
+                          embedding_dp=kf.EmbeddingDPLayer(eps=EMBEDDING_EPS, seed=seed),
+                          label_dp=kf.LabelDPLayer(eps=LABEL_EPS, seed=seed))
+    model.compile(keras.optimizers.Adam(LEARNING_RATE), "binary_crossentropy")
     return model
 
 

@@ -1,9 +1,10 @@
 """The two halves of vertical FL: what a follower runs and what the leader runs.
 
 Neither half knows how messages travel. `VerticalModel` runs the same pieces
-inside one Keras ``train_step``; `keras_fedpriv.federated.vertical_driver`
-drives the standalone halves in one process, and
-`keras_fedpriv.federated.flower_vertical` drives them as Flower apps.
+inside one Keras ``train_step``; the loop that drives the standalone halves
+is `keras_fedpriv.federated.vertical_parties.loop` (`run_leader`,
+`serve_request`), which `keras_fedpriv.federated.vertical_driver` runs in one
+process and `keras_fedpriv.federated.flower.vertical` as Flower apps.
 
 * `PartyBottom`: one party's bottom model and, for a follower, its
   protection (an `EmbeddingDPLayer`, any Keras layer, or none; a `VAEBottom`
@@ -58,11 +59,14 @@ from keras_fedpriv.federated.vertical_parties.wire import (
     decode_gradient,
     encode_embedding,
     encode_gradient,
+    pack_batches,
+    unpack_batches,
 )
 
 __all__ = ["EmbeddingSpec", "MalformedMessage", "PartyBottom", "VerticalFollower",
            "VerticalLeader", "VerticalParties", "decode_embedding", "decode_gradient",
-           "derive_party_seed", "encode_embedding", "encode_gradient", "split_parties"]
+           "derive_party_seed", "encode_embedding", "encode_gradient", "pack_batches",
+           "split_parties", "unpack_batches"]
 
 
 @dataclasses.dataclass

@@ -73,7 +73,7 @@ class VerticalFollower(PartyBottom):
         self.optimizer = _make_optimizer(optimizer, self._owner)
         if self.trainable_variables:
             self.optimizer.build(self.trainable_variables)
-        self._pending: _Pending | None = None
+        self._queue: list[_Pending] = []  # training batches awaiting their gradients, oldest first
         self._fns: dict[Any, Any] = {}
 
     # -- traced pieces (one trace each: batch dimension None) --------------------------------
@@ -128,7 +128,12 @@ class VerticalFollower(PartyBottom):
     @property
     def pending(self) -> bool:
         """Whether a training batch awaits its cut gradient."""
-        return self._pending is not None
+        return bool(self._queue)
+
+    @property
+    def pending_batches(self) -> int:
+        """How many training batches await their cut gradients (oldest gets the next one)."""
+        return len(self._queue)
 
     @property
     def wire_format(self) -> dict[str, Any]:
@@ -138,14 +143,14 @@ class VerticalFollower(PartyBottom):
                 "up_bytes_per_example": s.bytes_up_per_example,
                 "down": s.dtype, "down_bytes_per_example": s.bytes_down_per_example}
 
-    def embed(self, x: Any, example_ids: Any = None, training: bool = True
-              ) -> dict[str, np.ndarray]:
+    def embed(self, x: Any, example_ids: Any = None, training: bool = True, *,
+              queue: bool = False) -> dict[str, np.ndarray]:
         """What the follower sends for a batch: its protected embedding, encoded.
 
         The call is a release, recorded by the protection (per example id
         when ``example_ids`` are given). With ``training=True`` the batch is
-        kept for `apply_gradients`; a batch still waiting is dropped (the
-        leader skipped it: its release stays recorded).
+        kept for `apply_gradients`; batches still waiting are dropped (the
+        leader skipped them: their releases stay recorded) unless ``queue``.
 
         Args:
             x: the follower's features of the batch (rows in the order of
@@ -153,6 +158,10 @@ class VerticalFollower(PartyBottom):
             example_ids: None or integer ids, one per row.
             training: True for a training step (the leader answers with a
                 gradient), False for inference.
+            queue: keep the batches already waiting: this one gets its
+                gradient after theirs (several batches per message: their
+                gradients are applied as delayed gradients, each computed
+                with the weights its batch was embedded with).
 
         Returns:
             The wire arrays (`encode_embedding`): ``{"bits": uint8}`` with an
@@ -160,15 +169,18 @@ class VerticalFollower(PartyBottom):
         """
         if not isinstance(training, bool):
             raise TypeError(f"{self._owner}.embed: `training` must be a bool; got {training!r}.")
+        if not isinstance(queue, bool):
+            raise TypeError(f"{self._owner}.embed: `queue` must be a bool; got {queue!r}.")
         x = _as_numpy_features(self.input_spec, x, self._owner, self.name)
         rows = _num_rows(x)
         if rows is None:
             raise ValueError(f"{self._owner}.embed: the feature arrays of party {self.name!r} "
                              "have different numbers of rows.")
         ids = _as_ids(example_ids, rows, f"{self._owner}.embed")
-        if self._pending is not None:
-            logger.debug("follower %r: a batch awaiting its gradient was dropped", self.name)
-            self._pending = None
+        if self._queue and training and not queue:
+            logger.debug("follower %r: %d batch(es) awaiting a gradient were dropped",
+                         self.name, len(self._queue))
+            self._queue = []
         before = snapshot(self.layers) if training else None
         fn = self._function("train" if training else "infer", ids is not None)
         sent = fn(x, ids) if ids is not None else fn(x)
@@ -176,32 +188,68 @@ class VerticalFollower(PartyBottom):
         sent = np.asarray(sent)
         message = encode_embedding(sent, self.spec)
         if training:
-            self._pending = _Pending(x, ids, sent, before)
+            self._queue.append(_Pending(x, ids, sent, before))
         return message
 
     def discard(self) -> None:
-        """Forget the batch awaiting its gradient (its release stays recorded)."""
-        self._pending = None
+        """Forget the batches awaiting their gradients (their releases stay recorded)."""
+        self._queue = []
 
-    def receive_gradient(self, arrays: Mapping[str, Any]) -> np.ndarray:
+    def receive_gradient(self, arrays: Mapping[str, Any], position: int = 0) -> np.ndarray:
         """A received gradient message, checked against the batch awaiting it.
 
+        Args:
+            arrays: the wire arrays (``{"gradient": ...}``).
+            position: which waiting batch it is for (0: the oldest).
+
+        Returns:
+            The gradient array.
+
         Raises:
-            MalformedMessage: no batch awaits a gradient, or the arrays are not
-                a finite gradient of the embedding's dtype and shape.
+            MalformedMessage: no such batch awaits a gradient, or the arrays
+                are not a finite gradient of the embedding's dtype and shape.
         """
-        if self._pending is None:
+        if not self._queue:
             raise MalformedMessage(f"follower {self.name!r} received a gradient but no batch "
                                    "awaits one.")
-        return decode_gradient(arrays, self.spec, int(self._pending.sent.shape[0]))
+        if not 0 <= position < len(self._queue):
+            raise MalformedMessage(f"follower {self.name!r} received a gradient for batch "
+                                   f"{position} but {len(self._queue)} await one.")
+        return decode_gradient(arrays, self.spec, int(self._queue[position].sent.shape[0]))
+
+    def _replay(self, pending, gradient):
+        """The sent embedding recomputed under a tape from the batch's saved state, and grads."""
+        current = None
+        if pending.weights is not None:  # embedded with older weights: a delayed gradient
+            current = [np.array(v.numpy()) for v in self.trainable_variables]
+            for v, w in zip(self.trainable_variables, pending.weights):
+                v.assign(np.reshape(w, v.shape))
+        after = snapshot(self.layers)
+        restore(self.layers, pending.state_before)
+        try:
+            fn = self._function("replay", pending.example_ids is not None)
+            args = [pending.features] + ([pending.example_ids]
+                                         if pending.example_ids is not None else [])
+            sent, grads, local = fn(*args, gradient)
+        finally:
+            restore(self.layers, after)
+            if current is not None:
+                for v, w in zip(self.trainable_variables, current):
+                    v.assign(w)
+        return np.asarray(sent), grads, local
 
     def apply_gradients(self, cut_gradient: Any) -> dict[str, float]:
-        """Update the bottom (and protection) from the cut gradient of the batch sent last.
+        """Update the bottom (and protection) from the cut gradient of the oldest waiting batch.
+
+        With several batches waiting (``embed(queue=True)``) each gradient is
+        computed with the weights its batch was embedded with and applied to
+        the current weights (a delayed gradient).
 
         Args:
-            cut_gradient: ``d loss / d embedding`` for the batch of the last
-                ``embed(training=True)``: an array of the embedding's shape
-                and dtype (or the wire arrays ``{"gradient": ...}``).
+            cut_gradient: ``d loss / d embedding`` for the oldest batch of
+                ``embed(training=True)`` still waiting: an array of the
+                embedding's shape and dtype (or the wire arrays
+                ``{"gradient": ...}``).
 
         Returns:
             ``{"local_loss": ...}``: the party's own losses (e.g. a VAE
@@ -217,17 +265,8 @@ class VerticalFollower(PartyBottom):
         if not isinstance(cut_gradient, Mapping):
             cut_gradient = {"gradient": np.asarray(cut_gradient)}
         gradient = self.receive_gradient(cut_gradient)
-        pending, self._pending = self._pending, None
-        after = snapshot(self.layers)
-        restore(self.layers, pending.state_before)
-        try:
-            fn = self._function("replay", pending.example_ids is not None)
-            args = [pending.features] + ([pending.example_ids]
-                                         if pending.example_ids is not None else [])
-            sent, grads, local = fn(*args, gradient)
-        finally:
-            restore(self.layers, after)
-        sent = np.asarray(sent)
+        pending = self._queue.pop(0)
+        sent, grads, local = self._replay(pending, gradient)
         same = (np.array_equal(sent, pending.sent) if self.spec.bits else
                 np.allclose(sent, pending.sent, rtol=1e-5, atol=1e-6))
         if not same:
@@ -236,6 +275,11 @@ class VerticalFollower(PartyBottom):
                                "party's state (use the package's protection layers or Keras "
                                "layers with seed generators). Nothing was updated.")
         if self.trainable_variables:
+            waiting = [p for p in self._queue if p.weights is None]
+            if waiting:  # they were embedded with the weights about to change: keep those
+                weights = [np.array(v.numpy()) for v in self.trainable_variables]
+                for p in waiting:
+                    p.weights = weights
             self._apply(grads)
         return {"local_loss": float(local)}
 
@@ -245,8 +289,10 @@ class VerticalFollower(PartyBottom):
 
         The trainable weights, the optimizer's variables, the layers' local
         state (`keras_fedpriv.layers.local_state`: random counters and keys,
-        release counts) and the batch awaiting its gradient. Keep it where the
-        party keeps its data (e.g. Flower's node state on its SuperNode).
+        release counts) and the batches awaiting their gradients (with the
+        weights they were embedded with, where those have changed since).
+        Keep it where the party keeps its data (e.g. Flower's node state on
+        its SuperNode).
         """
         out = {f"weights/{i}": np.array(v.numpy())
                for i, v in enumerate(self.trainable_variables)}
@@ -255,17 +301,25 @@ class VerticalFollower(PartyBottom):
         out.update({f"local/{k}": v for k, v in local_state(self.layers).items()})
         if self._counter is not None:
             out["unprotected"] = np.array([self._counter.value()], np.int64)
-        p = self._pending
-        if p is not None:
+        weight_sets: list[list[np.ndarray]] = []
+        for j, p in enumerate(self._queue):
+            head = f"pending/{j}/"
             flat = tree.flatten(p.features)
-            out.update({f"pending/x/{i}": np.asarray(a) for i, a in enumerate(flat)})
-            out["pending/sent"] = np.asarray(p.sent)
+            out.update({f"{head}x/{i}": np.asarray(a) for i, a in enumerate(flat)})
+            out[f"{head}sent"] = np.asarray(p.sent)
             if p.example_ids is not None:
-                out["pending/ids"] = p.example_ids
+                out[f"{head}ids"] = p.example_ids
             before = p.state_before
             if isinstance(before, Snapshot):
                 before = before.to_state()
-            out.update({f"pending/before/{k}": v for k, v in before.items()})
+            out.update({f"{head}before/{k}": v for k, v in before.items()})
+            if p.weights is not None:
+                if not any(p.weights is w for w in weight_sets):
+                    weight_sets.append(p.weights)
+                s = next(i for i, w in enumerate(weight_sets) if p.weights is w)
+                out[f"{head}weights"] = np.array([s], np.int64)
+        for s, weights in enumerate(weight_sets):
+            out.update({f"pending_weights/{s}/{i}": w for i, w in enumerate(weights)})
         return out
 
     def _refuse_if_behind(self, state):
@@ -313,16 +367,31 @@ class VerticalFollower(PartyBottom):
             value = var.numpy().copy()
             value[self._counter.slot] = int(np.asarray(state["unprotected"]).reshape(-1)[0])
             var.assign(value)
-        self._pending = None
-        if "pending/sent" in state:
-            n = len(tree.flatten(self.input_spec))
-            flat = [np.asarray(state[f"pending/x/{i}"]) for i in range(n)]
-            before = {k[len("pending/before/"):]: v for k, v in state.items()
-                      if k.startswith("pending/before/")}
-            ids = state.get("pending/ids")
-            self._pending = _Pending(tree.pack_sequence_as(self.input_spec, flat),
-                                     None if ids is None else np.asarray(ids, np.int64),
-                                     np.asarray(state["pending/sent"]), before)
+        self._queue = self._pending_from_state(state)
+
+    def _pending_from_state(self, state):
+        n = len(tree.flatten(self.input_spec))
+        weight_sets: dict[int, list[np.ndarray]] = {}
+        queue = []
+        for j in range(len(state)):
+            head = f"pending/{j}/"
+            if f"{head}sent" not in state:
+                break
+            flat = [np.asarray(state[f"{head}x/{i}"]) for i in range(n)]
+            before = {k[len(head) + len("before/"):]: v for k, v in state.items()
+                      if k.startswith(f"{head}before/")}
+            ids = state.get(f"{head}ids")
+            weights = None
+            if f"{head}weights" in state:
+                s = int(np.asarray(state[f"{head}weights"]).reshape(-1)[0])
+                if s not in weight_sets:
+                    weight_sets[s] = [np.asarray(state[f"pending_weights/{s}/{i}"])
+                                      for i in range(len(self.trainable_variables))]
+                weights = weight_sets[s]
+            queue.append(_Pending(tree.pack_sequence_as(self.input_spec, flat),
+                                  None if ids is None else np.asarray(ids, np.int64),
+                                  np.asarray(state[f"{head}sent"]), before, weights))
+        return queue
 
     # -- privacy ---------------------------------------------------------------------------
     def privacy_ledger(self) -> ReleaseLedger:

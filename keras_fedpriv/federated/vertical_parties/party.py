@@ -416,6 +416,9 @@ class _Pending:
     example_ids: np.ndarray | None
     sent: np.ndarray
     state_before: Any  # a local_state Snapshot, or its numpy form from a node state
+    # the trainable weights the batch was embedded with, once they have changed since (one
+    # list shared by every batch embedded with them); None: the follower's current weights
+    weights: list[np.ndarray] | None = None
 
 
 def _as_numpy_features(spec, x, owner, party):

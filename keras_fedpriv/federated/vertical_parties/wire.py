@@ -6,19 +6,24 @@ embedding. The leader's answer is the cut gradient, floats of the
 embedding's shape. Every received message is decoded with its check:
 anything that is not what the sender's `EmbeddingSpec` promises is a
 `MalformedMessage` whose text names what is wrong, never a value.
+
+One message may carry several batches (`pack_batches`): the arrays of batch
+``i`` under the keys ``"<i>/<key>"``; `unpack_batches` checks that the
+batches are numbered ``0 .. n - 1`` and that ``n`` is what was asked for.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+import re
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from keras_fedpriv.federated.malformed import MalformedMessage
 
 __all__ = ["EmbeddingSpec", "MalformedMessage", "decode_embedding", "decode_gradient",
-           "encode_embedding", "encode_gradient", "up_bytes"]
+           "encode_embedding", "encode_gradient", "pack_batches", "unpack_batches", "up_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,3 +177,59 @@ def decode_gradient(arrays: Mapping[str, Any], spec: EmbeddingSpec, rows: int) -
     if not np.isfinite(a).all():
         raise MalformedMessage("gradient message has non-finite values.")
     return a
+
+
+_BATCH_KEY = re.compile(r"(0|[1-9][0-9]{0,8})/([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def pack_batches(messages: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The wire arrays of several batches in one message: batch ``i``'s ``key`` as ``"<i>/<key>"``.
+
+    Args:
+        messages: one mapping of named arrays per batch, in order.
+
+    Returns:
+        One flat mapping of named arrays.
+    """
+    return {f"{i}/{key}": a for i, message in enumerate(messages) for key, a in message.items()}
+
+
+def unpack_batches(arrays: Mapping[str, Any], what: str, *, count: int | None = None,
+                   max_count: int | None = None) -> list[dict[str, np.ndarray]]:
+    """The batches of a `pack_batches` message, checked (each batch is decoded on its own after).
+
+    Args:
+        arrays: the received arrays.
+        what: what the message is (for the error text).
+        count: None, or the number of batches the message must hold.
+        max_count: None, or the most batches it may hold.
+
+    Returns:
+        One dict of named numpy arrays per batch, in order.
+
+    Raises:
+        MalformedMessage: a key that is not ``"<i>/<name>"``, batches not
+            numbered ``0 .. n - 1``, ``n`` other than ``count`` or above
+            ``max_count``, or values that are not numpy arrays.
+    """
+    if not isinstance(arrays, Mapping):
+        raise MalformedMessage(f"{what} must be a mapping of named arrays; got "
+                               f"{type(arrays).__name__}.")
+    groups: dict[int, dict[str, np.ndarray]] = {}
+    for key, a in arrays.items():
+        match = _BATCH_KEY.fullmatch(key) if isinstance(key, str) else None
+        if match is None:
+            raise MalformedMessage(f"{what}: every array key must be '<batch>/<name>'; got "
+                                   f"{str(key)[:40]!r}.")
+        if not isinstance(a, np.ndarray):
+            raise MalformedMessage(f"{what}: array {key!r} must be a numpy array; got "
+                                   f"{type(a).__name__}.")
+        groups.setdefault(int(match.group(1)), {})[match.group(2)] = a
+    n = len(groups)
+    if max_count is not None and n > max_count:
+        raise MalformedMessage(f"{what} holds {n} batches; at most {max_count} are allowed.")
+    if sorted(groups) != list(range(n)):
+        raise MalformedMessage(f"{what}: the batches must be numbered 0 .. {n - 1}.")
+    if count is not None and n != count:
+        raise MalformedMessage(f"{what} holds {n} batches; {count} were expected.")
+    return [groups[i] for i in range(n)]

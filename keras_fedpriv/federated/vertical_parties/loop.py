@@ -1,0 +1,498 @@
+"""The loop of leader-driven vertical FL over the party halves, whatever carries the messages.
+
+The leader drives. An epoch's batches are known up front (`epoch_order`),
+so the leader asks each follower for the embeddings of ``K`` batches in one
+message (``batches_per_message``, K = 1: one message per batch, the
+synchronous protocol) and sends their ``K`` cut gradients back with the next
+message (or the last one). A follower applies the gradients it receives,
+oldest first, then embeds the next ``K`` batches, all with the same bottom
+weights: with K > 1 its embeddings are up to K - 1 steps stale, and each
+gradient is applied as a delayed gradient (computed with the weights its
+batch was embedded with, applied to the current ones). The leader's own
+bottom and top are never stale. Every embedding is the same release for
+any K: the ledgers count the same.
+
+* `FollowerRequest` is one message to a follower (`to_arrays` /
+  `from_arrays`: its wire arrays, checked strictly);
+* `serve_request` is a follower's side of one request (every runtime);
+* `run_leader` is the leader's loop, given an ``exchange`` function that
+  carries one round of requests to the followers and brings their answers
+  back (`keras_fedpriv.federated.vertical_driver.VerticalDriver` calls the
+  followers in one process; `keras_fedpriv.federated.flower.vertical` sends
+  Flower messages).
+
+A reply that is not what the follower's `EmbeddingSpec` promises (other
+arrays, number of batches, dtype or shape, nonzero padding bits, non-finite
+floats), an error reply or a missing one is never used: the leader logs the
+reason (never the data), records it in the result's ``rejected`` and skips
+the message's batches (no party updates; the followers drop them, their
+releases stay recorded).
+
+Given the same seeds, data and K the loop is the same computation in every
+runtime: the batches of epoch ``e`` are keyed by ``(seed, e)``, and every
+party's randomness is its own (seeded layers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+from keras import tree
+
+from keras_fedpriv.federated.vertical_parties.follower import VerticalFollower
+from keras_fedpriv.federated.vertical_parties.leader import VerticalLeader
+from keras_fedpriv.federated.vertical_parties.wire import (
+    MalformedMessage,
+    encode_gradient,
+    pack_batches,
+    unpack_batches,
+)
+from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
+
+__all__ = ["MAX_BATCHES_PER_MESSAGE", "Exchange", "FeatureTable", "FollowerRequest",
+           "VerticalRunResult", "epoch_order", "failure_reason", "run_leader", "serve_request",
+           "validate_batches_per_message"]
+
+logger = logging.getLogger("keras_fedpriv.vertical")
+
+#: The most batches a follower serves in one message unless its operator allows more: it
+#: bounds the follower's staleness (K - 1 steps) and the batches it keeps awaiting gradients.
+MAX_BATCHES_PER_MESSAGE = 64
+
+#: ``exchange(requests) -> replies``: one request per follower; a reply is the follower's
+#: wire arrays (`pack_batches` of its embeddings; empty when nothing was asked) or a string
+#: saying why there is none.
+Exchange = Callable[[Mapping[str, "FollowerRequest"]], Mapping[str, Any]]
+
+
+def validate_batches_per_message(value: Any, name: str = "batches_per_message",
+                                 maximum: int | None = None) -> int:
+    """``value`` as the number of batches per message: an int >= 1 (and <= ``maximum``).
+
+    Args:
+        value: the setting.
+        name: its name, for the error text.
+        maximum: None, or the largest allowed.
+
+    Returns:
+        The int.
+    """
+    k = validate_positive_int(value, name)
+    if maximum is not None and k > maximum:
+        raise ValueError(f"`{name}` must be an integer in [1, {maximum}]; got {value!r}.")
+    return k
+
+
+@dataclasses.dataclass
+class FollowerRequest:
+    """What the leader asks one follower in one message.
+
+    Attributes:
+        gradients: the cut gradients of the follower's training batches
+            awaiting them, oldest first, as wire arrays (`encode_gradient`),
+            or None (the leader skipped them: the follower drops them).
+        example_ids: int64 ids of each batch to embed next (one array per
+            batch), or None.
+        training: whether those are training batches (gradients will
+            follow) or inference ones (validation).
+        epoch: the epoch (for logs).
+        step: the epoch's step of the first batch (for logs).
+    """
+
+    gradients: list[dict[str, np.ndarray]] | None = None
+    example_ids: list[np.ndarray] | None = None
+    training: bool = True
+    epoch: int = 0
+    step: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("gradients", "example_ids"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (list, tuple)):
+                raise TypeError(f"FollowerRequest: `{name}` must be None or a list with one "
+                                f"entry per batch; got {type(value).__name__}.")
+
+    def to_arrays(self) -> tuple[dict[str, np.ndarray] | None, dict[str, np.ndarray] | None]:
+        """The request's wire arrays: ``(ids, gradients)``, each `pack_batches` or None.
+
+        Returns:
+            ``ids``: ``{"<i>/ids": int64 (rows_i,)}``; ``gradients``:
+            ``{"<i>/gradient": float (rows_i, ...)}``.
+        """
+        ids = None if self.example_ids is None else pack_batches(
+            [{"ids": np.asarray(i, np.int64)} for i in self.example_ids])
+        grads = None if self.gradients is None else pack_batches(self.gradients)
+        return ids, grads
+
+    @classmethod
+    def from_arrays(cls, ids: Mapping[str, Any] | None, gradients: Mapping[str, Any] | None, *,
+                    training: bool, max_batches: int = MAX_BATCHES_PER_MESSAGE, epoch: int = 0,
+                    step: int = 0) -> FollowerRequest:
+        """The request of `to_arrays`' wire arrays, checked (shapes are checked when served).
+
+        Args:
+            ids: the ids arrays, or None.
+            gradients: the gradient arrays, or None.
+            training: training or inference batches.
+            max_batches: the most batches either may hold.
+            epoch: the epoch (for logs).
+            step: the step (for logs).
+
+        Returns:
+            A `FollowerRequest`.
+
+        Raises:
+            MalformedMessage: more than ``max_batches`` batches, batches not
+                numbered from 0, or a batch of ids that is not exactly
+                ``{"ids": 1-D integers}``.
+        """
+        example_ids = None
+        if ids is not None:
+            example_ids = []
+            for batch in unpack_batches(ids, "the ids message", max_count=max_batches):
+                a = batch.get("ids")
+                if set(batch) != {"ids"} or a.ndim != 1 or a.dtype.kind not in "iu":
+                    raise MalformedMessage("every batch of the ids message must be exactly "
+                                           "{'ids': 1-D integers}.")
+                example_ids.append(a.astype(np.int64))
+        grads = None if gradients is None else unpack_batches(
+            gradients, "the gradient message", max_count=max_batches)
+        return cls(grads, example_ids, bool(training), int(epoch), int(step))
+
+
+class FeatureTable:
+    """A party's features, looked up by example id.
+
+    Args:
+        x: the features (an array, or the bottom's input structure of arrays),
+            one row per id.
+        example_ids: the ids of the rows (unique integers); default
+            ``0 .. rows - 1``.
+    """
+
+    def __init__(self, x: Any, example_ids: Any = None) -> None:
+        flat = [np.asarray(a) for a in tree.flatten(x)]
+        rows = {a.shape[0] if a.ndim else -1 for a in flat}
+        if len(rows) != 1 or -1 in rows:
+            raise ValueError("FeatureTable: `x` must hold arrays with the same number of rows.")
+        n = rows.pop()
+        self._x = tree.pack_sequence_as(x, flat)
+        ids = np.arange(n, dtype=np.int64) if example_ids is None else np.asarray(example_ids)
+        if ids.dtype.kind not in "iu" or ids.shape != (n,):
+            raise ValueError(f"FeatureTable: `example_ids` must be {n} integers, one per row; got "
+                             f"{ids.dtype} {ids.shape}.")
+        ids = ids.astype(np.int64)
+        order = np.argsort(ids, kind="stable")
+        if n and np.any(ids[order][1:] == ids[order][:-1]):
+            raise ValueError("FeatureTable: `example_ids` must be unique.")
+        self._sorted, self._rows = ids[order], order
+
+    def __len__(self) -> int:
+        return int(self._sorted.size)
+
+    def rows(self, example_ids: Any) -> Any:
+        """The features of ``example_ids``, in that order.
+
+        Raises:
+            MalformedMessage: ids that are not integers, or unknown here.
+        """
+        ids = np.asarray(example_ids)
+        if ids.dtype.kind not in "iu" or ids.ndim != 1:
+            raise MalformedMessage("the requested example ids must be a 1-D integer array.")
+        n = self._sorted.size
+        at = np.minimum(np.searchsorted(self._sorted, ids), max(n - 1, 0))
+        unknown = ids.size if n == 0 else int(np.sum(self._sorted[at] != ids))
+        if ids.size and unknown:
+            raise MalformedMessage(f"{unknown} requested example id(s) are unknown to this "
+                                   "party.")
+        index = self._rows[at]
+        return tree.map_structure(lambda a: a[index], self._x)
+
+
+def serve_request(follower: VerticalFollower, request: FollowerRequest,
+                  features: FeatureTable, max_batches: int = MAX_BATCHES_PER_MESSAGE
+                  ) -> dict[str, np.ndarray]:
+    """A follower's side of one request: apply the gradients, then embed the next batches.
+
+    Every gradient and every id is checked before anything is applied or
+    embedded. A request without gradients while batches await theirs drops
+    them (the leader skipped them). The batches are embedded one by one with
+    the same weights, each a release recorded by the protection.
+
+    Args:
+        follower: the `VerticalFollower`.
+        request: the leader's `FollowerRequest`.
+        features: the follower's `FeatureTable`.
+        max_batches: the most batches this follower serves in one message.
+
+    Returns:
+        The wire arrays of the embeddings (`pack_batches` of
+        `VerticalFollower.embed`'s messages), ``{}`` when no batch was asked
+        for.
+
+    Raises:
+        MalformedMessage: more batches than ``max_batches``, gradients that do
+            not match the batches awaiting them (number, dtype, shape, finite)
+            or unknown ids (nothing is applied, nothing embedded).
+    """
+    gradients, ids = request.gradients, request.example_ids
+    for what, batches in (("gradients", gradients), ("batches of ids", ids)):
+        if batches is not None and len(batches) > max_batches:
+            raise MalformedMessage(f"the request holds {len(batches)} {what}; this follower "
+                                   f"serves at most {max_batches} batches per message.")
+    if gradients is not None:
+        if len(gradients) != follower.pending_batches:
+            raise MalformedMessage(f"the request holds {len(gradients)} gradients for "
+                                   f"{follower.pending_batches} batches awaiting them.")
+        for j, g in enumerate(gradients):
+            follower.receive_gradient(g, j)  # every one checked before any is applied
+        for g in gradients:
+            follower.apply_gradients(g)
+    elif follower.pending:
+        follower.discard()
+    if ids is None or not len(ids):
+        return {}
+    xs = [features.rows(i) for i in ids]
+    return pack_batches([follower.embed(x, np.asarray(i, np.int64),
+                                        training=bool(request.training), queue=True)
+                         for x, i in zip(xs, ids)])
+
+
+def failure_reason(error: BaseException) -> str:
+    """What a follower tells the leader about a request it failed to serve.
+
+    A `MalformedMessage` says what was wrong with the request (its texts
+    never hold values); any other error only its type: its message may
+    quote the follower's data, which stays with the follower (log it there).
+    """
+    if isinstance(error, MalformedMessage):
+        return f"MalformedMessage: {error}"
+    return f"{type(error).__name__} (details stay with the follower)"
+
+
+def epoch_order(seed: int | None, epoch: int, num_examples: int, shuffle: bool = True
+                ) -> np.ndarray:
+    """The order the leader visits its examples in ``epoch``.
+
+    Keyed by ``(seed, epoch)`` (None: fresh OS entropy); ``shuffle=False``
+    keeps the data's order.
+
+    Returns:
+        int64 positions, a permutation of ``range(num_examples)``.
+    """
+    if not shuffle:
+        return np.arange(num_examples, dtype=np.int64)
+    rng = np.random.default_rng(None if seed is None else [int(seed), int(epoch)])
+    return rng.permutation(num_examples).astype(np.int64)
+
+
+@dataclasses.dataclass
+class VerticalRunResult:
+    """What a leader-driven run leaves.
+
+    Attributes:
+        leader: the `VerticalLeader` (its top, and its own bottom, trained).
+        history: per-epoch logs: ``loss`` (the leader's, mean over the epoch's
+            examples), ``steps`` and ``skipped`` batches, ``bytes_up`` /
+            ``bytes_down`` (payload bytes of the training messages, all
+            followers; ``bytes_up_<party>``, ``bytes_down_<party>`` each) and
+            with validation data ``val_loss`` and ``val_<metric>``; runtimes
+            may add their own (Flower: ``wire_bytes_up``, ``wire_bytes_down``,
+            ``epoch_time_s``).
+        rejected: ``(epoch, step, party, reason)`` of every reply not used
+            (``step``: the first step the message asked for, -1: a validation
+            request; ``epoch`` equal to the number
+            of epochs: the request carrying the last gradients).
+        wire: follower -> what its accepted training replies held: array
+            ``keys``, ``dtype`` and ``bytes_per_example`` (the first reply).
+    """
+
+    leader: VerticalLeader
+    history: dict[str, list[float]]
+    rejected: list[tuple[int, int, str, str]]
+    wire: dict[str, dict[str, Any]]
+
+    def privacy_ledger(self) -> Any:
+        """The leader's record of what it sent without DP (see `VerticalLeader`)."""
+        return self.leader.privacy_ledger()
+
+    def privacy_protections(self) -> list[Any]:
+        """The leader's layers (``label_dp``'s ledger)."""
+        return self.leader.privacy_protections()
+
+
+def _nbytes(arrays):
+    return int(sum(np.asarray(a).nbytes for a in arrays.values()))
+
+
+def _batches(n, batch_size):
+    return [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
+
+
+def _take(x, index):
+    return None if x is None else tree.map_structure(lambda a: np.asarray(a)[index], x)
+
+
+def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: Any,
+               x: Any = None, *, epochs: int = 1, batch_size: int = 32,
+               batches_per_message: int = 1, seed: int | None = None, shuffle: bool = True,
+               validation_data: tuple[Any, Any, Any] | None = None,
+               validation_batch_size: int = 256,
+               on_epoch_end: Callable[[int, dict[str, float]], None] | None = None
+               ) -> VerticalRunResult:
+    """The leader's loop: epochs of batches, ``batches_per_message`` per round trip.
+
+    Args:
+        leader: the `VerticalLeader`.
+        exchange: carries one request per follower and returns their replies
+            (wire arrays, or a string: why there is no usable reply).
+        example_ids: the training examples' ids (integers, one per label).
+        y: the training labels.
+        x: the leader's own features (rows aligned with ``y``), or None.
+        epochs: number of epochs.
+        batch_size: examples per step.
+        batches_per_message: K, the batches each message to a follower asks
+            for (and whose gradients the next one carries); 1: synchronous.
+            With K > 1 a follower's embeddings are up to K - 1 steps stale.
+            A message never spans two epochs; validation requests group K
+            batches too.
+        seed: keys the batch order (`epoch_order`); None: fresh entropy.
+        shuffle: reshuffle every epoch (else the data's order).
+        validation_data: None or ``(example_ids, y, x)`` (``x`` None
+            without a leader bottom): scored after every epoch from the
+            followers' inference embeddings (each a release, recorded by its
+            protection).
+        validation_batch_size: examples per validation batch.
+        on_epoch_end: called with ``(epoch, logs)`` after every epoch.
+
+    Returns:
+        A `VerticalRunResult`.
+    """
+    epochs = validate_positive_int(epochs, "epochs")
+    batch_size = validate_positive_int(batch_size, "batch_size")
+    k = validate_batches_per_message(batches_per_message)
+    validation_batch_size = validate_positive_int(validation_batch_size,
+                                                  "validation_batch_size")
+    seed = validate_seed(seed)
+    if not isinstance(shuffle, bool):
+        raise TypeError(f"`shuffle` must be a bool; got {shuffle!r}.")
+    y = np.asarray(y)
+    ids = np.asarray(example_ids)
+    if ids.dtype.kind not in "iu" or ids.shape != (len(y),):
+        raise ValueError(f"run_leader: `example_ids` must be {len(y)} integers, one per label; "
+                         f"got {ids.dtype} {ids.shape}.")
+    ids = ids.astype(np.int64)
+    if x is not None and {np.shape(a)[0] for a in tree.flatten(x)} != {len(y)}:
+        raise ValueError("run_leader: `x` must have one row per label.")
+    followers = list(leader.follower_specs)
+    history: dict[str, list[float]] = {}
+    rejected: list[tuple[int, int, str, str]] = []
+    wire: dict[str, dict[str, Any]] = {}
+    pending: dict[str, list[dict[str, np.ndarray]]] | None = None
+
+    def ask(requests, epoch, step, rows, training):
+        """One round trip; the decoded embeddings per batch, or None (reasons logged)."""
+        replies = exchange(requests)
+        received, reasons = {}, {}
+        for p in followers:
+            reply = replies.get(p, "no reply")
+            if isinstance(reply, str):
+                reasons[p] = reply
+                continue
+            try:
+                batches = unpack_batches(reply, "the embedding message", count=len(rows))
+                received[p] = [leader.receive(p, b, n) for b, n in zip(batches, rows)]
+            except MalformedMessage as error:
+                reasons[p] = f"malformed reply: {error}"
+                continue
+            if training and p not in wire:
+                first = batches[0]
+                wire[p] = {"keys": sorted(first),
+                           "dtype": str(next(iter(first.values())).dtype),
+                           "bytes_per_example": _nbytes(first) // max(rows[0], 1)}
+        for p, reason in reasons.items():
+            logger.warning("epoch %d step %d: the reply of follower %r was not used: %s",
+                           epoch, step, p, reason)
+            rejected.append((epoch, step, p, reason))
+        return replies, (None if reasons else received)
+
+    for epoch in range(epochs):
+        order = epoch_order(seed, epoch, len(y), shuffle)
+        totals = {"loss": 0.0, "rows": 0, "steps": 0, "skipped": 0}
+        up = {p: 0 for p in followers}
+        down = {p: 0 for p in followers}
+        batches = _batches(len(y), batch_size)
+        for first in range(0, len(batches), k):
+            index = [order[a:b] for a, b in batches[first:first + k]]
+            group_ids = [ids[i] for i in index]
+            requests = {p: FollowerRequest(gradients=None if pending is None else pending[p],
+                                           example_ids=group_ids, training=True, epoch=epoch,
+                                           step=first) for p in followers}
+            replies, received = ask(requests, epoch, first, [len(i) for i in index], True)
+            for p in followers:
+                if isinstance(replies.get(p), Mapping):
+                    up[p] += _nbytes(replies[p])
+            if received is None:
+                pending = None
+                totals["skipped"] += len(index)
+                continue
+            pending = {p: [] for p in followers}
+            for j, rows in enumerate(index):
+                cut, logs = leader.step({p: received[p][j] for p in followers}, y[rows],
+                                        group_ids[j], _take(x, rows))
+                for p in followers:  # sent with the next request (or the last one)
+                    pending[p].append(encode_gradient(cut[p], leader.follower_specs[p]))
+                    down[p] += _nbytes(pending[p][-1])
+                totals["loss"] += logs["loss"] * len(rows)
+                totals["rows"] += len(rows)
+                totals["steps"] += 1
+        logs = {"loss": totals["loss"] / totals["rows"] if totals["rows"] else float("nan"),
+                "steps": float(totals["steps"]), "skipped": float(totals["skipped"]),
+                "bytes_up": float(sum(up.values())), "bytes_down": float(sum(down.values()))}
+        for p in followers:
+            logs[f"bytes_up_{p}"] = float(up[p])
+            logs[f"bytes_down_{p}"] = float(down[p])
+        if validation_data is not None:
+            # the first validation request also carries the epoch's last gradients
+            logs.update(_validate(leader, ask, followers, pending, validation_data,
+                                  validation_batch_size, k, epoch))
+            pending = None
+        for key, v in logs.items():
+            history.setdefault(key, []).append(float(v))
+        logger.info("epoch %d: %s", epoch, {key: round(v, 4) for key, v in logs.items()})
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, logs)
+    if pending is not None:  # the last gradients: no batch asked, no embedding expected
+        replies = exchange({p: FollowerRequest(gradients=pending[p], epoch=epochs, step=0)
+                            for p in followers})
+        for p in followers:
+            reply = replies.get(p, "no reply")
+            if isinstance(reply, str) or reply:
+                reason = reply if isinstance(reply, str) else "an embedding nobody asked for"
+                logger.warning("the last gradients of follower %r: %s", p, reason)
+                rejected.append((epochs, 0, p, reason))
+    return VerticalRunResult(leader, history, rejected, wire)
+
+
+def _validate(leader, ask, followers, pending, data, batch_size, k, epoch):
+    ids, y, x = data
+    ids = np.asarray(ids, np.int64)
+    y = np.asarray(y)
+    parts = {p: [] for p in followers}
+    batches = _batches(len(ids), batch_size)
+    for first in range(0, len(batches), k):
+        group = [ids[a:b] for a, b in batches[first:first + k]]
+        requests = {p: FollowerRequest(gradients=(pending[p] if pending is not None and first == 0
+                                                  else None),
+                                       example_ids=group, training=False, epoch=epoch,
+                                       step=first) for p in followers}
+        _, received = ask(requests, epoch, -1, [len(g) for g in group], False)
+        if received is None:
+            return {"val_loss": float("nan")}
+        for p in followers:
+            parts[p].extend(received[p])
+    received = {p: np.concatenate(parts[p], axis=0) for p in followers}
+    return {f"val_{key}": v for key, v in leader.evaluate(received, y, x).items()}
