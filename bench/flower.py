@@ -9,7 +9,13 @@ same run:
 2. Flower's Simulation Engine (`flwr.simulation.run_simulation`, Ray) with
    ``horizontal_client_app`` / ``horizontal_server_app``;
 3. Flower's Deployment Engine on loopback: a SuperLink and 3 SuperNodes as
-   separate processes (`LoopbackDeployment`), ``flwr run`` of the example app.
+   separate processes (`LoopbackDeployment`), ``flwr run`` of the seeded test
+   app ``tests/flower_app`` (digits among 3 clients, MLP 64-16-10, FedAvg),
+   three ways: Flower's floor (an empty ClientApp that answers at once, with a
+   ServerApp that only exchanges the same messages:
+   ``tests/flower_app/floor``), our horizontal app with a new ClientApp process
+   per message (no worker), and with one party worker per SuperNode
+   (``keras-fedpriv worker``; the relay ClientApp hands it each message).
 
 Reported per runtime and scheme: seconds per round (ratio to `HorizontalFL`),
 the upload payload per round (what the scheme sends: the dense update, or a
@@ -20,6 +26,9 @@ Usage::
 
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/flower.py            # updates docs
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/flower.py --quick    # smoke run, no docs
+
+``--quick`` runs the in-process baseline and a party worker in this process
+(the relay's round trip per message on the test app), no Flower processes.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import statistics
 import sys
 import tempfile
@@ -40,6 +50,7 @@ APP = REPO / "examples" / "flower_horizontal"
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(APP))
+TEST_APP = REPO / "tests" / "flower_app"
 
 import _report  # noqa: E402
 from flower_horizontal import task  # noqa: E402
@@ -96,23 +107,83 @@ def simulation(upload, rounds):
     return out["history"]
 
 
-def deployment(upload, rounds):
+def deployment(app, rounds, worker=False):
+    """One ``flwr run`` of ``app`` on a fresh loopback deployment of 3 SuperNodes.
+
+    Returns the run's history (``round_time_s``) and, with ``worker``, the
+    workers' per-message handling times in ms (from their logs).
+    """
     from keras_fedpriv.federated.flower.loopback import LoopbackDeployment
 
     with tempfile.TemporaryDirectory() as folder:
-        started = time.perf_counter()
-        nodes = [{"partition-id": i, "num-partitions": NUM_CLIENTS, "upload": upload}
-                 for i in range(NUM_CLIENTS)]
-        with LoopbackDeployment(NUM_CLIENTS, node_configs=nodes) as dep:
-            done = dep.run(APP, {"upload": upload, "num-server-rounds": rounds,
-                                 "clients-per-round": NUM_CLIENTS,
-                                 "local-epochs": LOCAL_EPOCHS, "result-path": folder},
-                           timeout=900)
+        nodes = [{"partition-id": i, "num-partitions": NUM_CLIENTS} for i in range(NUM_CLIENTS)]
+        extra = ({"worker_app": "kfp_test_app.apps:client", "worker_app_dir": str(TEST_APP)}
+                 if worker else {})
+        with LoopbackDeployment(NUM_CLIENTS, node_configs=nodes, **extra) as dep:
+            done = dep.run(app, {"num-server-rounds": rounds, "clients-per-round": NUM_CLIENTS,
+                                 "result-path": folder}, timeout=900)
+            logs = "".join(dep.log(f"worker-{i}") for i in range(NUM_CLIENTS)) if worker else ""
         if done.returncode != 0:
             raise RuntimeError(f"flwr run failed:\n{done.stdout[-3000:]}")
         history = json.loads(pathlib.Path(folder, "history.json").read_text())["history"]
-    history["total_s"] = [time.perf_counter() - started]
-    return history
+    handled = [float(m) for m in re.findall(r"handled train \(run \d+\) in ([\d.]+) ms", logs)]
+    return history, handled
+
+
+def worker_in_process(messages):
+    """A party worker in a thread of this process serving the test app; the relay's round
+    trip (serialize, socket, handle, reply) per train message, in ms, after the first."""
+    import threading
+
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Metadata, RecordDict
+    from flwr.app.message.message import make_message
+
+    from keras_fedpriv.federated.flower.worker import PartyWorker, relay_client_app
+
+    folder = tempfile.mkdtemp(prefix="kfpw-")
+    worker = PartyWorker("kfp_test_app.apps:client", os.path.join(folder, "w.sock"),
+                         app_dir=TEST_APP).listen()
+    thread = threading.Thread(target=worker.serve, daemon=True)
+    thread.start()
+    from kfp_test_app import apps
+
+    relay, weights = relay_client_app("kfp_test_app.apps:client"), apps.model_fn().get_weights()
+    context = Context(run_id=1, node_id=1, state=RecordDict(), run_config={},
+                      node_config={"partition-id": 0, "worker-socket": str(worker.socket_path)})
+    times = []
+    try:
+        for r in range(messages):
+            meta = Metadata(run_id=1, message_id=f"m{r}", src_node_id=0, dst_node_id=1,
+                            reply_to_message_id="", group_id=str(r), created_at=time.time(),
+                            ttl=600.0, message_type="train")
+            msg = make_message(metadata=meta, content=RecordDict({
+                "weights": ArrayRecord(numpy_ndarrays=weights),
+                "config": ConfigRecord({"round": r, "local-epochs": 2})}))
+            started = time.perf_counter()
+            if relay(msg, context).has_error():
+                raise RuntimeError("the worker answered with an error")
+            times.append((time.perf_counter() - started) * 1e3)
+    finally:
+        worker.stop_event.set()
+        thread.join(timeout=30)
+        os.rmdir(folder)
+    return times[1:]
+
+
+def deployment_rows(rounds):
+    """Flower's floor, our horizontal app without and with workers: s / round after the first."""
+    floor, _ = deployment(TEST_APP / "floor", rounds)
+    base = _mean(floor["round_time_s"])
+    rows = [["empty ClientApp (Flower's floor)", f"{base:.2f}", "1.0x", "+0.00", "-"]]
+    for name, worker in (("horizontal, no worker (a process per message)", False),
+                         ("horizontal, party worker", True)):
+        h, handled = deployment(TEST_APP, rounds, worker)
+        per_round = _mean(h["round_time_s"])
+        rows.append([name, f"{per_round:.2f}", f"{per_round / base:.1f}x",
+                     f"{per_round - base:+.2f}",
+                     f"{statistics.median(handled[NUM_CLIENTS:]):.0f}" if handled else "-"])
+        print(" | ".join(rows[-1]), flush=True)
+    return rows
 
 
 def _mean(values, skip_first=True):
@@ -125,13 +196,14 @@ def _mean(values, skip_first=True):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 2 rounds, no Deployment Engine, no docs")
+                        help="smoke run: 2 rounds in process, a worker in a thread, no Flower "
+                             "processes, no docs")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     rounds = 2 if args.quick else args.rounds
-    runtimes = [("HorizontalFL", in_process), ("Flower simulation", simulation)]
+    runtimes = [("HorizontalFL", in_process)]
     if not args.quick:
-        runtimes.append(("Flower deployment (loopback)", deployment))
+        runtimes.append(("Flower simulation", simulation))
     started = time.time()
     rows = []
     for upload in ("fedavg", "signds"):
@@ -155,8 +227,16 @@ def main(argv=None):
               "Flower message down B / round", f"val acc after {rounds} rounds"]
     table = _report.markdown_table(header, rows)
     print(table)
+    handled = worker_in_process(3 if args.quick else 10)
+    print(f"party worker in process: relay round trip per train message "
+          f"{statistics.median(handled):.1f} ms (median of {len(handled)})", flush=True)
     if args.quick:
         return
+    floor_rows = deployment_rows(rounds)
+    floor_table = _report.markdown_table(
+        ["Deployment Engine, 3 SuperNodes on loopback", "s / round (after the first)",
+         "vs floor", "s over the floor", "worker ms / train message (median)"], floor_rows)
+    print(floor_table)
     body = f"""## Flower: one workload on three runtimes (`bench/flower.py`)
 
 Command (run {_report.today()}, {time.time() - started:.0f} s on {_report.machine()}):
@@ -174,10 +254,26 @@ HTTP/TLS framing), summed over the round's clients.
 
 {table}
 
-Reading: the Deployment Engine starts a new ClientApp process for every message in
-Flower 1.41, so each round pays a Python + TensorFlow start-up per client (seconds on
-2 cores); the Simulation Engine keeps its Ray workers and our traced training function
-between rounds. Flower adds a fixed overhead of about half a kilobyte per message
+Flower's Deployment Engine, a SuperLink and {NUM_CLIENTS} SuperNodes as processes on
+127.0.0.1 (`LoopbackDeployment`), on the seeded test app `tests/flower_app` (digits among
+{NUM_CLIENTS} clients, MLP 64-16-10, FedAvg, 2 local epochs, {rounds} rounds): Flower's own
+floor (an empty ClientApp that answers at once, the server exchanging the same messages),
+then our horizontal app with a new ClientApp process per message, and with a party worker
+beside each SuperNode (`keras-fedpriv worker`; the relay ClientApp hands it each message
+over a Unix socket). A fresh deployment per row; s / round skip the first round.
+
+{floor_table}
+
+In process, a party worker answers a train message of this app, relay round trip
+included, in {statistics.median(handled):.0f} ms (median).
+
+Reading: Flower 1.41 starts a new `flwr-clientapp` process for every message, and its
+SuperNodes and server poll with fixed sleeps: that is the floor, paid by any app. Without a
+worker each of those processes also imports TensorFlow and builds and traces the model
+(seconds on 2 cores, more when the clients start at once); with a worker the relay process
+imports Flower only and the worker answers from a warm model, so a round costs the floor
+plus the training itself. The Simulation Engine keeps its Ray workers and our traced
+training function between rounds. Flower adds a fixed overhead of about half a kilobyte per message
 (metadata, record and array names, array headers). FedAvg's upload is the dense update,
 so its message is within a few percent of the payload; SignDS's payload is a sign and h
 indices (57 B per client here), so on this small model its message is about ten times

@@ -7,29 +7,35 @@ Quick start::
     from keras_fedpriv.attacks import norm_label_inference
     from keras_fedpriv.privacy import deldp
     from keras_fedpriv import HorizontalFL, MagRR, SignDS, SignDSEncoder
+
+Names are imported on first use (``import keras_fedpriv`` alone imports no
+TensorFlow). Keras finds the package's layers, optimizers and callbacks by
+their registered names once their module is imported: in a fresh process that
+only loads a saved model, ``import keras_fedpriv.layers`` (or use any name from
+it) before ``keras.models.load_model``.
 """
+
+from keras_fedpriv._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-from keras_fedpriv import (  # noqa: E402
-    attacks,
-    callbacks,
-    datasets,
-    federated,
-    mechanisms,
-    optimizers,
-    privacy,
-)
-from keras_fedpriv.callbacks import MagRR  # noqa: E402
-from keras_fedpriv.federated import HorizontalFL, VerticalModel  # noqa: E402
-from keras_fedpriv.optimizers import SignDS, SignDSEncoder  # noqa: E402
-from keras_fedpriv.layers import EmbeddingDPLayer, LabelDPLayer, VAEBottom  # noqa: E402
-from keras_fedpriv.privatize import privatize_dataset, privatize_labels  # noqa: E402
-from keras_fedpriv.logs import logger, set_verbosity  # noqa: E402
+_SUBMODULES = ("attacks", "callbacks", "datasets", "federated", "mechanisms", "optimizers",
+               "privacy")
+#: exported name -> the module that defines it
+_EXPORTS = {
+    "EmbeddingDPLayer": "keras_fedpriv.layers",
+    "HorizontalFL": "keras_fedpriv.federated",
+    "LabelDPLayer": "keras_fedpriv.layers",
+    "MagRR": "keras_fedpriv.callbacks",
+    "SignDS": "keras_fedpriv.optimizers",
+    "SignDSEncoder": "keras_fedpriv.optimizers",
+    "VAEBottom": "keras_fedpriv.layers",
+    "VerticalModel": "keras_fedpriv.federated",
+    "logger": "keras_fedpriv.logs",
+    "privatize_dataset": "keras_fedpriv.privatize",
+    "privatize_labels": "keras_fedpriv.privatize",
+    "set_verbosity": "keras_fedpriv.logs",
+}
+lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 
-__all__ = ["EmbeddingDPLayer", "HorizontalFL", "LabelDPLayer", "MagRR", "SignDS",
-           "SignDSEncoder", "VAEBottom", "VerticalModel", "attacks", "callbacks", "datasets",
-           "federated",
-           "logger", "mechanisms", "optimizers", "privacy", "privatize_dataset",
-           "privatize_labels", "set_verbosity",
-           "__version__"]
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES) + ["__version__"]

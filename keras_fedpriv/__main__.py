@@ -1,4 +1,8 @@
-"""Command line: ``keras-fedpriv demo|audit|plan`` (or ``python -m keras_fedpriv ...``)."""
+"""Command line: ``keras-fedpriv demo|audit|plan|worker`` (or ``python -m keras_fedpriv ...``).
+
+Each subcommand imports its code when it runs: ``--help`` and argument errors
+import no TensorFlow.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,9 @@ import math
 import sys
 import textwrap
 
-# Light: the demo module imports nothing heavy beyond what the package already does.
-from keras_fedpriv.demo import DEFAULT_EPOCHS, QUICK_EPOCHS, run_demo
-from keras_fedpriv.demo_horizontal import DEFAULT_ROUNDS, run_horizontal_demo
+# The demos' defaults, for the help text without importing the demos (TensorFlow);
+# tests/test_cli.py checks that they match keras_fedpriv.demo and keras_fedpriv.demo_horizontal.
+DEFAULT_EPOCHS, QUICK_EPOCHS, DEFAULT_ROUNDS = 25, 15, 30
 
 
 def _argument(convert, accept, allowed):
@@ -107,7 +111,7 @@ callback stops a fit whose releases do not match it.
 
 
 def build_parser():
-    """The argparse parser (subcommands ``demo``, ``audit`` and ``plan``).
+    """The argparse parser (subcommands ``demo``, ``audit``, ``plan`` and ``worker``).
 
     Returns:
         An `argparse.ArgumentParser`.
@@ -196,7 +200,45 @@ def build_parser():
                       default=None,
                       help="release pattern --releases counts in (default: per_example for "
                            "label_dp and embedding_dp, per_client otherwise)")
+    _add_worker_parser(sub)
     return parser
+
+
+_WORKER_EPILOG = """examples:
+  install -d -m 700 /run/fl-worker
+  keras-fedpriv worker --app my_app.client:app --app-dir ./my_app --socket /run/fl-worker/w.sock
+  flower-supernode ... --node-config "partition-id=0 worker-socket='/run/fl-worker/w.sock'"
+
+The folder of --socket must belong to you and be closed to everyone else
+(mode 700); the worker refuses to start otherwise, and answers only processes
+of its own user. It stops on SIGTERM or Ctrl-C and removes its socket.
+"""
+
+
+def _add_worker_parser(sub):
+    worker = sub.add_parser(
+        "worker", help="a party's long-lived Flower ClientApp worker (beside its SuperNode)",
+        description=_wrap("Import a Flower ClientApp once and answer the messages that "
+                          "relay_client_app hands over on a Unix socket, keeping TensorFlow, "
+                          "models and traced functions loaded between messages and runs."),
+        epilog=_WORKER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    worker.add_argument("--app", required=True, metavar="MODULE:ATTR",
+                        help="the ClientApp this worker serves, e.g. my_app.client:app (the "
+                             "target the app's relay_client_app names)")
+    worker.add_argument("--socket", required=True, metavar="PATH",
+                        help="the Unix socket to listen on, in a folder only you can open")
+    worker.add_argument("--app-dir", default=None, metavar="DIR",
+                        help="a folder to put first on the import path (the app's folder)")
+    worker.add_argument("--max-frame-mib", type=_positive_int, default=None,
+                        help="refuse a request larger than this many MiB (default 1024)")
+
+
+def _run_worker(args):
+    from keras_fedpriv.federated.flower.worker import DEFAULT_MAX_FRAME, serve_worker
+
+    max_frame = DEFAULT_MAX_FRAME if args.max_frame_mib is None else args.max_frame_mib << 20
+    serve_worker(args.app, args.socket, app_dir=args.app_dir, max_frame=max_frame)
+    return 0
 
 
 def _run_audit(parser, args, out):
@@ -293,6 +335,9 @@ def main(argv=None):
         parser.print_help(sys.stderr)
         return 2
     if args.command == "demo":
+        from keras_fedpriv.demo import run_demo
+        from keras_fedpriv.demo_horizontal import run_horizontal_demo
+
         if args.part in ("all", "vertical"):
             run_demo(epochs=args.epochs, seed=args.seed, quick=args.quick, out=sys.stdout,
                      figure=args.figure or None)
@@ -306,6 +351,8 @@ def main(argv=None):
         return _run_audit(sub_parser(parser, "audit"), args, sys.stdout)
     if args.command == "plan":
         return _run_plan(sub_parser(parser, "plan"), args, sys.stdout)
+    if args.command == "worker":
+        return _run_worker(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
 

@@ -22,7 +22,7 @@ DOCS = REPO / "docs"
 SCRIPTS = {
     "audit": (["audits in", "0 unexpected verdict(s)", "caught"], ()),
     "budget": (["vertical", "horizontal", "ratio"], ()),
-    "flower": (["HorizontalFL", "Flower simulation", "signds"], (pytest.mark.flower,)),
+    "flower": (["HorizontalFL", "party worker in process", "signds"], (pytest.mark.flower,)),
     "gradient_inversion": (["batch 1", "FedAvg (L2, lr known)", "SignDS eps=10"], ()),
     "hfl_signds": (["FedAvg", "SignDS eps=10 + MagRR", "Gaussian"], ()),
     "hfl_throughput": (["training", "encode"], ()),

@@ -206,3 +206,40 @@ def test_py_typed_marker_ships():
 def test_entry_point_is_main():
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert config["project"]["scripts"]["keras-fedpriv"] == "keras_fedpriv.__main__:main"
+
+
+# --------------------------------------------------------------------------- light start-up
+
+@pytest.mark.parametrize("argv", [["--help"], ["worker", "--help"], ["audit", "--help"]])
+def test_help_imports_no_tensorflow(argv):
+    """``keras-fedpriv --help`` (the console script calls ``main``) and ``python -m``."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom keras_fedpriv.__main__ import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\n"
+            "print('HEAVY', sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "usage: keras-fedpriv" in out.stdout and "HEAVY []" in out.stdout
+    module = subprocess.run([sys.executable, "-X", "importtime", "-m", "keras_fedpriv", *argv],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert module.returncode == 0 and "usage: keras-fedpriv" in module.stdout
+    imported = {line.split("|")[-1].strip() for line in module.stderr.splitlines()}
+    assert "tensorflow" not in imported and "keras" not in imported
+
+
+def test_the_help_texts_show_the_demos_real_defaults():
+    from keras_fedpriv import demo, demo_horizontal
+
+    assert (cli.DEFAULT_EPOCHS, cli.QUICK_EPOCHS, cli.DEFAULT_ROUNDS) == (
+        demo.DEFAULT_EPOCHS, demo.QUICK_EPOCHS, demo_horizontal.DEFAULT_ROUNDS)
+
+
+def test_worker_needs_an_app_and_a_socket(capsys):
+    err = _error(["worker", "--socket", "/tmp/x.sock"], capsys)
+    assert "--app" in err
+    err = _error(["worker", "--app", "m:a", "--socket", "/tmp/x.sock", "--max-frame-mib", "0"],
+                 capsys)
+    assert "--max-frame-mib" in err and "integer >= 1" in err

@@ -11,6 +11,12 @@ seconds here: the runs are two rounds long.
 import json
 import os
 import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 
@@ -21,7 +27,13 @@ pytest.importorskip("flwr")
 
 from keras_fedpriv.datasets import breast_cancer_vertical  # noqa: E402
 from keras_fedpriv.federated import HorizontalFL  # noqa: E402
-from keras_fedpriv.federated.flower.loopback import LoopbackDeployment, _listening  # noqa: E402
+from keras_fedpriv.federated.flower import worker  # noqa: E402
+from keras_fedpriv.federated.flower.loopback import (  # noqa: E402
+    LoopbackDeployment,
+    _descendants,
+    _listening,
+    free_port,
+)
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 
 from flower_stubs import APP, load_test_app  # noqa: E402
@@ -167,3 +179,104 @@ def test_a_leader_and_two_followers_train_the_vertical_example_as_separate_proce
     assert all(w > b for w, b in zip(h["wire_bytes_up"], h["bytes_up"]))
     # the leader's report: its labels released once per example
     assert "LabelDPLayer" in done.stdout and "run status: finished:completed" in done.stdout
+
+
+# --------------------------------------------------------------------------- docs/flower.md
+
+DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "flower.md"
+
+
+def _doc_block(marker, language):
+    match = re.search(rf"<!-- {marker}[^>]*-->\s*```{language}\n(.*?)```", DOC.read_text(), re.S)
+    assert match, f"docs/flower.md has no {language} block after <!-- {marker} -->"
+    return match.group(1)
+
+
+def _run_status(flwr, output, env):
+    run_id = re.search(r"Successfully started run (\d+)", output)
+    assert run_id, output[-3000:]
+    done = subprocess.run([flwr, "list", "loopback", "--run-id", run_id.group(1), "--format",
+                           "json"], capture_output=True, text=True, env=env, timeout=120)
+    return run_id.group(1), json.loads(done.stdout)["runs"][0]["status"]
+
+
+def test_the_one_host_recipe_in_the_docs_runs_as_written():
+    """The commands of docs/flower.md's one-host recipe, line by line, with free ports and a
+    private temporary folder in place of its ports and /tmp paths; two runs in sequence."""
+    folder = tempfile.mkdtemp(prefix="kfp-r-")
+    subs = {"9092": str(free_port()), "9094": str(free_port()), "9095": str(free_port()),
+            "/tmp/fl-party": f"{folder}/p"}
+    commands, toml = _doc_block("one-host recipe", "bash"), _doc_block("one-host connection",
+                                                                       "toml")
+    for old, new in subs.items():
+        assert old in commands, old
+        commands, toml = commands.replace(old, new), toml.replace(old, new)
+    lines = [line for line in commands.splitlines() if line.strip()]
+    assert [line.split()[0] for line in lines] == [
+        "install", "flower-superlink", "keras-fedpriv", "keras-fedpriv", "FLWR_HOME=" +
+        f"{folder}/p-0/home", "FLWR_HOME=" + f"{folder}/p-1/home", "flwr"]
+    bindir = str(pathlib.Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_INTERNAL")}
+    env.update(PATH=bindir + os.pathsep + env.get("PATH", ""), TF_CPP_MIN_LOG_LEVEL="3",
+               FLWR_HOME=f"{folder}/home")
+    os.makedirs(env["FLWR_HOME"])
+    pathlib.Path(env["FLWR_HOME"], "config.toml").write_text(toml)
+    repo = DOC.parents[1]
+    subprocess.run(["bash", "-c", lines[0]], check=True, cwd=repo, env=env, timeout=60)
+    procs = []
+
+    def start(line):
+        log = open(f"{folder}/log-{len(procs)}.txt", "wb")  # noqa: SIM115 - closed below
+        procs.append((subprocess.Popen(["bash", "-c", line], cwd=repo, env=env,
+                                       stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True), log))
+
+    try:
+        for line in lines[1:4]:
+            start(line)
+        sockets = re.findall(r"--socket (\S+)", commands)
+        deadline = time.monotonic() + 300
+        for path in sockets:  # the recipe: SuperNodes after the workers are ready
+            while True:
+                try:
+                    assert worker.ping(path) == "kfp_test_app.apps:client"
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "a worker did not start"
+                    time.sleep(0.3)
+        while not _listening(int(subs["9092"])):
+            assert time.monotonic() < deadline, "the SuperLink did not listen"
+            time.sleep(0.3)
+        for line in lines[4:6]:
+            start(line)
+        flwr = shutil.which("flwr", path=bindir)
+        runs, family = [], []
+        for _ in range(2):  # the workers serve runs in sequence
+            done = subprocess.run(["bash", "-c", lines[6]], cwd=repo, env=env, timeout=300,
+                                  capture_output=True, text=True)
+            runs.append(_run_status(flwr, done.stdout + done.stderr, env))
+        family = _descendants([p.pid for p, _ in procs])
+    finally:
+        for proc, log in reversed(procs):  # SuperNodes, workers, SuperLink; each by its group
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+            log.close()
+        logs = [pathlib.Path(f"{folder}/log-{i}.txt").read_text(errors="replace")
+                for i in range(len(procs))]
+        shutil.rmtree(folder, ignore_errors=True)
+    for pid in family:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert [status for _, status in runs] == ["finished:completed"] * 2, logs[0][-3000:]
+    for i in (1, 2):  # each worker answered both runs, then stopped on SIGTERM
+        assert procs[i][0].returncode == 0, logs[i][-3000:]
+        for run_id, _ in runs:
+            assert f"handled train (run {run_id})" in logs[i]
+        assert "worker stopped after" in logs[i]
+    assert not any(os.path.exists(p) for p in sockets)
+    assert [p for p in family if _running(p)] == []

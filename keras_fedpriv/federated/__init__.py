@@ -12,45 +12,40 @@ estimates with a client side each, `MagRR` (SignDS's step size) and
 Keras callbacks (`keras_fedpriv.callbacks`).
 """
 
-from keras_fedpriv.federated.horizontal import HorizontalFL
-from keras_fedpriv.federated.laplace_eval import LaplaceEvaluation
-from keras_fedpriv.federated.magrr import MagRR
-from keras_fedpriv.federated.horizontal_parties import (
-    HorizontalClient,
-    HorizontalServer,
-    LocalTrainer,
-)
-from keras_fedpriv.federated.malformed import MalformedMessage
-from keras_fedpriv.federated.messages import (
-    EXAMPLE_IDS_KEY,
-    EvaluationData,
-    MessageCallback,
-    MessageRecorder,
-    PartyMessages,
-    StepMessages,
-    with_example_ids,
-)
-from keras_fedpriv.federated.partition import partition, partition_indices
-from keras_fedpriv.federated.uploads import (
-    ClientUpload,
-    FedAvgUpload,
-    GaussianUpload,
-    MalformedUpload,
-    SignDSUpload,
-)
-from keras_fedpriv.federated.vertical import VerticalModel, derive_party_seed
-from keras_fedpriv.federated.vertical_driver import VerticalDriver, VerticalRunResult
-from keras_fedpriv.federated.vertical_parties import (
-    VerticalFollower,
-    VerticalLeader,
-    VerticalParties,
-    split_parties,
-)
+from keras_fedpriv._lazy import lazy_exports
 
-__all__ = ["EXAMPLE_IDS_KEY", "ClientUpload", "EvaluationData", "FedAvgUpload",
-           "GaussianUpload", "HorizontalClient", "HorizontalFL", "HorizontalServer",
-           "LaplaceEvaluation", "LocalTrainer", "MagRR", "MalformedMessage", "MalformedUpload", "MessageCallback", "MessageRecorder",
-           "PartyMessages", "SignDSUpload", "StepMessages", "VerticalDriver",
-           "VerticalFollower", "VerticalLeader", "VerticalModel", "VerticalParties",
-           "VerticalRunResult", "derive_party_seed", "partition", "partition_indices",
-           "split_parties", "with_example_ids"]
+#: exported name -> the module that defines it (imported on first use: no TensorFlow until then)
+_EXPORTS = {
+    "HorizontalFL": "keras_fedpriv.federated.horizontal",
+    "LaplaceEvaluation": "keras_fedpriv.federated.laplace_eval",
+    "MagRR": "keras_fedpriv.federated.magrr",
+    "HorizontalClient": "keras_fedpriv.federated.horizontal_parties",
+    "HorizontalServer": "keras_fedpriv.federated.horizontal_parties",
+    "LocalTrainer": "keras_fedpriv.federated.horizontal_parties",
+    "MalformedMessage": "keras_fedpriv.federated.malformed",
+    "EXAMPLE_IDS_KEY": "keras_fedpriv.federated.messages",
+    "EvaluationData": "keras_fedpriv.federated.messages",
+    "MessageCallback": "keras_fedpriv.federated.messages",
+    "MessageRecorder": "keras_fedpriv.federated.messages",
+    "PartyMessages": "keras_fedpriv.federated.messages",
+    "StepMessages": "keras_fedpriv.federated.messages",
+    "with_example_ids": "keras_fedpriv.federated.messages",
+    "partition": "keras_fedpriv.federated.partition",
+    "partition_indices": "keras_fedpriv.federated.partition",
+    "ClientUpload": "keras_fedpriv.federated.uploads",
+    "FedAvgUpload": "keras_fedpriv.federated.uploads",
+    "GaussianUpload": "keras_fedpriv.federated.uploads",
+    "MalformedUpload": "keras_fedpriv.federated.uploads",
+    "SignDSUpload": "keras_fedpriv.federated.uploads",
+    "VerticalModel": "keras_fedpriv.federated.vertical",
+    "derive_party_seed": "keras_fedpriv.federated.vertical",
+    "VerticalDriver": "keras_fedpriv.federated.vertical_driver",
+    "VerticalRunResult": "keras_fedpriv.federated.vertical_driver",
+    "VerticalFollower": "keras_fedpriv.federated.vertical_parties",
+    "VerticalLeader": "keras_fedpriv.federated.vertical_parties",
+    "VerticalParties": "keras_fedpriv.federated.vertical_parties",
+    "split_parties": "keras_fedpriv.federated.vertical_parties",
+}
+lazy_exports(__name__, _EXPORTS, ())
+
+__all__ = sorted(_EXPORTS)

@@ -12,8 +12,13 @@ processes):
   FedAvg, SignDS (+ MagRR) or the Gaussian upload.
 * `HorizontalStrategy`: the server half as a Flower ``Strategy``, for a
   user's own ``ServerApp`` (``strategy.start(grid, ...)``).
+* `relay_client_app` and `serve_worker`: a party's long-lived worker
+  process, which keeps TensorFlow and the models loaded across messages, and
+  the thin ClientApp that hands each message to it
+  (`keras_fedpriv.federated.flower.worker`).
 
-See ``docs/flower.md``.
+Names are imported on first use: the relay ClientApp's process imports
+Flower and the standard library only. See ``docs/flower.md``.
 """
 
 from __future__ import annotations
@@ -25,12 +30,18 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
         "keras_fedpriv.federated.flower needs Flower: pip install \"keras-fedpriv[flower]\" "
         "(flwr[simulation]>=1.41,<1.42).") from err
 
-from keras_fedpriv.federated.flower.horizontal import (  # noqa: E402
-    FlowerRunResult,
-    horizontal_client_app,
-    horizontal_server_app,
-    message_nbytes,
-)
-from keras_fedpriv.federated.flower.strategy import HorizontalStrategy  # noqa: E402
+from keras_fedpriv._lazy import lazy_exports  # noqa: E402
 
-__all__ = ["FlowerRunResult", "HorizontalStrategy", "horizontal_client_app", "horizontal_server_app", "message_nbytes"]
+#: exported name -> the module that defines it (imported on first use)
+_EXPORTS = {
+    "FlowerRunResult": "keras_fedpriv.federated.flower.horizontal",
+    "horizontal_client_app": "keras_fedpriv.federated.flower.horizontal",
+    "horizontal_server_app": "keras_fedpriv.federated.flower.horizontal",
+    "message_nbytes": "keras_fedpriv.federated.flower.horizontal",
+    "HorizontalStrategy": "keras_fedpriv.federated.flower.strategy",
+    "relay_client_app": "keras_fedpriv.federated.flower.worker",
+    "serve_worker": "keras_fedpriv.federated.flower.worker",
+}
+lazy_exports(__name__, _EXPORTS, ())
+
+__all__ = sorted(_EXPORTS)

@@ -9,6 +9,12 @@ The processes are started in their own sessions (process groups) and stopped
 by process group id; descendants that started sessions of their own (Flower
 starts ``flower-superexec`` so) are found in the process tree and stopped by
 process id. Nothing this object did not start is touched.
+
+With ``worker_app``, each SuperNode gets a party worker beside it
+(``keras-fedpriv worker``, `keras_fedpriv.federated.flower.worker`) on a
+socket in a private temporary folder, named to the SuperNode by the node
+config key ``worker-socket``; the app's ClientApp must be a
+`relay_client_app` of ``worker_app``.
 """
 
 from __future__ import annotations
@@ -88,6 +94,13 @@ class LoopbackDeployment:
         startup_timeout: seconds to wait for the SuperLink to listen.
         env: extra environment variables for every process.
         keep: keep ``workdir`` (logs) after exit.
+        worker_app: None, or the ClientApp (``"package.module:attribute"``)
+            that one party worker per SuperNode serves; the SuperNodes start
+            once every worker answers.
+        worker_app_dir: None or the folder a worker puts first on its import
+            path (the app's folder).
+        worker_startup_timeout: seconds to wait for each worker (it imports
+            the app, TensorFlow included, before it answers).
 
     Example:
         >>> with LoopbackDeployment(3) as dep:
@@ -97,7 +110,10 @@ class LoopbackDeployment:
 
     def __init__(self, num_supernodes: int, node_configs: Sequence[Mapping[str, Any]] | None = None,
                  workdir: str | os.PathLike[str] | None = None, startup_timeout: float = 60.0,
-                 env: Mapping[str, str] | None = None, keep: bool = False) -> None:
+                 env: Mapping[str, str] | None = None, keep: bool = False,
+                 worker_app: str | None = None,
+                 worker_app_dir: str | os.PathLike[str] | None = None,
+                 worker_startup_timeout: float = 300.0) -> None:
         if isinstance(num_supernodes, bool) or not isinstance(num_supernodes, int) \
                 or num_supernodes < 1:
             raise ValueError(f"`num_supernodes` must be an integer >= 1; got {num_supernodes!r}.")
@@ -124,6 +140,11 @@ class LoopbackDeployment:
         self.env["PYTHONPATH"] = repo + os.pathsep + self.env.get("PYTHONPATH", "")
         self.env.update(env or {})
         self._bin = bindir
+        self.worker_app = worker_app
+        self.worker_app_dir = None if worker_app_dir is None else str(worker_app_dir)
+        self.worker_startup_timeout = float(worker_startup_timeout)
+        self.worker_sockets: list[str] = []
+        self._worker_dirs: list[str] = []
         self.superlink_port = 0
         self.supernode_ports: list[int] = []
         self.processes: dict[str, subprocess.Popen] = {}
@@ -148,6 +169,8 @@ class LoopbackDeployment:
         """Start the SuperLink, wait until it listens, start the SuperNodes, write the connection."""
         (self.workdir / "flwr-home").mkdir(parents=True, exist_ok=True)
         try:
+            if self.worker_app is not None:
+                self._start_workers()
             self.superlink_port = free_port()
             # the app runs in this environment: no `uv sync` of its dependencies per run
             # (which would need a package index that serves keras-fedpriv)
@@ -181,6 +204,38 @@ class LoopbackDeployment:
             self.close()
             raise
         return self
+
+    def _start_workers(self) -> None:
+        """One worker per SuperNode, each on a socket in its own 0700 temporary folder."""
+        from keras_fedpriv.federated.flower.worker import SOCKET_KEY, ping
+
+        for i, config in enumerate(self.node_configs):
+            folder = tempfile.mkdtemp(prefix="kfp-w-")  # mode 0700, a short path
+            self._worker_dirs.append(folder)
+            path = os.path.join(folder, "worker.sock")
+            self.worker_sockets.append(path)
+            config[SOCKET_KEY] = path
+            args = [sys.executable, "-m", "keras_fedpriv", "worker", "--app",
+                    str(self.worker_app), "--socket", path]
+            if self.worker_app_dir is not None:
+                args += ["--app-dir", self.worker_app_dir]
+            self._spawn(f"worker-{i}", args)
+        deadline = time.monotonic() + self.worker_startup_timeout
+        for i, path in enumerate(self.worker_sockets):
+            while True:
+                try:
+                    ping(path, timeout=5.0)
+                    break
+                except OSError:
+                    pass
+                proc = self.processes[f"worker-{i}"]
+                if proc.poll() is not None:
+                    raise RuntimeError(f"worker {i} exited with code {proc.returncode}:\n"
+                                       f"{self.log(f'worker-{i}')[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"worker {i} did not answer on {path} within "
+                                       f"{self.worker_startup_timeout:g} s")
+                time.sleep(0.2)
 
     def __enter__(self) -> LoopbackDeployment:
         return self.start()
@@ -230,7 +285,9 @@ class LoopbackDeployment:
         """
         started = [p.pid for p in self.processes.values() if p.poll() is None]
         family = _descendants(started)
-        for name in sorted(self.processes, key=lambda n: n == "superlink"):
+        # SuperNodes, then workers, then the SuperLink
+        order = {"superlink": 2, "worker": 1}
+        for name in sorted(self.processes, key=lambda n: order.get(n.split("-")[0], 0)):
             self._stop(self.processes[name], grace)
         for pid in family:
             try:
@@ -240,6 +297,9 @@ class LoopbackDeployment:
         for log in self._logs.values():
             log.close()
         self._logs.clear()
+        for folder in self._worker_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._worker_dirs.clear()
         if self._own_dir and not self.keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -249,7 +309,8 @@ class LoopbackDeployment:
         return started + _descendants(started)
 
     def log(self, name: str) -> str:
-        """The output so far of process ``name`` (``"superlink"``, ``"supernode-0"``, ...)."""
+        """The output so far of process ``name`` (``"superlink"``, ``"supernode-0"``,
+        ``"worker-0"``, ...)."""
         path = self.workdir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 

@@ -1,0 +1,525 @@
+"""A party's long-lived ClientApp worker, and the thin relay ClientApp that hands it messages.
+
+Flower 1.41's Deployment Engine starts a new ``flwr-clientapp`` process for
+every message, and that process imports the app (TensorFlow, Keras) and
+builds and traces the model again: seconds per message. Flower has no
+long-lived ClientApp, so this module builds one from Flower's own pieces:
+
+* `serve_worker` (``keras-fedpriv worker --app MODULE:ATTR --socket PATH``):
+  a process the party starts beside its SuperNode. It imports the real
+  ClientApp once, keeps TensorFlow, the models, traced functions and caches
+  alive, and answers messages one at a time on a Unix domain socket.
+* `relay_client_app` (``relay_client_app("my_app.client:app")``): the
+  ClientApp the app's ``pyproject.toml`` names. In the ``flwr-clientapp``
+  process it imports only Flower and the standard library, sends the
+  Message and Context to the worker named by the node config key
+  ``worker-socket`` and returns the worker's reply and updated
+  ``context.state``. Without that key it imports the target ClientApp and
+  runs it in its own process (slow, as without a worker).
+
+Messages and contexts cross the socket as Flower's own protobuf
+serialization (`flwr.common.serde`), never pickle. This is local IPC within
+one party: the transport between parties stays Flower's.
+
+Security: the socket lives in a folder that belongs to the worker's user and
+that no one else may open (mode 0700, checked at start); a socket path owned
+by another user is refused; every connection's peer must run as the same user
+(``SO_PEERCRED``, Linux); requests are length-prefixed and capped
+(``max_frame``); a malformed or oversized request gets an error reply and the
+worker keeps serving; a ClientApp exception becomes a Flower error reply that
+names the exception's type only (its text stays in the worker's log); a
+request for another ClientApp than the one the worker serves is refused.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import pathlib
+import signal
+import socket
+import stat
+import struct
+import sys
+import threading
+import time
+from typing import Any, Sequence
+
+from flwr.app import Context, Error, Message
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+from flwr.common.serde import (
+    context_from_proto,
+    context_to_proto,
+    message_from_proto,
+    message_to_proto,
+)
+from flwr.proto.message_pb2 import Context as ProtoContext
+from flwr.proto.message_pb2 import Message as ProtoMessage
+
+__all__ = ["DEFAULT_MAX_FRAME", "SOCKET_KEY", "TIMEOUT_KEY", "FrameError", "PartyWorker",
+           "check_peer", "check_private_folder", "decode_frame", "encode_frame", "ping",
+           "relay", "relay_client_app", "serve_worker"]
+
+logger = logging.getLogger("keras_fedpriv.flower")
+
+#: node config key naming the worker's socket (``flower-supernode --node-config``)
+SOCKET_KEY = "worker-socket"
+#: node config key: seconds the relay waits for the worker's reply (default 3600)
+TIMEOUT_KEY = "worker-timeout"
+#: the largest request or reply, in bytes (a frame is refused from its length prefix)
+DEFAULT_MAX_FRAME = 1 << 30
+_MAGIC = b"KFW1"
+_HEAD = struct.Struct("!4sQ")
+_PART = struct.Struct("!Q")
+_READ_TIMEOUT = 60.0  # seconds a connected peer has to send its whole request
+
+
+class FrameError(ValueError):
+    """A request or reply on the worker's socket that is malformed or too large."""
+
+
+def encode_frame(parts: Sequence[bytes]) -> bytes:
+    """One frame: magic, the body's length, then each part with its length.
+
+    Args:
+        parts: the byte strings to send.
+
+    Returns:
+        The frame's bytes.
+    """
+    body = b"".join(_PART.pack(len(p)) + p for p in parts)
+    return _HEAD.pack(_MAGIC, len(body)) + body
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = conn.recv(min(left, 1 << 20))
+        if not chunk:
+            raise FrameError(f"the peer closed the connection {n - left} bytes into a "
+                             f"{n}-byte read")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def decode_frame(body: bytes, num_parts: int) -> list[bytes]:
+    """Split a frame's body into its ``num_parts`` length-prefixed parts.
+
+    Args:
+        body: the bytes after the frame's header.
+        num_parts: how many parts the frame must hold.
+
+    Returns:
+        The parts.
+
+    Raises:
+        FrameError: a length runs past the body, or the part count differs.
+    """
+    parts, at = [], 0
+    while at < len(body):
+        if at + _PART.size > len(body):
+            raise FrameError("a part's length prefix runs past the frame")
+        (size,) = _PART.unpack_from(body, at)
+        at += _PART.size
+        if size > len(body) - at:
+            raise FrameError(f"a part of {size} bytes runs past the frame")
+        parts.append(body[at:at + size])
+        at += size
+    if len(parts) != num_parts:
+        raise FrameError(f"a frame must hold {num_parts} parts; got {len(parts)}")
+    return parts
+
+
+def _read_frame(conn: socket.socket, max_frame: int, num_parts: int = 3) -> list[bytes]:
+    head = _recv_exactly(conn, _HEAD.size)
+    magic, size = _HEAD.unpack(head)
+    if magic != _MAGIC:
+        raise FrameError("not a keras-fedpriv worker frame (bad magic)")
+    if size > max_frame:
+        raise FrameError(f"a frame of {size} bytes is over the limit of {max_frame} bytes")
+    return decode_frame(_recv_exactly(conn, size), num_parts)
+
+
+def _header(part: bytes) -> dict[str, Any]:
+    try:
+        header = json.loads(part.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise FrameError("the frame's header is not JSON") from None
+    if not isinstance(header, dict):
+        raise FrameError("the frame's header is not a JSON object")
+    return header
+
+
+def _error_frame(reason: str) -> bytes:
+    return encode_frame([json.dumps({"ok": False, "error": reason}).encode(), b"", b""])
+
+
+# --------------------------------------------------------------------------- checks
+def check_private_folder(folder: str | os.PathLike[str]) -> pathlib.Path:
+    """Check that ``folder`` is a directory of this user that no one else may open.
+
+    Args:
+        folder: the folder that holds (or will hold) the worker's socket.
+
+    Returns:
+        The folder as a `pathlib.Path`.
+
+    Raises:
+        ValueError: it is missing, a symbolic link or not a directory.
+        PermissionError: another user owns it, or its group or others have
+            any permission on it (``chmod 700`` it).
+    """
+    path = pathlib.Path(folder)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise ValueError(f"the worker's socket folder {str(path)!r} does not exist; create "
+                         f"it with `install -d -m 700 {path}`.") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise ValueError(f"the worker's socket folder {str(path)!r} must be a directory "
+                         f"(not a symbolic link or a file).")
+    if info.st_uid != os.getuid():
+        raise PermissionError(f"the worker's socket folder {str(path)!r} belongs to uid "
+                              f"{info.st_uid}, not to this user (uid {os.getuid()}).")
+    if info.st_mode & 0o077:
+        raise PermissionError(f"the worker's socket folder {str(path)!r} has mode "
+                              f"{stat.S_IMODE(info.st_mode):o}: its group or others may open "
+                              f"it; allowed: 700 (chmod 700 {path}).")
+    return path
+
+
+def check_peer(peer_uid: int, own_uid: int | None = None) -> None:
+    """Refuse a connection from a process of another user.
+
+    Args:
+        peer_uid: the connecting process's user id (``SO_PEERCRED``).
+        own_uid: the worker's user id (default: this process's).
+
+    Returns:
+        None.
+
+    Raises:
+        PermissionError: the ids differ.
+    """
+    own = os.getuid() if own_uid is None else own_uid
+    if peer_uid != own:
+        raise PermissionError(f"a process of uid {peer_uid} connected; this worker answers "
+                              f"only its own user (uid {own}).")
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    if not hasattr(socket, "SO_PEERCRED"):  # pragma: no cover - not Linux
+        raise PermissionError("this system cannot tell the peer's user (no SO_PEERCRED)")
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _clear_socket_path(path: pathlib.Path) -> None:
+    """Remove a stale socket of this user at ``path``; refuse anything else there."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if info.st_uid != os.getuid():
+        raise PermissionError(f"{str(path)!r} belongs to uid {info.st_uid}, not to this user.")
+    if not stat.S_ISSOCK(info.st_mode):
+        raise ValueError(f"{str(path)!r} exists and is not a socket; refusing to replace it.")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        if probe.connect_ex(str(path)) == 0:
+            raise RuntimeError(f"another worker already listens on {str(path)!r}.")
+    path.unlink()
+
+
+def _load_app(ref: str) -> ClientApp:
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"`app` must be 'package.module:attribute'; got {ref!r}.")
+    app = importlib.import_module(module_name)
+    for name in attr.split("."):
+        app = getattr(app, name)
+    if not isinstance(app, ClientApp):
+        raise TypeError(f"`app` {ref!r} must name a flwr.clientapp.ClientApp; got "
+                        f"{type(app).__name__}.")
+    return app
+
+
+# --------------------------------------------------------------------------- the worker
+class PartyWorker:
+    """Serve one ClientApp on a Unix socket, one message at a time, in a long-lived process.
+
+    Args:
+        app: the ClientApp's ``"package.module:attribute"``; the relay names
+            the same string and the worker refuses a request for another.
+        socket_path: where to listen; its folder must pass
+            `check_private_folder`.
+        app_dir: None or a folder to put first on ``sys.path`` (the app's folder).
+        max_frame: the largest request accepted, in bytes.
+        client_app: the ClientApp object to serve (default: import ``app``).
+    """
+
+    def __init__(self, app: str, socket_path: str | os.PathLike[str],
+                 app_dir: str | os.PathLike[str] | None = None,
+                 max_frame: int = DEFAULT_MAX_FRAME, client_app: ClientApp | None = None) -> None:
+        if not isinstance(max_frame, int) or max_frame < 1024:
+            raise ValueError(f"`max_frame` must be an integer >= 1024; got {max_frame!r}.")
+        self.socket_path = pathlib.Path(socket_path).absolute()
+        check_private_folder(self.socket_path.parent)
+        if len(os.fsencode(self.socket_path)) > 100:
+            raise ValueError(f"`socket_path` must be at most 100 bytes long (a Unix socket "
+                             f"limit); got {len(os.fsencode(self.socket_path))}.")
+        self.app_ref, self.max_frame = app, max_frame
+        if app_dir is not None:
+            sys.path.insert(0, str(pathlib.Path(app_dir).absolute()))
+        self.app = client_app if client_app is not None else _load_app(app)
+        self.handled = 0
+        self.stop_event = threading.Event()
+        self._listener: socket.socket | None = None
+
+    def listen(self) -> PartyWorker:
+        """Bind and listen on the socket (a stale socket of this user is replaced)."""
+        _clear_socket_path(self.socket_path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            listener.bind(str(self.socket_path))
+        finally:
+            os.umask(old)
+        listener.listen(64)
+        listener.settimeout(0.2)  # how often an idle worker looks at stop_event
+        self._listener = listener
+        return self
+
+    def handle(self, header: dict[str, Any], message_part: bytes, context_part: bytes) -> bytes:
+        """Answer one request (already framed and checked for size); return the reply frame.
+
+        Args:
+            header: the request's header (``{"kind": "message", "app": ...}``
+                or ``{"kind": "ping"}``).
+            message_part: Flower's serialized ``Message``.
+            context_part: Flower's serialized ``Context``.
+
+        Returns:
+            The reply frame: a header, the reply ``Message`` and, on success,
+            the updated ``Context``.
+        """
+        if header.get("kind") == "ping":
+            return encode_frame([json.dumps({"ok": True, "app": self.app_ref}).encode(),
+                                 b"", b""])
+        if header.get("kind") != "message":
+            raise FrameError("the header's kind must be 'message' or 'ping'")
+        if header.get("app") != self.app_ref:
+            logger.error("refused a message for ClientApp %r: this worker serves %r",
+                         header.get("app"), self.app_ref)
+            return _error_frame("this worker serves another ClientApp")
+        try:
+            message = message_from_proto(ProtoMessage.FromString(message_part))
+            context = context_from_proto(ProtoContext.FromString(context_part))
+        except Exception:  # noqa: BLE001 - protobuf raises several types
+            raise FrameError("the message or context does not parse") from None
+        started = time.perf_counter()
+        try:
+            reply, out = self.app(message, context), context_to_proto(context)
+        except Exception as ex:  # noqa: BLE001 - the app's error stays in this log
+            logger.exception("the ClientApp raised on a %r message", message.metadata.message_type)
+            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                  reason=f"the ClientApp raised "
+                                  f"{type(ex).__name__} (details in the party's worker log)"),
+                            reply_to=message)
+            out = None
+        self.handled += 1
+        seconds = time.perf_counter() - started
+        print(f"handled {message.metadata.message_type} (run {context.run_id}) in "
+              f"{seconds * 1e3:.1f} ms", flush=True)
+        return encode_frame([json.dumps({"ok": True, "seconds": seconds}).encode(),
+                             message_to_proto(reply).SerializeToString(),
+                             b"" if out is None else out.SerializeToString()])
+
+    def serve_connection(self, conn: socket.socket) -> None:
+        """Check the peer, read one request, answer it; never raises for a bad request."""
+        try:
+            check_peer(_peer_uid(conn))
+        except PermissionError as err:
+            logger.error("refused a connection: %s", err)
+            self._send(conn, _error_frame("refused: the worker answers its own user only"))
+            return
+        conn.settimeout(_READ_TIMEOUT)
+        try:
+            header, message_part, context_part = _read_frame(conn, self.max_frame)
+            reply = self.handle(_header(header), message_part, context_part)
+        except (FrameError, OSError) as err:
+            logger.error("refused a malformed request: %s", err)
+            reply = _error_frame(f"malformed request: {err}")
+        self._send(conn, reply)
+
+    @staticmethod
+    def _send(conn: socket.socket, frame: bytes) -> None:
+        try:
+            conn.sendall(frame)
+        except OSError as err:  # the relay went away; nothing to answer
+            logger.warning("could not send a reply: %s", err)
+
+    def serve(self) -> None:
+        """Answer requests until `stop_event` is set; then close and remove the socket."""
+        if self._listener is None:
+            self.listen()
+        assert self._listener is not None
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    conn, _ = self._listener.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    conn.settimeout(None)
+                    self.serve_connection(conn)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop listening and remove the socket file."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        try:
+            self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def serve_worker(app: str, socket_path: str | os.PathLike[str],
+                 app_dir: str | os.PathLike[str] | None = None,
+                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    """Run a party's worker until SIGTERM or SIGINT (``keras-fedpriv worker``).
+
+    Imports the ClientApp, listens, prints ``worker ready`` and answers
+    messages one at a time; on SIGTERM / SIGINT it finishes the message in
+    hand, closes and removes its socket, and returns.
+
+    Args:
+        app: the ClientApp's ``"package.module:attribute"``.
+        socket_path: the socket, in a folder of mode 0700 of this user.
+        app_dir: None or a folder to put first on ``sys.path``.
+        max_frame: the largest request accepted, in bytes.
+
+    Returns:
+        None, once stopped.
+    """
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    worker = PartyWorker(app, socket_path, app_dir=app_dir, max_frame=max_frame).listen()
+
+    def stop(signum: int, frame: Any) -> None:
+        worker.stop_event.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    print(f"worker ready: serving {app} on {worker.socket_path} (pid {os.getpid()})",
+          flush=True)
+    worker.serve()
+    print(f"worker stopped after {worker.handled} message(s)", flush=True)
+
+
+# --------------------------------------------------------------------------- the relay
+def _exchange(socket_path: str, request: bytes, timeout: float,
+              max_frame: int = DEFAULT_MAX_FRAME) -> tuple[dict[str, Any], bytes, bytes]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(socket_path)
+        conn.sendall(request)
+        header, message_part, context_part = _read_frame(conn, max_frame)
+    return _header(header), message_part, context_part
+
+
+def ping(socket_path: str | os.PathLike[str], timeout: float = 5.0) -> str:
+    """Ask the worker on ``socket_path`` which ClientApp it serves (a readiness check).
+
+    Args:
+        socket_path: the worker's socket.
+        timeout: seconds to wait.
+
+    Returns:
+        The served ClientApp's ``"package.module:attribute"``.
+
+    Raises:
+        OSError: nothing answers there.
+        FrameError: the answer is not a worker's.
+    """
+    request = encode_frame([json.dumps({"kind": "ping"}).encode(), b"", b""])
+    header, _, _ = _exchange(os.fspath(socket_path), request, timeout)
+    if not header.get("ok"):
+        raise FrameError(f"the worker refused the ping: {header.get('error')}")
+    return str(header.get("app"))
+
+
+def relay(socket_path: str, app: str, message: Message, context: Context,
+          timeout: float = 3600.0) -> Message:
+    """Hand one message to the worker; return its reply and update ``context.state``.
+
+    Args:
+        socket_path: the worker's socket.
+        app: the ClientApp the worker must serve (``"package.module:attribute"``).
+        message: the Message Flower gave this ClientApp.
+        context: its Context; ``context.state`` is replaced by the worker's.
+        timeout: seconds to wait for the reply.
+
+    Returns:
+        The worker's reply, or a Flower error reply (the reason names no
+        data; details in this process's log) when the worker cannot be
+        reached or refuses.
+    """
+    request = encode_frame([json.dumps({"kind": "message", "app": app}).encode(),
+                            message_to_proto(message).SerializeToString(),
+                            context_to_proto(context).SerializeToString()])
+    try:
+        header, message_part, context_part = _exchange(socket_path, request, timeout)
+        if not header.get("ok"):
+            raise FrameError(str(header.get("error")))
+        reply = message_from_proto(ProtoMessage.FromString(message_part))
+        if context_part:
+            context.state = context_from_proto(ProtoContext.FromString(context_part)).state
+    except Exception as err:  # noqa: BLE001 - OSError, FrameError, protobuf's DecodeError
+        logger.error("the party's worker on %r did not answer: %s", socket_path, err)
+        return Message(Error(code=ErrorCode.UNKNOWN, reason="the party's worker did not answer "
+                             "(details in the client's own log)"), reply_to=message)
+    return reply
+
+
+class _RelayClientApp(ClientApp):
+    """A ClientApp that relays every message to the party's worker (see `relay_client_app`)."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.target = target
+        self._local: ClientApp | None = None
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        path = context.node_config.get(SOCKET_KEY)
+        if not path:  # no worker: run the target here (imports it: slow, as without a worker)
+            if self._local is None:
+                self._local = _load_app(self.target)
+            return self._local(message, context)
+        timeout = float(context.node_config.get(TIMEOUT_KEY, 3600.0))
+        return relay(str(path), self.target, message, context, timeout)
+
+
+def relay_client_app(target: str) -> ClientApp:
+    """The thin ClientApp to name in an app's ``pyproject.toml``: it hands messages to a worker.
+
+    Args:
+        target: the real ClientApp, ``"package.module:attribute"`` (what the
+            party's ``keras-fedpriv worker --app`` serves).
+
+    Returns:
+        A `flwr.clientapp.ClientApp`. With the SuperNode's node config key
+        ``worker-socket`` set, each message goes to the worker on that socket
+        (``worker-timeout``: seconds to wait, default 3600); without it the
+        target is imported and run in this process.
+    """
+    if not isinstance(target, str) or target.count(":") != 1 or target.startswith(":") \
+            or target.endswith(":"):
+        raise ValueError(f"`target` must be 'package.module:attribute'; got {target!r}.")
+    return _RelayClientApp(target)

@@ -1,0 +1,312 @@
+"""The party worker and the relay ClientApp (keras_fedpriv/federated/flower/worker.py).
+
+Stub ClientApps run in a worker thread of this process (no TensorFlow in them);
+the test app's real ClientApp runs in one worker subprocess shared by the
+module; a second subprocess serves the empty app to check SIGTERM. Every
+process is started here, bounded in time and stopped by its pid.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict  # noqa: E402
+from flwr.app.message.message import make_message  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+
+from keras_fedpriv.federated.flower import worker as w  # noqa: E402
+
+from flower_stubs import APP, load_test_app  # noqa: E402
+
+pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
+       "PYTHONPATH": os.pathsep.join([str(APP.parents[1]), os.environ.get("PYTHONPATH", "")])}
+
+
+def _message(kind, content, run_id=7, node_id=5):
+    metadata = Metadata(run_id=run_id, message_id=f"m-{kind}", src_node_id=0, dst_node_id=node_id,
+                        reply_to_message_id="", group_id="1", created_at=time.time(), ttl=600.0,
+                        message_type=kind)
+    return make_message(metadata=metadata, content=content)
+
+
+def _context(socket_path=None, run_id=7, partition=0):
+    config = {"partition-id": partition, "num-partitions": 3}
+    if socket_path is not None:
+        config[w.SOCKET_KEY] = socket_path
+    return Context(run_id=run_id, node_id=5, node_config=config, state=RecordDict(),
+                   run_config={})
+
+
+def _private_dir():
+    return tempfile.mkdtemp(prefix="kfpw-")  # mode 0700, short (a socket path has <= 108 B)
+
+
+# --------------------------------------------------------------------------- stub apps, one thread
+stub = ClientApp()
+
+
+@stub.query()
+def _echo(msg, context):
+    seen = context.state["seen"]["n"] + 1 if "seen" in context.state else 1
+    context.state["seen"] = ConfigRecord({"n": seen})
+    return Message(RecordDict({"echo": msg.content["config"]}), reply_to=msg)
+
+
+@stub.train()
+def _fail(msg, context):
+    context.state["half-done"] = ConfigRecord({"x": 1})
+    raise ValueError(f"label 7 of row {msg.content['config']['secret']}")
+
+
+@pytest.fixture(scope="module")
+def stub_worker():
+    folder = _private_dir()
+    worker = w.PartyWorker("tests:stub", os.path.join(folder, "s.sock"), client_app=stub,
+                           max_frame=1 << 16).listen()
+    thread = threading.Thread(target=worker.serve, daemon=True)
+    thread.start()
+    yield worker
+    worker.stop_event.set()
+    thread.join(timeout=10)
+    os.rmdir(folder)
+    assert not thread.is_alive()
+
+
+def _raw(path, data, shutdown=True):
+    """Send raw bytes to the worker; return its reply frame's header."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(30)
+        conn.connect(path)
+        conn.sendall(data)
+        if shutdown:
+            conn.shutdown(socket.SHUT_WR)
+        header, _, _ = w._read_frame(conn, 1 << 20)
+    return json.loads(header)
+
+
+def test_the_relay_carries_the_message_and_brings_back_the_reply_and_state(stub_worker):
+    path = str(stub_worker.socket_path)
+    context = _context(path)
+    app = w.relay_client_app("tests:stub")
+    for expected in (1, 2):
+        reply = app(_message("query", RecordDict({"config": ConfigRecord({"a": 3})})), context)
+        assert not reply.has_error()
+        assert reply.content["echo"]["a"] == 3
+        assert reply.metadata.reply_to_message_id == "m-query"
+        assert context.state["seen"]["n"] == expected  # the worker's state came back
+    assert w.ping(path) == "tests:stub"
+
+
+def test_a_handler_exception_is_an_error_reply_that_names_only_its_type(stub_worker):
+    context = _context(str(stub_worker.socket_path))
+    reply = w.relay_client_app("tests:stub")(
+        _message("train", RecordDict({"config": ConfigRecord({"secret": 9431})})), context)
+    assert reply.has_error()
+    assert "ValueError" in reply.error.reason
+    assert "9431" not in reply.error.reason and "label" not in reply.error.reason
+    assert "half-done" not in context.state  # a failed message leaves the state as it was
+    assert w.ping(str(stub_worker.socket_path)) == "tests:stub"
+
+
+def test_a_message_for_another_app_is_refused(stub_worker):
+    reply = w.relay_client_app("other.module:app")(
+        _message("query", RecordDict({"config": ConfigRecord({})})),
+        _context(str(stub_worker.socket_path)))
+    assert reply.has_error() and "did not answer" in reply.error.reason
+
+
+@pytest.mark.parametrize("frame", [
+    b"GARBAGE-GARBAGE-GARBAGE",                                          # bad magic
+    w._HEAD.pack(b"KFW1", 1 << 40),                                      # over the size cap
+    w._HEAD.pack(b"KFW1", 20) + w._PART.pack(1 << 30) + b"x" * 12,       # a part past the end
+    w.encode_frame([b"{}", b"", b""])[:14],                              # cut short
+    w.encode_frame([b"not json", b"", b""]),                             # header not JSON
+    w.encode_frame([json.dumps({"kind": "message", "app": "tests:stub"}).encode(),
+                    b"\xff\xff\xff", b"\x01"]),                          # not protobuf
+    w.encode_frame([b"{}", b""]),                                        # two parts
+])
+def test_a_malformed_or_oversized_frame_gets_an_error_and_the_worker_keeps_serving(
+        stub_worker, frame):
+    path = str(stub_worker.socket_path)
+    header = _raw(path, frame)
+    assert header["ok"] is False and "malformed request" in header["error"]
+    assert w.ping(path) == "tests:stub"
+
+
+def test_an_unreachable_worker_is_an_error_reply_that_names_no_path():
+    folder = _private_dir()
+    try:
+        reply = w.relay_client_app("tests:stub")(
+            _message("query", RecordDict({"config": ConfigRecord({})})),
+            _context(os.path.join(folder, "nobody.sock")))
+    finally:
+        os.rmdir(folder)
+    assert reply.has_error() and folder not in reply.error.reason
+
+
+def test_importing_the_relay_imports_neither_tensorflow_nor_keras():
+    code = ("import sys, keras_fedpriv.federated.flower.worker as w; "
+            "from keras_fedpriv.federated.flower import relay_client_app; "
+            "import keras_fedpriv, keras_fedpriv.federated; "
+            "print(sorted(m for m in ('tensorflow', 'keras', 'keras_fedpriv.layers') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_lazy_packages_export_every_name_they_list():
+    import keras_fedpriv
+    import keras_fedpriv.federated
+    import keras_fedpriv.federated.flower
+
+    for package in (keras_fedpriv, keras_fedpriv.federated, keras_fedpriv.federated.flower):
+        for name in package.__all__:
+            assert getattr(package, name) is not None, (package.__name__, name)
+        assert set(package.__all__) <= set(dir(package))
+    # an exported function wins over the submodule of the same name, as with eager imports
+    import keras_fedpriv.federated.partition  # noqa: F401
+    from keras_fedpriv.federated import partition
+    assert callable(partition) and keras_fedpriv.federated.partition is partition
+    with pytest.raises(AttributeError, match="no_such_name"):
+        keras_fedpriv.federated.no_such_name  # noqa: B018
+
+
+def test_a_peer_of_another_user_is_refused():
+    w.check_peer(1000, own_uid=1000)
+    with pytest.raises(PermissionError, match="uid 1001"):
+        w.check_peer(1001, own_uid=1000)
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o750, 0o701, 0o707])
+def test_a_socket_folder_others_may_open_is_refused_at_start(mode):
+    folder = _private_dir()
+    try:
+        os.chmod(folder, mode)
+        with pytest.raises(PermissionError, match=f"{mode:o}"):
+            w.PartyWorker("tests:stub", os.path.join(folder, "s.sock"), client_app=stub)
+        os.chmod(folder, 0o700)
+        w.check_private_folder(folder)  # 0700 of this user passes
+    finally:
+        os.rmdir(folder)
+
+
+def test_a_missing_folder_or_a_file_at_the_socket_path_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        w.check_private_folder(tmp_path / "missing")
+    folder = _private_dir()
+    try:
+        target = os.path.join(folder, "s.sock")
+        with open(target, "w") as f:
+            f.write("not a socket")
+        with pytest.raises(ValueError, match="not a socket"):
+            w.PartyWorker("tests:stub", target, client_app=stub).listen()
+        assert os.path.exists(target)  # not replaced
+        os.unlink(target)
+    finally:
+        os.rmdir(folder)
+
+
+def test_a_bad_target_is_refused():
+    for bad in ("no_colon", ":app", "module:", 3):
+        with pytest.raises(ValueError, match="target"):
+            w.relay_client_app(bad)
+
+
+def test_decode_frame_splits_parts_and_refuses_a_wrong_count():
+    frame = w.encode_frame([b"ab", b"", b"c"])
+    assert w.decode_frame(frame[w._HEAD.size:], 3) == [b"ab", b"", b"c"]
+    with pytest.raises(w.FrameError, match="got 3"):
+        w.decode_frame(frame[w._HEAD.size:], 2)
+
+
+# --------------------------------------------------------------------------- worker processes
+def _start_worker(app, app_dir):
+    folder = _private_dir()
+    path = os.path.join(folder, "w.sock")
+    proc = subprocess.Popen([sys.executable, "-m", "keras_fedpriv", "worker", "--app", app,
+                             "--app-dir", str(app_dir), "--socket", path], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 240
+    while True:
+        try:
+            assert w.ping(path) == app
+            return proc, folder, path
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise RuntimeError(f"the worker did not start:\n{proc.communicate()[0][-2000:]}")
+            time.sleep(0.2)
+
+
+def _stop(proc, folder):
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+    return out
+
+
+def test_the_worker_stops_cleanly_on_sigterm_and_removes_its_socket():
+    proc, folder, path = _start_worker("kfp_floor_app.apps:client", APP / "floor")
+    try:
+        reply = w.relay_client_app("kfp_floor_app.apps:client")(
+            _message("train", RecordDict({"config": ConfigRecord({})})), _context(path))
+        assert not reply.has_error() and reply.content["config"]["ok"] == 1
+    finally:
+        out = _stop(proc, folder)
+    assert proc.returncode == 0, out[-2000:]
+    assert not os.path.exists(path) and "worker stopped after 1 message(s)" in out
+    os.rmdir(folder)
+
+
+@pytest.fixture(scope="module")
+def app_worker():
+    proc, folder, path = _start_worker("kfp_test_app.apps:client", APP)
+    yield path
+    _stop(proc, folder)
+    os.rmdir(folder)
+
+
+def test_the_relay_gives_the_same_replies_with_and_without_a_worker(app_worker):
+    apps = load_test_app()
+    weights = apps.model_fn().get_weights()
+
+    def exchange(socket_path):
+        app = w.relay_client_app("kfp_test_app.apps:client")
+        context = _context(socket_path, run_id=11)
+        query = app(_message("query", RecordDict({"config": ConfigRecord({})}), run_id=11),
+                    context)
+        trains = [app(_message("train", RecordDict({
+            "weights": ArrayRecord(numpy_ndarrays=weights),
+            "config": ConfigRecord({"round": r, "local-epochs": 1})}), run_id=11), context)
+            for r in range(2)]
+        return query, trains, context
+
+    (q1, t1, c1), (q2, t2, c2) = exchange(app_worker), exchange(None)
+    assert q1.content["config"]["client-id"] == q2.content["config"]["client-id"] == 0
+    for a, b in zip(t1, t2):
+        assert not a.has_error() and not b.has_error()
+        up_a, up_b = a.content["upload"].to_numpy_ndarrays(), b.content["upload"].to_numpy_ndarrays()
+        assert len(up_a) == len(up_b) > 0
+        for x, y in zip(up_a, up_b):
+            np.testing.assert_allclose(x, y, atol=1e-6)
+    assert sorted(c1.state.keys()) == sorted(c2.state.keys())
