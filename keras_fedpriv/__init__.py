@@ -9,13 +9,13 @@ Quick start::
     from keras_fedpriv import HorizontalFL, MagRR, SignDS, SignDSEncoder
 
 Names are imported on first use (``import keras_fedpriv`` alone imports no
-TensorFlow). Keras finds the package's layers, optimizers and callbacks by
-their registered names once their module is imported: in a fresh process that
-only loads a saved model, ``import keras_fedpriv.layers`` (or use any name from
-it) before ``keras.models.load_model``.
+TensorFlow). Keras still finds the package's layers, optimizers and callbacks
+in a saved model: their modules are imported as soon as Keras is (so
+``import keras_fedpriv`` then ``keras.models.load_model(...)`` works).
 """
 
 from keras_fedpriv._lazy import lazy_exports
+from keras_fedpriv._registration import register_when_keras_loads
 
 __version__ = "0.1.0"
 
@@ -37,5 +37,6 @@ _EXPORTS = {
     "set_verbosity": "keras_fedpriv.logs",
 }
 lazy_exports(__name__, _EXPORTS, _SUBMODULES)
+register_when_keras_loads()
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES) + ["__version__"]

@@ -632,3 +632,32 @@ def test_vertical_exports_name_their_inputs_after_the_parties(tmp_path):
         **{p: tf.constant(v) for p, v in x.items()})
     np.testing.assert_allclose(next(iter(served.values())).numpy(), model.predict(x, verbose=0),
                                rtol=1e-5, atol=1e-6)
+
+
+_FRESH_LOAD = """
+import sys
+import keras_fedpriv  # lazy: no TensorFlow yet
+assert "keras" not in sys.modules
+import keras_fedpriv.mechanisms.quantize  # a package module first (imports Keras half-way)
+import keras
+model = keras.models.load_model(sys.argv[1])
+print(sorted(type(layer).__name__ for layer in model.layers), type(model.optimizer).__name__)
+"""
+
+
+def test_a_fresh_process_that_only_imports_the_package_loads_a_saved_model(tmp_path):
+    """The exports are lazy, yet Keras finds the package's layers and optimizer by name."""
+    import subprocess
+    import sys
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                              kf.EmbeddingDPLayer(eps=2.0, seed=1)])
+    model.compile(SignDS(keras.optimizers.SGD(0.1), SignDSEncoder(k=0.2, eps=4.0, seed=3)), "mse")
+    path = tmp_path / "model.keras"
+    model.save(path)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-c", _FRESH_LOAD, str(path)], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "SignDS"
+    assert "['Dense', 'EmbeddingDPLayer']" in out.stdout

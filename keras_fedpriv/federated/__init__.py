@@ -1,12 +1,14 @@
 """Federated learning assembly.
 
 Vertical (split) FL: `VerticalModel` and its message callbacks; the party halves
-`VerticalFollower` / `VerticalLeader` (`split_parties`) and their in-process
-driver `VerticalDriver` (docs/vertical.md).
+`VerticalFollower` / `VerticalLeader` (`split_parties`), the leader's loop
+`run_leader` (K batches per message), and its in-process driver
+`VerticalDriver` (docs/vertical.md).
 Horizontal FL: `HorizontalFL`, client partitioning and the upload schemes
 (docs/horizontal.md); the protocol's halves `HorizontalClient` and
-`HorizontalServer`, which `HorizontalFL` and the Flower apps of
-`keras_fedpriv.federated.flower` drive (docs/flower.md); the protocols' server
+`HorizontalServer`, and the one round loop `HorizontalLoop` that
+`HorizontalFL` and the Flower apps of `keras_fedpriv.federated.flower` drive
+(docs/flower.md); the protocols' server
 estimates with a client side each, `MagRR` (SignDS's step size) and
 `LaplaceEvaluation` (clustering scores of noisy outputs), which are also
 Keras callbacks (`keras_fedpriv.callbacks`).
@@ -22,6 +24,11 @@ _EXPORTS = {
     "HorizontalClient": "keras_fedpriv.federated.horizontal_parties",
     "HorizontalServer": "keras_fedpriv.federated.horizontal_parties",
     "LocalTrainer": "keras_fedpriv.federated.horizontal_parties",
+    "EvaluateReport": "keras_fedpriv.federated.horizontal_loop",
+    "EvaluateRequest": "keras_fedpriv.federated.horizontal_loop",
+    "HorizontalLoop": "keras_fedpriv.federated.horizontal_loop",
+    "TrainReply": "keras_fedpriv.federated.horizontal_loop",
+    "TrainRequest": "keras_fedpriv.federated.horizontal_loop",
     "MalformedMessage": "keras_fedpriv.federated.malformed",
     "EXAMPLE_IDS_KEY": "keras_fedpriv.federated.messages",
     "EvaluationData": "keras_fedpriv.federated.messages",
@@ -45,6 +52,9 @@ _EXPORTS = {
     "VerticalLeader": "keras_fedpriv.federated.vertical_parties",
     "VerticalParties": "keras_fedpriv.federated.vertical_parties",
     "split_parties": "keras_fedpriv.federated.vertical_parties",
+    "FeatureTable": "keras_fedpriv.federated.vertical_parties.loop",
+    "FollowerRequest": "keras_fedpriv.federated.vertical_parties.loop",
+    "run_leader": "keras_fedpriv.federated.vertical_parties.loop",
 }
 lazy_exports(__name__, _EXPORTS, ())
 

@@ -12,6 +12,9 @@ processes):
   FedAvg, SignDS (+ MagRR) or the Gaussian upload.
 * `HorizontalStrategy`: the server half as a Flower ``Strategy``, for a
   user's own ``ServerApp`` (``strategy.start(grid, ...)``).
+* `vertical_client_app` / `vertical_server_app`: vertical FL, the leader
+  as the ``ServerApp`` and each follower a ``ClientApp``
+  (`keras_fedpriv.federated.flower.vertical`).
 * `relay_client_app` and `serve_worker`: a party's long-lived worker
   process, which keeps TensorFlow and the models loaded across messages, and
   the thin ClientApp that hands each message to it
@@ -41,6 +44,8 @@ _EXPORTS = {
     "HorizontalStrategy": "keras_fedpriv.federated.flower.strategy",
     "relay_client_app": "keras_fedpriv.federated.flower.worker",
     "serve_worker": "keras_fedpriv.federated.flower.worker",
+    "vertical_client_app": "keras_fedpriv.federated.flower.vertical",
+    "vertical_server_app": "keras_fedpriv.federated.flower.vertical",
 }
 lazy_exports(__name__, _EXPORTS, ())
 
