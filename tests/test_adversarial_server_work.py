@@ -21,8 +21,8 @@ from keras_fedpriv.callbacks import LaplaceEvaluation  # noqa: E402
 from keras_fedpriv.federated import HorizontalFL, partition  # noqa: E402
 from keras_fedpriv.federated import laplace_eval as laplace_eval_module  # noqa: E402
 from keras_fedpriv.federated.flower import HorizontalStrategy  # noqa: E402
-from keras_fedpriv.federated.flower.common import _record  # noqa: E402
-from keras_fedpriv.federated.flower.horizontal_wire import parse_report as _parse_report  # noqa: E402,E501
+from keras_fedpriv.federated.flower.common import arrays_record  # noqa: E402
+from keras_fedpriv.federated.flower.horizontal_wire import parse_report  # noqa: E402
 from keras_fedpriv.federated.malformed import MalformedMessage  # noqa: E402
 
 from flower_stubs import model_fn  # noqa: E402
@@ -83,7 +83,7 @@ def _probabilities(rows, seed):
 
 def _report(message, rows, seed=0):
     cid = _Grid.nodes.index(message.metadata.dst_node_id)
-    return Message(RecordDict({"report": _record({"report": _probabilities(rows, seed)}),
+    return Message(RecordDict({"report": arrays_record({"report": _probabilities(rows, seed)}),
                                "config": ConfigRecord({"client-id": cid})}), reply_to=message)
 
 
@@ -176,7 +176,7 @@ def test_uploads_larger_than_asked_are_refused_before_they_are_parsed(in_a_run, 
     def reply(message, update):
         cid = _Grid.nodes.index(message.metadata.dst_node_id)
         arrays = {"update": update, "num_examples": np.array([5], np.int64)}
-        return Message(RecordDict({"upload": _record(arrays),
+        return Message(RecordDict({"upload": arrays_record(arrays),
                                    "config": ConfigRecord({"client-id": cid})}),
                        reply_to=message)
 
@@ -206,7 +206,7 @@ def test_review_a_report_of_huge_finite_values_is_refused_and_cannot_stop_the_ro
 
     def reply(message, rows):
         cid = _Grid.nodes.index(message.metadata.dst_node_id)
-        return Message(RecordDict({"report": _record({"report": rows}),
+        return Message(RecordDict({"report": arrays_record({"report": rows}),
                                    "config": ConfigRecord({"client-id": cid})}),
                        reply_to=message)
 
@@ -224,10 +224,10 @@ def test_review_a_report_of_huge_finite_values_is_refused_and_cannot_stop_the_ro
     # a report with values at the bound is taken; one value just past it is refused
     edge = _probabilities(50, 2)
     edge[0, 0], edge[1, 1] = bound, -bound
-    assert _parse_report(reply(asks[0], edge), K, 10_000, bound).shape == (50, K)
+    assert parse_report(reply(asks[0], edge), K, 10_000, bound).shape == (50, K)
     edge[3, 4] = -np.nextafter(bound, np.inf)
     with pytest.raises(MalformedMessage, match="values beyond"):
-        _parse_report(reply(asks[0], edge), K, 10_000, bound)
+        parse_report(reply(asks[0], edge), K, 10_000, bound)
 
 
 @pytest.mark.parametrize("eps, sensitivity, sampler", [

@@ -109,6 +109,34 @@ def test_magrr_sets_the_server_step_and_logs_its_state():
     assert h["r_est"][-1] > 1e-5
 
 
+def test_magrrs_reports_are_one_vectorized_call_per_round_with_the_rounds_clients():
+    """In one process the round's clients report in one `client_reports` call, each from its
+    own stream (the bits and the ledger are those of one call per client)."""
+    x, y = digits()
+    clients = partition(x[:300], y[:300], 6, seed=0)
+    calls, alone = [], MagRR(eps_rr=1.0, seed=4)
+    magrr = MagRR(eps_rr=1.0, seed=4)
+    real = magrr.client_reports
+
+    def spy(magnitudes, client_ids=None, cut=None):
+        reports = real(magnitudes, client_ids, cut=cut)
+        calls.append(list(client_ids))
+        for m, c, bit in zip(magnitudes, client_ids, reports):  # the same bit, one at a time
+            assert alone.client_reports([m], [c], cut=cut)[0] == bit
+        return reports
+
+    magrr.client_reports = spy
+    fl = HorizontalFL(digits_model(), clients, upload=SignDSEncoder(k=0.2, eps=10.0, seed=0),
+                      seed=0)
+    fl.fit(rounds=3, clients_per_round=4, callbacks=[magrr], verbose=0)
+    assert len(calls) == 3 and all(len(ids) == 4 and ids == sorted(ids) for ids in calls)
+    ledger = magrr.privacy_ledger()
+    kind, = ledger.kinds
+    assert ledger.total(kind) == max(fl.participation) and ledger.units_seen(kind) == \
+        np.count_nonzero(fl.participation)
+    assert fl.participation.sum() == 12
+
+
 def test_gaussian_upload_adds_noise_of_the_configured_scale():
     x, y = digits()
     clients = [(x[:50], y[:50])] * 4

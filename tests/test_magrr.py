@@ -213,6 +213,41 @@ def test_a_clients_report_is_the_same_alone_or_in_a_batch_and_seeded_runs_repeat
     assert np.any(batch != MagRR(eps_rr=0.5, seed=9).client_reports(r, ids))
 
 
+def test_reports_are_the_randomized_response_mechanism_once_per_round(monkeypatch):
+    """MagRR reuses `binary_randomized_response` (one call for the round's clients) on one
+    noise word per client drawn from that client's own stream: the n-th report of client c
+    is keyed by (seed, c, n), so no two clients or rounds share a word."""
+    import zlib
+
+    from keras_fedpriv.federated import magrr as magrr_module
+    from keras_fedpriv.mechanisms import binary_randomized_response
+    from keras_fedpriv.mechanisms.random import secret_generator
+
+    calls = []
+
+    def spy(bits, eps, **kw):
+        calls.append((np.asarray(bits).copy(), eps, np.asarray(kw["noise"]).copy()))
+        return binary_randomized_response(bits, eps, **kw)
+
+    monkeypatch.setattr(magrr_module, "binary_randomized_response", spy)
+    magrr = MagRR(eps_rr=0.7, seed=11)
+    r = np.random.default_rng(2).uniform(0, 4e-5, size=5)
+    ids = np.array([4, 0, 9, 2, 7])
+    tag = zlib.crc32(b"MagRR")
+    for n in range(2):  # two rounds: each client's stream moves on
+        reports = magrr.client_reports(r, ids, cut=2e-5)
+        bits, eps, words = calls[-1]
+        assert len(calls) == n + 1 and eps == 0.7
+        np.testing.assert_array_equal(bits, (r < 2e-5).astype(np.int32))
+        want = [secret_generator(11, stream=n, unit=int(c), tag=tag).integers(
+            0, 2**32, dtype=np.uint32) for c in ids]
+        np.testing.assert_array_equal(words, want)
+        np.testing.assert_array_equal(reports, np.asarray(binary_randomized_response(
+            bits, 0.7, noise=words)))
+    assert len({int(w) for _, _, ws in calls for w in ws}) == 10
+    assert magrr.releases_by_unit == {int(c): 2 for c in ids}
+
+
 def test_seeded_reproducible_and_unseeded_fresh():
     r = np.random.default_rng(0).uniform(0, 4e-5, size=2000)
     a, b = MagRR(eps_rr=0.1, seed=42), MagRR(eps_rr=0.1, seed=42)

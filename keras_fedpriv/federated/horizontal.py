@@ -260,8 +260,9 @@ class HorizontalFL:
         ``upload_bytes_per_client``, ``upload_bytes`` (sum over the round's
         clients), ``download_bytes_per_client`` (the dense float32 model),
         ``global_lr``, ``round_time_s`` and the validation metrics (computed
-        by the server on its own data); callbacks (MagRR) add their own. The clients' local losses are not logged: no upload
-        releases them (see ``log_client_loss``).
+        by the server on its own data); callbacks (MagRR) add their own.
+        The clients' local losses are not logged: no upload releases them
+        (see ``log_client_loss``).
         """
         rounds = validate_positive_int(rounds, "rounds")
         clients_per_round = validate_positive_int(clients_per_round, "clients_per_round")
@@ -282,10 +283,8 @@ class HorizontalFL:
                                           model=model, verbose=0, epochs=rounds, steps=1)
         progbar = keras.utils.Progbar(rounds, unit_name="round") if verbose else None
         model.stop_training = False
-        server, parties = self._parties()
-        server.magrr = magrr
-        for party in parties:
-            party.magrr = magrr  # in one process the clients share the MagRR object
+        server, _ = self._parties()
+        server.magrr = magrr  # the clients' bits: one call per round (`_exchange`)
         laplaces = [c for c in callbacks if isinstance(c, LaplaceEvaluation)]
         for laplace in laplaces:
             laplace.begin_federated_run()
@@ -342,11 +341,22 @@ class HorizontalFL:
                               validation_data=self._validation_data)
 
     def _exchange(self, request: TrainRequest) -> list[TrainReply]:
-        """Carry a round's request to the clients in this process (they share the model)."""
-        _, parties = self._parties()
-        return [TrainReply(c, result=parties[c].fit(
-            request.weights, request.round, request.local_epochs, request.batch_norm,
-            magrr_cut=request.magrr_cut, record=self._recorder(c))) for c in request.client_ids]
+        """Carry a round's request to the clients in this process (they share the model).
+
+        With MagRR the round's clients report their bits in one vectorized
+        `MagRR.client_reports` call, each from its own stream (the same bits
+        and ledger as one call per client).
+        """
+        server, parties = self._parties()
+        ids = request.client_ids
+        results = [parties[c].fit(request.weights, request.round, request.local_epochs,
+                                  request.batch_norm, record=self._recorder(c)) for c in ids]
+        if server.magrr is not None:
+            bits = server.magrr.client_reports([r.upload.magnitude for r in results], ids,
+                                               cut=request.magrr_cut)
+            for result, bit in zip(results, bits):
+                result.magrr_report = int(bit)
+        return [TrainReply(c, result=r) for c, r in zip(ids, results)]
 
     def _recorder(self, client):
         """None when the scheme records its own releases, else an encoder that records here."""

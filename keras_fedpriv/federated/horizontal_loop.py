@@ -251,21 +251,10 @@ class HorizontalLoop:
         if request is None:
             raise ValueError("finish_round without begin_round.")
         rnd = request.round
-        good: dict[int, ClientResult] = {}
-        for reply in replies:
-            reason = reply.reason
-            if reason is None and not reply.asked:
-                reason = "a reply from a node that was not asked"
-            elif reason is None and reply.sender in good:
-                reason = "a second reply from the same client"
-            elif reason is None and reply.result is None:
-                reason = "a reply without a result"
+        for reply in replies:  # what a reply carried beyond the protocol: released anyway
             if reply.extra and reply.asked and self.extra_kind is not None:
                 self.ledger.record(self.extra_kind, [int(reply.sender)])
-            if reason is None:
-                good[int(reply.sender)] = reply.result
-            else:
-                self.reject(rnd, reply.sender, reason, "reply")
+        good: dict[int, ClientResult] = self._keep_good(rnd, replies, "result", "reply")
         ids = sorted(good)
         results = [good[c] for c in ids]
         sizes = [r.upload.nbytes for r in results]
@@ -365,19 +354,7 @@ class HorizontalLoop:
         if asked is None or asked.round != int(round):
             return None
         self._evaluating = None
-        good: dict[int, np.ndarray] = {}
-        for report in reports:
-            reason = report.reason
-            if reason is None and not report.asked:
-                reason = "a reply from a node that was not asked"
-            elif reason is None and report.sender in good:
-                reason = "a second report from the same client"
-            elif reason is None and report.rows is None:
-                reason = "a report without rows"
-            if reason is None:
-                good[int(report.sender)] = report.rows
-            else:
-                self.reject(asked.round, report.sender, reason, "evaluation")
+        good: dict[int, np.ndarray] = self._keep_good(asked.round, reports, "rows", "report")
         if good:
             logs = self.laplace.receive_reports([(c, good[c], None) for c in sorted(good)],
                                                 self._evaluate_started)
@@ -407,11 +384,35 @@ class HorizontalLoop:
         self.log(int(round), scores)
         return scores
 
+    def _keep_good(self, rnd: int, answers: Sequence[TrainReply | EvaluateReport],
+                   field: str, what: str) -> dict[int, Any]:
+        """Client id -> ``answer.<field>`` of the usable answers; the others are rejected.
+
+        ``what`` names an answer in the reasons: ``"reply"`` (to train) or
+        ``"report"`` (of an evaluation).
+        """
+        good: dict[int, Any] = {}
+        for answer in answers:
+            reason, value = answer.reason, getattr(answer, field)
+            if reason is None and not answer.asked:
+                reason = "a reply from a node that was not asked"
+            elif reason is None and int(answer.sender) in good:
+                reason = f"a second {what} from the same client"
+            elif reason is None and value is None:
+                reason = f"a {what} without {'a result' if what == 'reply' else 'rows'}"
+            if reason is None:
+                good[int(answer.sender)] = value
+            else:
+                self.reject(rnd, answer.sender, reason,
+                            "reply" if what == "reply" else "evaluation")
+        return good
+
     # ------------------------------------------------------------------- logs
     def reject(self, round: int, sender: int, reason: str, what: str = "reply"  # noqa: A002
                ) -> None:
         """Log and keep why a reply was dropped (``rejected``)."""
-        self.logger.warning("round %d: dropped the %s of client %s: %s", round, what, sender, reason)
+        self.logger.warning("round %d: dropped the %s of client %s: %s", round, what, sender,
+                            reason)
         self.rejected.append((int(round), int(sender), reason))
 
     def log(self, round: int, logs: Mapping[str, float]) -> None:  # noqa: A002

@@ -217,8 +217,9 @@ class HorizontalClient:
         self.batch_norm = batch_norm
         self.magrr = magrr
         if laplace is not None and getattr(laplace, "log_clean", False):
-            raise ValueError("a client's LaplaceEvaluation must not log_clean: the clean "
-                             "outputs would have to leave the client.")
+            raise ValueError("`laplace` (a client's LaplaceEvaluation) must have "
+                             "log_clean=False: the clean outputs would have to leave the client; "
+                             "got log_clean=True.")
         self.laplace = laplace
         self._own_bn = None  # batch_norm='local': this client's statistics
 

@@ -28,8 +28,8 @@ from keras_fedpriv.mechanisms.events import pure_epsilon, repeat_event
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, register_protection
 from keras_fedpriv.mechanisms.random import SeededReleases
 from keras_fedpriv.mechanisms.randomized_response import (
+    binary_randomized_response,
     flip_probability,
-    flip_threshold,
     randomized_response_dp_event,
 )
 from keras_fedpriv.mechanisms.validation import (
@@ -291,8 +291,7 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         if r.size == 0:
             return np.zeros((0,), np.int32)
         bits = (r < float(cut)).astype(np.int32)
-        # one uint32 noise word per client; a bit flips when its word is below the
-        # threshold of binary_randomized_response (flip probability flip_threshold / 2**32)
+        # one uint32 noise word per client, one randomized-response call for the round
         if client_ids is None:
             words = self._release_generator().integers(0, 2**32, size=r.size, dtype=np.uint32)
         else:
@@ -301,8 +300,8 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
             words = np.fromiter((self._release_generator(int(c)).integers(0, 2**32,
                                                                            dtype=np.uint32)
                                  for c in client_ids), np.uint32, count=r.size)
-        flips = words.astype(np.uint64) < np.uint64(flip_threshold(self.eps_rr))
-        reports = bits ^ flips.astype(np.int32)
+        reports = keras.ops.convert_to_numpy(
+            binary_randomized_response(bits, self.eps_rr, noise=words))
         kind = ReleaseKind("MagRR", "client data", CLIENT,
                            self.dp_event(1),
                            "its step size: one randomized-response bit per round a client "
@@ -311,7 +310,7 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
             self._ledger.record(kind, units=None, count=1)
         else:
             self._ledger.record(kind, units=client_ids)
-        return reports.astype(np.int32)
+        return np.asarray(reports, dtype=np.int32)
 
     # --- server side -------------------------------------------------------
 

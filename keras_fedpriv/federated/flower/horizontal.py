@@ -296,7 +296,8 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             from keras_fedpriv.federated.magrr import MagRR
 
             magrr = MagRR(eps_rr=eps_rr, seed=seed)
-        party = HorizontalClient(trainer, (x, y), as_upload(call_with_context(upload_fn, context=context)),
+        upload = as_upload(call_with_context(upload_fn, context=context))
+        party = HorizontalClient(trainer, (x, y), upload,
                                  client_id_fn(context), seed=seed, batch_norm=batch_norm,
                                  magrr=magrr, laplace=(None if laplace_eval_fn is None
                                                        else laplace_eval_fn(context)))
