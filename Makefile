@@ -15,8 +15,13 @@ $(STAMP): pyproject.toml setup.py
 demo: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m keras_fedpriv demo
 
+# Parallel workers (pytest-xdist), one per core up to 4 (each holds its own TensorFlow);
+# tests that start Flower run one after another on one worker (tests/conftest.py).
+# TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q tests
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 \
+		--dist loadgroup --durations 15 tests
 
 api: $(STAMP)
 	$(PY) docs/build_api.py build/api

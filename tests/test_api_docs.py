@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_api_reference_builds_every_public_module(tmp_path):
     out = tmp_path / "api"
     result = subprocess.run([sys.executable, str(ROOT / "docs" / "build_api.py"), str(out)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (out / "index.html").exists()
     for page in ("keras_fedpriv/layers/label_dp.html", "keras_fedpriv/mechanisms/ledger.html",

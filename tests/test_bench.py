@@ -4,13 +4,13 @@ Each script is loaded from ``bench/`` as a module and its ``main(["--quick"])``
 is called, as ``python bench/NAME.py --quick`` would; the test checks that it
 finishes without an error, prints its table and leaves every file under docs/
 unchanged. In-process runs share TensorFlow's start-up with the rest of the
-session: about a minute in all on a 2-core machine.
+session: about a minute in all on a 2-core machine. How long a script takes is
+what the script measures, never asserted here.
 """
 
 import hashlib
 import importlib.util
 import pathlib
-import time
 
 import pytest
 
@@ -51,22 +51,19 @@ def test_every_script_is_covered():
     assert scripts == set(SCRIPTS)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # generous: a busy 2-core machine is 3-5x slower
 @pytest.mark.parametrize("name", [pytest.param(n, marks=m) for n, (_, m) in SCRIPTS.items()])
 def test_quick_mode_runs(name, capsys, tmp_path, monkeypatch):
     expected, _ = SCRIPTS[name]
     monkeypatch.chdir(tmp_path)  # anything written to a relative path lands here
     before = _docs_digest()
     module = _load(name)
-    started = time.perf_counter()
     status = module.main(["--quick"])
-    seconds = time.perf_counter() - started
     out = capsys.readouterr().out
     assert status in (None, 0), out[-2000:]
     for text in expected:
         assert text in out, f"{text!r} not in the output of {name}.py --quick:\n{out[-2000:]}"
     assert _docs_digest() == before, f"{name}.py --quick changed docs/"
-    assert seconds < 120, f"{name}.py --quick took {seconds:.0f} s"
 
 
 def test_quick_is_documented_in_every_help():

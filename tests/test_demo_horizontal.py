@@ -2,17 +2,13 @@
 digits."""
 
 import io
-import time
 
 from keras_fedpriv.demo_horizontal import run_horizontal_demo
 
 
 def test_horizontal_demo_rows():
     out = io.StringIO()
-    start = time.perf_counter()
     rows = run_horizontal_demo(rounds=8, seed=0, quick=True, out=out)
-    seconds = time.perf_counter() - start
-    assert seconds < 60, f"horizontal quick demo took {seconds:.1f} s"
     by = {(r["upload"], r["eps"]): r for r in rows}
     assert set(by) == {("FedAvg", "-"), ("SignDS", "100"), ("SignDS+MagRR", "100 + 5")}
     dense = 4 * (64 * 128 + 128 + 128 * 10 + 10)
@@ -22,6 +18,8 @@ def test_horizontal_demo_rows():
     assert by[("SignDS", "100")]["upload_bytes"] == 401
     assert by[("FedAvg", "-")]["accuracy"] > 0.6
     assert by[("SignDS", "100")]["accuracy"] > 0.3  # 10 classes: chance is 0.1
+    # every configuration ran the 8 rounds asked for, one history entry per round
+    assert all(len(r["history"]["val_accuracy"]) == 8 for r in rows)
     assert len(by[("SignDS+MagRR", "100 + 5")]["history"]["lr_global"]) == 8
     text = out.getvalue()
     assert "96x smaller" in text and "bytes/client/round" in text
