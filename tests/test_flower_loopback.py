@@ -30,9 +30,10 @@ from keras_fedpriv.federated import HorizontalFL  # noqa: E402
 from keras_fedpriv.federated.flower import worker  # noqa: E402
 from keras_fedpriv.federated.flower.loopback import (  # noqa: E402
     LoopbackDeployment,
-    _descendants,
     _listening,
     free_port,
+    kill_family,
+    process_family,
 )
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 
@@ -250,12 +251,12 @@ def test_the_one_host_recipe_in_the_docs_runs_as_written():
         for line in lines[4:6]:
             start(line)
         flwr = shutil.which("flwr", path=bindir)
-        runs, family = [], []
+        runs, family = [], {}
         for _ in range(2):  # the workers serve runs in sequence
             done = subprocess.run(["bash", "-c", lines[6]], cwd=repo, env=env, timeout=300,
                                   capture_output=True, text=True)
             runs.append(_run_status(flwr, done.stdout + done.stderr, env))
-        family = _descendants([p.pid for p, _ in procs])
+        family = process_family([p.pid for p, _ in procs])
     finally:
         for proc, log in reversed(procs):  # SuperNodes, workers, SuperLink; each by its group
             if proc.poll() is None:
@@ -269,9 +270,7 @@ def test_the_one_host_recipe_in_the_docs_runs_as_written():
         logs = [pathlib.Path(f"{folder}/log-{i}.txt").read_text(errors="replace")
                 for i in range(len(procs))]
         shutil.rmtree(folder, ignore_errors=True)
-    for pid in family:
-        if _running(pid):
-            os.kill(pid, signal.SIGKILL)
+    left = kill_family(family, wait=30)  # only processes still the ones recorded (no reused id)
     assert [status for _, status in runs] == ["finished:completed"] * 2, logs[0][-3000:]
     for i in (1, 2):  # each worker answered both runs, then stopped on SIGTERM
         assert procs[i][0].returncode == 0, logs[i][-3000:]
@@ -279,4 +278,22 @@ def test_the_one_host_recipe_in_the_docs_runs_as_written():
             assert f"handled train (run {run_id})" in logs[i]
         assert "worker stopped after" in logs[i]
     assert not any(os.path.exists(p) for p in sockets)
-    assert [p for p in family if _running(p)] == []
+    assert left == []
+
+
+def test_kill_family_kills_only_processes_that_are_still_the_ones_recorded():
+    """A process id recorded before a stop may belong to another process by the time the
+    leftovers are killed (ids are reused): `kill_family` compares start times first."""
+    parent = subprocess.Popen(["bash", "-c", "sleep 120 & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (family := process_family([parent.pid])):
+            assert time.monotonic() < deadline, "the child did not start"
+            time.sleep(0.05)
+        (pid, started), = family.items()
+        assert kill_family({pid: str(int(started) + 1)}, wait=0.2) == []  # another process
+        assert _running(pid)  # left alone
+        assert kill_family(family, wait=30) == [] and not _running(pid)
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=30)

@@ -8,6 +8,7 @@ process is started here, bounded in time and stopped by its pid.
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -71,11 +72,30 @@ def _fail(msg, context):
     raise ValueError(f"label 7 of row {msg.content['config']['secret']}")
 
 
+@stub.evaluate()
+def _no_reply(msg, context):
+    context.state["half-done"] = ConfigRecord({"x": 1})
+    return None  # an app bug: no Message
+
+
+IN_HANDLER = []  # how many messages the stub is handling at once, sampled in `_slow`
+
+
+@stub.query("slow")
+def _slow(msg, context):
+    IN_HANDLER.append(1)
+    try:
+        time.sleep(0.5)
+        return Message(RecordDict({"echo": ConfigRecord({"busy": len(IN_HANDLER)})}), reply_to=msg)
+    finally:
+        IN_HANDLER.pop()
+
+
 @pytest.fixture(scope="module")
 def stub_worker():
     folder = _private_dir()
     worker = w.PartyWorker("tests:stub", os.path.join(folder, "s.sock"), client_app=stub,
-                           max_frame=1 << 16).listen()
+                           max_frame=1 << 16, read_timeout=2.0).listen()
     thread = threading.Thread(target=worker.serve, daemon=True)
     thread.start()
     yield worker
@@ -121,6 +141,120 @@ def test_a_handler_exception_is_an_error_reply_that_names_only_its_type(stub_wor
     assert w.ping(str(stub_worker.socket_path)) == "tests:stub"
 
 
+def test_a_handler_that_returns_no_message_gets_an_error_and_the_worker_keeps_serving(
+        stub_worker):
+    context = _context(str(stub_worker.socket_path))
+    reply = w.relay_client_app("tests:stub")(
+        _message("evaluate", RecordDict({"config": ConfigRecord({})})), context)
+    assert reply.has_error() and "TypeError" in reply.error.reason
+    assert "half-done" not in context.state
+    assert w.ping(str(stub_worker.socket_path)) == "tests:stub"
+
+
+def test_without_a_worker_a_failed_handler_keeps_no_state_and_its_text_stays_local():
+    """The relay runs the target in its own process: as with a worker, the reply names the
+    exception's type only and a half-done state is not kept (Flower would store it)."""
+    context = _context(None)
+    context.state["before"] = ConfigRecord({"n": 1})
+    reply = w.relay_client_app(f"{__name__}:stub")(
+        _message("train", RecordDict({"config": ConfigRecord({"secret": 9431})})), context)
+    assert reply.has_error() and "ValueError" in reply.error.reason
+    assert "9431" not in reply.error.reason and "label" not in reply.error.reason
+    assert sorted(context.state.keys()) == ["before"] and context.state["before"]["n"] == 1
+
+
+def test_two_relays_at_once_are_answered_one_after_the_other(stub_worker):
+    """A SuperNode may run two ClientApp processes at once (two runs): the second relay
+    waits in the socket's backlog and is answered after the first; none fails."""
+    path, replies = str(stub_worker.socket_path), []
+
+    def one():
+        replies.append(w.relay_client_app("tests:stub")(
+            _message("query.slow", RecordDict({"config": ConfigRecord({})})), _context(path)))
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(replies) == 2 and not any(r.has_error() for r in replies)
+    assert [r.content["echo"]["busy"] for r in replies] == [1, 1]
+
+
+def test_a_request_that_trickles_in_is_cut_off_at_the_read_timeout(stub_worker):
+    """A peer that sends a byte now and then cannot hold the worker: the whole request must
+    arrive within ``read_timeout`` (2 s here), not each read."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(str(stub_worker.socket_path))
+        conn.sendall(w._HEAD.pack(b"KFW1", 1 << 15))
+        answered, deadline = False, time.monotonic() + 60
+        while not answered and time.monotonic() < deadline:
+            try:
+                conn.sendall(b"x")
+            except OSError:  # the worker closed the connection
+                break
+            answered = bool(select.select([conn], [], [], 0.3)[0])
+        assert answered, "the worker kept waiting for a trickling request"
+        conn.settimeout(30)
+        header, _, _ = w._read_frame(conn, 1 << 20)
+    assert json.loads(header)["ok"] is False
+    assert w.ping(str(stub_worker.socket_path)) == "tests:stub"
+
+
+def test_the_relay_hands_nothing_to_a_socket_of_another_user(monkeypatch):
+    """The relay checks the listener's user (SO_PEERCRED) before it sends the message: a
+    socket another user made at the configured path gets neither message nor context."""
+    folder = _private_dir()
+    path, received = os.path.join(folder, "fake.sock"), []
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def fake_worker():
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(5)
+            try:
+                received.append(conn.recv(1 << 16))
+            except OSError:
+                received.append(b"?")
+
+    thread = threading.Thread(target=fake_worker, daemon=True)
+    thread.start()
+    monkeypatch.setattr(w, "_peer_uid", lambda conn: os.getuid() + 1)
+    try:
+        reply = w.relay_client_app("tests:stub")(
+            _message("query", RecordDict({"config": ConfigRecord({"secret": 9431})})),
+            _context(path))
+        thread.join(timeout=30)
+    finally:
+        listener.close()
+        os.unlink(path)
+        os.rmdir(folder)
+    assert reply.has_error() and "9431" not in reply.error.reason
+    assert received == [b""]  # connected, then closed without a byte
+
+
+def test_a_worker_refuses_a_peer_of_another_user_before_reading(stub_worker, monkeypatch):
+    monkeypatch.setattr(w, "_peer_uid", lambda conn: os.getuid() + 1)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(30)
+        conn.connect(str(stub_worker.socket_path))  # and sends nothing: the worker reads nothing
+        header = json.loads(w._read_frame(conn, 1 << 20)[0])
+    assert header["ok"] is False and "own user" in header["error"]
+    assert "app" not in header
+
+
+def test_a_system_without_peer_credentials_refuses_to_start(monkeypatch):
+    monkeypatch.delattr(socket, "SO_PEERCRED", raising=False)
+    folder = _private_dir()
+    try:
+        with pytest.raises(OSError, match="SO_PEERCRED"):
+            w.PartyWorker("tests:stub", os.path.join(folder, "s.sock"), client_app=stub)
+    finally:
+        os.rmdir(folder)
+
+
 def test_a_message_for_another_app_is_refused(stub_worker):
     reply = w.relay_client_app("other.module:app")(
         _message("query", RecordDict({"config": ConfigRecord({})})),
@@ -137,6 +271,7 @@ def test_a_message_for_another_app_is_refused(stub_worker):
     w.encode_frame([json.dumps({"kind": "message", "app": "tests:stub"}).encode(),
                     b"\xff\xff\xff", b"\x01"]),                          # not protobuf
     w.encode_frame([b"{}", b""]),                                        # two parts
+    w.encode_frame([b"{}"] + [b""] * 1000),                              # too many parts
 ])
 def test_a_malformed_or_oversized_frame_gets_an_error_and_the_worker_keeps_serving(
         stub_worker, frame):
@@ -230,13 +365,15 @@ def test_a_bad_target_is_refused():
 def test_decode_frame_splits_parts_and_refuses_a_wrong_count():
     frame = w.encode_frame([b"ab", b"", b"c"])
     assert w.decode_frame(frame[w._HEAD.size:], 3) == [b"ab", b"", b"c"]
-    with pytest.raises(w.FrameError, match="got 3"):
+    with pytest.raises(w.FrameError, match="got more"):
         w.decode_frame(frame[w._HEAD.size:], 2)
+    with pytest.raises(w.FrameError, match="got 3"):
+        w.decode_frame(frame[w._HEAD.size:], 4)
 
 
 # --------------------------------------------------------------------------- worker processes
-def _start_worker(app, app_dir):
-    folder = _private_dir()
+def _start_worker(app, app_dir, folder=None):
+    folder = folder or _private_dir()
     path = os.path.join(folder, "w.sock")
     proc = subprocess.Popen([sys.executable, "-m", "keras_fedpriv", "worker", "--app", app,
                              "--app-dir", str(app_dir), "--socket", path], env=ENV,
@@ -278,30 +415,39 @@ def test_the_worker_stops_cleanly_on_sigterm_and_removes_its_socket():
     os.rmdir(folder)
 
 
-@pytest.fixture(scope="module")
-def app_worker():
-    proc, folder, path = _start_worker("kfp_test_app.apps:client", APP)
-    yield path
-    _stop(proc, folder)
-    os.rmdir(folder)
-
-
-def test_the_relay_gives_the_same_replies_with_and_without_a_worker(app_worker):
+def test_a_worker_restarted_mid_run_answers_as_one_that_kept_running():
+    """The test app's client through a worker that crashes (SIGKILL: its socket file stays)
+    after round 0 and is started again at the same path, against the same messages run in
+    this process without a worker: the new worker replaces the stale socket, rebuilds the
+    client from ``context.state`` and gives the same uploads; the states match."""
     apps = load_test_app()
     weights = apps.model_fn().get_weights()
+    app = w.relay_client_app("kfp_test_app.apps:client")
 
-    def exchange(socket_path):
-        app = w.relay_client_app("kfp_test_app.apps:client")
-        context = _context(socket_path, run_id=11)
-        query = app(_message("query", RecordDict({"config": ConfigRecord({})}), run_id=11),
-                    context)
-        trains = [app(_message("train", RecordDict({
+    def train(context, r):
+        return app(_message("train", RecordDict({
             "weights": ArrayRecord(numpy_ndarrays=weights),
             "config": ConfigRecord({"round": r, "local-epochs": 1})}), run_id=11), context)
-            for r in range(2)]
-        return query, trains, context
 
-    (q1, t1, c1), (q2, t2, c2) = exchange(app_worker), exchange(None)
+    def query(context):
+        return app(_message("query", RecordDict({"config": ConfigRecord({})}), run_id=11),
+                   context)
+
+    proc, folder, path = _start_worker("kfp_test_app.apps:client", APP)
+    try:
+        with_worker = _context(path, run_id=11)
+        q1, t1 = query(with_worker), [train(with_worker, 0)]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        assert os.path.exists(path)  # a crashed worker leaves its socket file behind
+        assert train(with_worker, 1).has_error()  # nobody answers: an error reply
+        proc, _, _ = _start_worker("kfp_test_app.apps:client", APP, folder)
+        t1.append(train(with_worker, 1))
+    finally:
+        _stop(proc, folder)
+    os.rmdir(folder)
+    alone = _context(None, run_id=11)
+    q2, t2 = query(alone), [train(alone, r) for r in range(2)]
     assert q1.content["config"]["client-id"] == q2.content["config"]["client-id"] == 0
     for a, b in zip(t1, t2):
         assert not a.has_error() and not b.has_error()
@@ -309,4 +455,5 @@ def test_the_relay_gives_the_same_replies_with_and_without_a_worker(app_worker):
         assert len(up_a) == len(up_b) > 0
         for x, y in zip(up_a, up_b):
             np.testing.assert_allclose(x, y, atol=1e-6)
-    assert sorted(c1.state.keys()) == sorted(c2.state.keys())
+    assert sorted(with_worker.state.keys()) == sorted(alone.state.keys())
+    assert with_worker.state["keras-fedpriv"]["upload"] == alone.state["keras-fedpriv"]["upload"]

@@ -32,7 +32,7 @@ import tempfile
 import time
 from typing import Any, Mapping, Sequence
 
-__all__ = ["LoopbackDeployment", "free_port"]
+__all__ = ["LoopbackDeployment", "free_port", "kill_family", "process_family"]
 
 HOST = "127.0.0.1"
 
@@ -71,6 +71,63 @@ def _descendants(pids: Sequence[int]) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def _start_time(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot, /proc/PID/stat field 22); None if gone."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
+def process_family(pids: Sequence[int]) -> dict[int, str]:
+    """The live descendants of ``pids``, each with its start time (to recognise it later).
+
+    Args:
+        pids: process ids.
+
+    Returns:
+        ``{pid: start time}`` for every live descendant (empty without /proc).
+    """
+    out = {}
+    for pid in _descendants(pids):
+        started = _start_time(pid)
+        if started is not None:
+            out[pid] = started
+    return out
+
+
+def kill_family(family: Mapping[int, str], wait: float = 10.0) -> list[int]:
+    """SIGKILL the processes of ``family`` that still run as the processes it recorded.
+
+    A process id whose start time changed belongs to another process now (the
+    id was reused) and is left alone.
+
+    Args:
+        family: ``{pid: start time}`` from `process_family`.
+        wait: seconds to wait for the killed processes to be gone.
+
+    Returns:
+        The ids of those still running after ``wait`` (empty when all are gone).
+    """
+    def same(pid: int) -> bool:
+        return _start_time(pid) == family[pid]
+
+    for pid in family:
+        if same(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    deadline = time.monotonic() + wait
+    while True:
+        left = [pid for pid in family if same(pid)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def _toml_value(value: Any) -> str:
@@ -284,16 +341,12 @@ class LoopbackDeployment:
         its process id, found from the started processes' process tree.
         """
         started = [p.pid for p in self.processes.values() if p.poll() is None]
-        family = _descendants(started)
+        family = process_family(started)
         # SuperNodes, then workers, then the SuperLink
         order = {"superlink": 2, "worker": 1}
         for name in sorted(self.processes, key=lambda n: order.get(n.split("-")[0], 0)):
             self._stop(self.processes[name], grace)
-        for pid in family:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_family(family, wait=grace)
         for log in self._logs.values():
             log.close()
         self._logs.clear()

@@ -22,13 +22,22 @@ serialization (`flwr.common.serde`), never pickle. This is local IPC within
 one party: the transport between parties stays Flower's.
 
 Security: the socket lives in a folder that belongs to the worker's user and
-that no one else may open (mode 0700, checked at start); a socket path owned
-by another user is refused; every connection's peer must run as the same user
-(``SO_PEERCRED``, Linux); requests are length-prefixed and capped
-(``max_frame``); a malformed or oversized request gets an error reply and the
-worker keeps serving; a ClientApp exception becomes a Flower error reply that
-names the exception's type only (its text stays in the worker's log); a
-request for another ClientApp than the one the worker serves is refused.
+that no one else may open (mode 0700, checked at start and again just before
+binding); a socket path owned by another user is refused. Both ends check the
+other's user with ``SO_PEERCRED`` (Linux; the worker refuses to start where
+the system cannot tell) before a byte of payload moves: the worker answers
+only processes of its own user, and the relay hands a message to no listener
+of another user (one that made a socket at the configured path first).
+Requests are length-prefixed and capped (``max_frame``, checked from the
+prefix before anything is allocated) and must arrive whole within
+``read_timeout``; a malformed, oversized or slow request, or a ClientApp that
+raises or returns no Message, gets an error reply and the worker keeps
+serving. A failed message's reply names the exception's type only (its text,
+which may quote data, stays in the party's log) and its ``context.state``
+changes are dropped, with or without a worker. The app name the relay sends
+is compared with ``--app`` to catch a misconfiguration (a relay for another
+app); it is not an authentication: any process of the party's user may talk
+to the worker, as it may read the party's files.
 """
 
 from __future__ import annotations
@@ -59,9 +68,9 @@ from flwr.common.serde import (
 from flwr.proto.message_pb2 import Context as ProtoContext
 from flwr.proto.message_pb2 import Message as ProtoMessage
 
-__all__ = ["DEFAULT_MAX_FRAME", "SOCKET_KEY", "TIMEOUT_KEY", "FrameError", "PartyWorker",
-           "check_peer", "check_private_folder", "decode_frame", "encode_frame", "ping",
-           "relay", "relay_client_app", "serve_worker"]
+__all__ = ["DEFAULT_MAX_FRAME", "DEFAULT_READ_TIMEOUT", "SOCKET_KEY", "TIMEOUT_KEY",
+           "FrameError", "PartyWorker", "check_peer", "check_private_folder", "decode_frame",
+           "encode_frame", "ping", "relay", "relay_client_app", "serve_worker"]
 
 logger = logging.getLogger("keras_fedpriv.flower")
 
@@ -74,7 +83,7 @@ DEFAULT_MAX_FRAME = 1 << 30
 _MAGIC = b"KFW1"
 _HEAD = struct.Struct("!4sQ")
 _PART = struct.Struct("!Q")
-_READ_TIMEOUT = 60.0  # seconds a connected peer has to send its whole request
+DEFAULT_READ_TIMEOUT = 60.0  # seconds a connected peer has to send its whole request
 
 
 class FrameError(ValueError):
@@ -94,9 +103,16 @@ def encode_frame(parts: Sequence[bytes]) -> bytes:
     return _HEAD.pack(_MAGIC, len(body)) + body
 
 
-def _recv_exactly(conn: socket.socket, n: int) -> bytes:
+def _recv_exactly(conn: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes; with ``deadline`` (``time.monotonic()``) all of them by then."""
     chunks, left = [], n
     while left:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise FrameError(f"the request was not whole within the read timeout "
+                                 f"({n - left} of {n} bytes)")
+            conn.settimeout(remaining)
         chunk = conn.recv(min(left, 1 << 20))
         if not chunk:
             raise FrameError(f"the peer closed the connection {n - left} bytes into a "
@@ -121,6 +137,8 @@ def decode_frame(body: bytes, num_parts: int) -> list[bytes]:
     """
     parts, at = [], 0
     while at < len(body):
+        if len(parts) == num_parts:  # stop here: a crafted frame may hold millions
+            raise FrameError(f"a frame must hold {num_parts} parts; got more")
         if at + _PART.size > len(body):
             raise FrameError("a part's length prefix runs past the frame")
         (size,) = _PART.unpack_from(body, at)
@@ -134,14 +152,15 @@ def decode_frame(body: bytes, num_parts: int) -> list[bytes]:
     return parts
 
 
-def _read_frame(conn: socket.socket, max_frame: int, num_parts: int = 3) -> list[bytes]:
-    head = _recv_exactly(conn, _HEAD.size)
+def _read_frame(conn: socket.socket, max_frame: int, num_parts: int = 3,
+                deadline: float | None = None) -> list[bytes]:
+    head = _recv_exactly(conn, _HEAD.size, deadline)
     magic, size = _HEAD.unpack(head)
     if magic != _MAGIC:
         raise FrameError("not a keras-fedpriv worker frame (bad magic)")
     if size > max_frame:
         raise FrameError(f"a frame of {size} bytes is over the limit of {max_frame} bytes")
-    return decode_frame(_recv_exactly(conn, size), num_parts)
+    return decode_frame(_recv_exactly(conn, size, deadline), num_parts)
 
 
 def _header(part: bytes) -> dict[str, Any]:
@@ -214,6 +233,7 @@ def check_peer(peer_uid: int, own_uid: int | None = None) -> None:
 def _peer_uid(conn: socket.socket) -> int:
     if not hasattr(socket, "SO_PEERCRED"):  # pragma: no cover - not Linux
         raise PermissionError("this system cannot tell the peer's user (no SO_PEERCRED)")
+    # the connecting process's user (worker side), or the listener's (relay side)
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
 
@@ -247,6 +267,22 @@ def _load_app(ref: str) -> ClientApp:
     return app
 
 
+def _answer(app: ClientApp, message: Message, context: Context) -> tuple[Message, bool]:
+    """Run ``app`` on one message: its reply and True; or, when it raises or returns no
+    Message, an error reply that names the exception's type only (the text, which may quote
+    data, goes to this process's log) and False: ``context.state`` must then not be kept."""
+    try:
+        reply = app(message, context)
+        if not isinstance(reply, Message):
+            raise TypeError(f"the ClientApp returned {type(reply).__name__}, not a Message")
+        return reply, True
+    except Exception as ex:  # noqa: BLE001 - the app's error stays in this log
+        logger.exception("the ClientApp raised on a %r message", message.metadata.message_type)
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                             reason=f"the ClientApp raised {type(ex).__name__} (details in "
+                             f"the party's own log)"), reply_to=message), False
+
+
 # --------------------------------------------------------------------------- the worker
 class PartyWorker:
     """Serve one ClientApp on a Unix socket, one message at a time, in a long-lived process.
@@ -259,13 +295,30 @@ class PartyWorker:
         app_dir: None or a folder to put first on ``sys.path`` (the app's folder).
         max_frame: the largest request accepted, in bytes.
         client_app: the ClientApp object to serve (default: import ``app``).
+        read_timeout: seconds a connected peer has to send its whole request
+            (and to take the whole reply).
+
+    Raises:
+        OSError: the system cannot tell a connecting process's user
+            (no ``SO_PEERCRED``: not Linux); the worker would serve anyone
+            who can reach the socket.
     """
 
     def __init__(self, app: str, socket_path: str | os.PathLike[str],
                  app_dir: str | os.PathLike[str] | None = None,
-                 max_frame: int = DEFAULT_MAX_FRAME, client_app: ClientApp | None = None) -> None:
-        if not isinstance(max_frame, int) or max_frame < 1024:
+                 max_frame: int = DEFAULT_MAX_FRAME, client_app: ClientApp | None = None,
+                 read_timeout: float = DEFAULT_READ_TIMEOUT) -> None:
+        if not hasattr(socket, "SO_PEERCRED"):
+            raise OSError(f"the party worker needs SO_PEERCRED (Linux) to check which user "
+                          f"connects; {sys.platform} has none: run the ClientApp without a "
+                          f"worker there.")
+        if isinstance(max_frame, bool) or not isinstance(max_frame, int) or max_frame < 1024:
             raise ValueError(f"`max_frame` must be an integer >= 1024; got {max_frame!r}.")
+        if isinstance(read_timeout, bool) or not isinstance(read_timeout, (int, float)) \
+                or not 0 < read_timeout < float("inf"):
+            raise ValueError(f"`read_timeout` must be a positive number of seconds; got "
+                             f"{read_timeout!r}.")
+        self.read_timeout = float(read_timeout)
         self.socket_path = pathlib.Path(socket_path).absolute()
         check_private_folder(self.socket_path.parent)
         if len(os.fsencode(self.socket_path)) > 100:
@@ -280,7 +333,12 @@ class PartyWorker:
         self._listener: socket.socket | None = None
 
     def listen(self) -> PartyWorker:
-        """Bind and listen on the socket (a stale socket of this user is replaced)."""
+        """Bind and listen on the socket (a stale socket of this user is replaced).
+
+        Returns:
+            This worker.
+        """
+        check_private_folder(self.socket_path.parent)  # again: importing the app took a while
         _clear_socket_path(self.socket_path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
@@ -321,15 +379,8 @@ class PartyWorker:
         except Exception:  # noqa: BLE001 - protobuf raises several types
             raise FrameError("the message or context does not parse") from None
         started = time.perf_counter()
-        try:
-            reply, out = self.app(message, context), context_to_proto(context)
-        except Exception as ex:  # noqa: BLE001 - the app's error stays in this log
-            logger.exception("the ClientApp raised on a %r message", message.metadata.message_type)
-            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                                  reason=f"the ClientApp raised "
-                                  f"{type(ex).__name__} (details in the party's worker log)"),
-                            reply_to=message)
-            out = None
+        reply, ok = _answer(self.app, message, context)
+        out = context_to_proto(context) if ok else None
         self.handled += 1
         seconds = time.perf_counter() - started
         print(f"handled {message.metadata.message_type} (run {context.run_id}) in "
@@ -339,20 +390,33 @@ class PartyWorker:
                              b"" if out is None else out.SerializeToString()])
 
     def serve_connection(self, conn: socket.socket) -> None:
-        """Check the peer, read one request, answer it; never raises for a bad request."""
+        """Check the peer, read one request, answer it; never raises for a bad request.
+
+        Args:
+            conn: an accepted connection; the peer's user is checked before
+                anything is read.
+
+        Returns:
+            None (the reply, or an error reply, is sent on ``conn``).
+        """
+        conn.settimeout(self.read_timeout)
         try:
             check_peer(_peer_uid(conn))
         except PermissionError as err:
             logger.error("refused a connection: %s", err)
             self._send(conn, _error_frame("refused: the worker answers its own user only"))
             return
-        conn.settimeout(_READ_TIMEOUT)
         try:
-            header, message_part, context_part = _read_frame(conn, self.max_frame)
+            header, message_part, context_part = _read_frame(
+                conn, self.max_frame, deadline=time.monotonic() + self.read_timeout)
             reply = self.handle(_header(header), message_part, context_part)
         except (FrameError, OSError) as err:
             logger.error("refused a malformed request: %s", err)
             reply = _error_frame(f"malformed request: {err}")
+        except Exception:  # noqa: BLE001 - one bad request must not stop the worker
+            logger.exception("failed on a request")
+            reply = _error_frame("the worker failed on this request (details in its log)")
+        conn.settimeout(self.read_timeout)  # the reply: the whole sendall within it
         self._send(conn, reply)
 
     @staticmethod
@@ -429,6 +493,8 @@ def _exchange(socket_path: str, request: bytes, timeout: float,
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         conn.connect(socket_path)
+        # nothing goes to a listener of another user (one that made a socket at this path)
+        check_peer(_peer_uid(conn))
         conn.sendall(request)
         header, message_part, context_part = _read_frame(conn, max_frame)
     return _header(header), message_part, context_part
@@ -445,7 +511,8 @@ def ping(socket_path: str | os.PathLike[str], timeout: float = 5.0) -> str:
         The served ClientApp's ``"package.module:attribute"``.
 
     Raises:
-        OSError: nothing answers there.
+        OSError: nothing answers there (PermissionError: a process of
+            another user listens there).
         FrameError: the answer is not a worker's.
     """
     request = encode_frame([json.dumps({"kind": "ping"}).encode(), b"", b""])
@@ -501,7 +568,11 @@ class _RelayClientApp(ClientApp):
         if not path:  # no worker: run the target here (imports it: slow, as without a worker)
             if self._local is None:
                 self._local = _load_app(self.target)
-            return self._local(message, context)
+            before = context_to_proto(context)
+            reply, ok = _answer(self._local, message, context)
+            if not ok:  # Flower would store the failed handler's half-done state
+                context.state = context_from_proto(before).state
+            return reply
         timeout = float(context.node_config.get(TIMEOUT_KEY, 3600.0))
         return relay(str(path), self.target, message, context, timeout)
 
