@@ -129,3 +129,22 @@ def test_embed_without_queue_drops_the_waiting_batches(data):
         follower.embed(x, example_ids=ids, queue=1)
     with pytest.raises(MalformedMessage, match="for batch 1 but 1 await one"):
         follower.receive_gradient({"gradient": np.zeros((8, 4), np.float32)}, 1)
+
+
+def test_a_state_with_a_broken_queue_loads_nothing(data):
+    """A saved queue missing the weights its batches were embedded with is refused before
+    anything is loaded (the weights, the counters and the queue stay as they were)."""
+    batches = [np.arange(0, 8), np.arange(8, 16)]
+    source = model_fn().split_parties().followers["f1"]
+    for b in batches:
+        source.embed(data["features"][b, COLUMNS["f1"]], example_ids=b, queue=True)
+    source.apply_gradients(np.ones((8, 4), np.float32))  # batch 1 keeps its older weights
+    state = {k: np.array(v) for k, v in source.state_dict().items()
+             if not k.startswith("pending_weights/")}
+    target = model_fn().split_parties().followers["f1"]
+    before = [v.numpy().copy() for v in target.trainable_variables]
+    with pytest.raises(ValueError, match="the state lacks 'pending_weights/0/0'"):
+        target.load_state_dict(state)
+    for a, v in zip(before, target.trainable_variables):
+        np.testing.assert_array_equal(a, v.numpy())
+    assert not target.pending and int(target.protection.release_totals.numpy()[0]) == 0

@@ -37,8 +37,8 @@ What crosses the wire (Flower ``Message`` contents):
 
 The leader checks every reply (`decode_embedding`: keys, dtype, shape,
 padding bits, finite floats); an error reply, a missing or malformed one is
-logged with its reason (never its data) and the batch is skipped, so
-nothing malformed is ever used. A follower checks the gradients it receives
+logged with its reason (never its data) and the message's batches are
+skipped, so nothing malformed is ever used. A follower checks the gradients it receives
 the same way (`decode_gradient`) and answers a malformed one with an error.
 
 A follower's state lives in its node's ``context.state`` between messages
@@ -46,7 +46,8 @@ A follower's state lives in its node's ``context.state`` between messages
 Engine may route a node's messages to different worker processes): its
 weights, optimizer, the local state of its layers (random counters, release
 counts and, for unseeded layers, its secret key: it stays on the party's own
-SuperNode) and the batch awaiting its gradient. A process keeps the built
+SuperNode) and the batches awaiting their gradients (with the weights they
+were embedded with, once those have changed). A process keeps the built
 follower and reloads the state only when another process has moved on.
 """
 

@@ -28,7 +28,6 @@ from keras_fedpriv.federated.vertical_parties.wire import (
     encode_embedding,
 )
 from keras_fedpriv.layers.local_state import (
-    Snapshot,
     load_local_state,
     local_state,
     restore,
@@ -181,7 +180,9 @@ class VerticalFollower(PartyBottom):
             logger.debug("follower %r: %d batch(es) awaiting a gradient were dropped",
                          self.name, len(self._queue))
             self._queue = []
-        before = snapshot(self.layers) if training else None
+        # what the replay restores: the random counters and keys, never the per-example
+        # release counts (the replay counts nothing), so a batch keeps no copy of them
+        before = snapshot(self.layers).values if training else None
         fn = self._function("train" if training else "infer", ids is not None)
         sent = fn(x, ids) if ids is not None else fn(x)
         self.check_input_errors()
@@ -309,10 +310,7 @@ class VerticalFollower(PartyBottom):
             out[f"{head}sent"] = np.asarray(p.sent)
             if p.example_ids is not None:
                 out[f"{head}ids"] = p.example_ids
-            before = p.state_before
-            if isinstance(before, Snapshot):
-                before = before.to_state()
-            out.update({f"{head}before/{k}": v for k, v in before.items()})
+            out.update({f"{head}before/{k}": np.asarray(v) for k, v in p.state_before.items()})
             if p.weights is not None:
                 if not any(p.weights is w for w in weight_sets):
                     weight_sets.append(p.weights)
@@ -353,6 +351,7 @@ class VerticalFollower(PartyBottom):
         """
         self._refuse_if_behind(state)
         try:
+            queue = self._pending_from_state(state)  # read first: a broken queue loads nothing
             for i, v in enumerate(self.trainable_variables):
                 v.assign(np.reshape(state[f"weights/{i}"], v.shape))
             for i, v in enumerate(self.optimizer.variables):
@@ -367,7 +366,7 @@ class VerticalFollower(PartyBottom):
             value = var.numpy().copy()
             value[self._counter.slot] = int(np.asarray(state["unprotected"]).reshape(-1)[0])
             var.assign(value)
-        self._queue = self._pending_from_state(state)
+        self._queue = queue
 
     def _pending_from_state(self, state):
         n = len(tree.flatten(self.input_spec))

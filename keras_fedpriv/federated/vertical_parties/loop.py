@@ -249,13 +249,14 @@ def serve_request(follower: VerticalFollower, request: FollowerRequest,
                                    f"{follower.pending_batches} batches awaiting them.")
         for j, g in enumerate(gradients):
             follower.receive_gradient(g, j)  # every one checked before any is applied
+    xs = [features.rows(i) for i in ids or []]  # every id too
+    if gradients is not None:
         for g in gradients:
             follower.apply_gradients(g)
     elif follower.pending:
         follower.discard()
-    if ids is None or not len(ids):
+    if not xs:
         return {}
-    xs = [features.rows(i) for i in ids]
     return pack_batches([follower.embed(x, np.asarray(i, np.int64),
                                         training=bool(request.training), queue=True)
                          for x, i in zip(xs, ids)])
@@ -299,7 +300,9 @@ class VerticalRunResult:
             examples), ``steps`` and ``skipped`` batches, ``bytes_up`` /
             ``bytes_down`` (payload bytes of the training messages, all
             followers; ``bytes_up_<party>``, ``bytes_down_<party>`` each) and
-            with validation data ``val_loss`` and ``val_<metric>``; runtimes
+            with validation data ``val_loss`` and ``val_<metric>`` (NaN for an
+            epoch whose validation replies were refused: one entry per epoch
+            for every figure); runtimes
             may add their own (Flower: ``wire_bytes_up``, ``wire_bytes_down``,
             ``epoch_time_s``).
         rejected: ``(epoch, step, party, reason)`` of every reply not used
@@ -325,7 +328,8 @@ class VerticalRunResult:
 
 
 def _nbytes(arrays):
-    return int(sum(np.asarray(a).nbytes for a in arrays.values()))
+    """Payload bytes of a reply's numpy arrays (anything else in it is refused, not counted)."""
+    return int(sum(a.nbytes for a in arrays.values() if isinstance(a, np.ndarray)))
 
 
 def _batches(n, batch_size):
@@ -490,8 +494,9 @@ def _validate(leader, ask, followers, pending, data, batch_size, k, epoch):
                                        example_ids=group, training=False, epoch=epoch,
                                        step=first) for p in followers}
         _, received = ask(requests, epoch, -1, [len(g) for g in group], False)
-        if received is None:
-            return {"val_loss": float("nan")}
+        if received is None:  # not measured this epoch: NaN, so every figure has one per epoch
+            return {f"val_{key}": float("nan") for key in
+                    ["loss"] + [m.name for m in leader.metrics]}
         for p in followers:
             parts[p].extend(received[p])
     received = {p: np.concatenate(parts[p], axis=0) for p in followers}

@@ -415,7 +415,9 @@ class _Pending:
     features: Any
     example_ids: np.ndarray | None
     sent: np.ndarray
-    state_before: Any  # a local_state Snapshot, or its numpy form from a node state
+    # the layers' local state before the batch was embedded, without the per-example release
+    # counts (name -> tensor, or numpy from a node state): what the replay restores
+    state_before: dict[str, Any]
     # the trainable weights the batch was embedded with, once they have changed since (one
     # list shared by every batch embedded with them); None: the follower's current weights
     weights: list[np.ndarray] | None = None
