@@ -84,6 +84,7 @@ CROSS_CUTTING = {
     "test_clear_errors.py": "a new user's common mistakes, on every path",
     "test_cli.py": "the command line (keras_fedpriv/__main__.py)",
     "test_docs_horizontal.py": "the horizontal guide's examples run",
+    "test_examples.py": "the examples' defaults learn (examples/, in one process)",
     "test_export.py": "save, load and export of every object",
     "test_house.py": "these rules",
     "test_integration.py": "the layers inside Keras: tf.data, XLA, MirroredStrategy, fit",

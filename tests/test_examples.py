@@ -1,0 +1,84 @@
+"""The examples' defaults learn: each example's run, in one process on the same settings."""
+
+import importlib
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+HORIZONTAL = Path(__file__).resolve().parents[1] / "examples" / "flower_horizontal"
+
+
+def _import(folder, *modules):
+    sys.path.insert(0, str(folder))
+    try:
+        return [importlib.import_module(m) for m in modules]
+    finally:
+        sys.path.remove(str(folder))
+
+
+@pytest.fixture(scope="module")
+def horizontal():
+    pytest.importorskip("flwr")  # the example's package imports Flower's names
+    task, one_process = _import(HORIZONTAL, "flower_horizontal.task",
+                                "flower_horizontal.one_process")
+    settings = task.run_settings()  # pyproject.toml's run config: what `flwr run` uses
+    fl, history = one_process.run(settings, seed=0)
+    return task, settings, fl, history.history
+
+
+def test_the_horizontal_examples_defaults_learn(horizontal):
+    """SignDS + MagRR on the app's defaults reaches val_accuracy >= 0.8 in its rounds."""
+    task, settings, _, history = horizontal
+    assert settings.upload == "signds"  # the protected run, not FedAvg
+    assert len(history["val_accuracy"]) == settings.rounds
+    assert history["val_accuracy"][0] < 0.5  # it starts from chance, and learns
+    assert history["val_accuracy"][-1] >= 0.8
+    assert history["replies"] == [float(settings.clients_per_round)] * settings.rounds
+
+
+def test_the_horizontal_example_reports_what_each_client_released(horizontal):
+    """Every client uploads every round: rounds * (SignDS eps + MagRR eps), composed."""
+    from keras_fedpriv.privacy import privacy_report
+
+    task, settings, fl, _ = horizontal
+    assert settings.clients_per_round == settings.num_clients
+    report = privacy_report(fl, delta=task.DELTA)
+    assert report.epsilon == pytest.approx(settings.rounds * (task.EPS + task.EPS_RR), rel=1e-3)
+
+
+def test_the_horizontal_examples_defaults_are_its_pyproject_run_config(horizontal):
+    task, settings, _, _ = horizontal
+    assert settings == task.RunSettings()
+    # a key the deployment sets per run overrides the default; the rest stay
+    override = task.run_settings({"num-clients": 3, "clients-per-round": 3,
+                                  "num-server-rounds": 20})
+    assert (override.num_clients, override.clients_per_round, override.rounds,
+            override.local_epochs) == (3, 3, 20, settings.local_epochs)
+    line = task.progress_line(2, settings, {"replies": 4.0, "val_accuracy": 0.5,
+                                            "round_time_s": 1.25}, 66.0, 3.0)
+    assert line == (f"round 2/{settings.rounds}: 4/{settings.clients_per_round} replies, "
+                    "val_accuracy 0.500, eps 66.0 so far, 1.2 s (total 3.0 s)")
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"num-clients": 0}, r"'num-clients' must be an integer >= 1; got 0"),
+    ({"local-epochs": 1.5}, r"'local-epochs' must be an integer >= 1; got 1.5"),
+    ({"num-server-rounds": True}, r"'num-server-rounds' must be an integer >= 1; got True"),
+    ({"round-timeout": math.inf}, r"'round-timeout' must be a finite number > 0"),
+    ({"upload": "plain"}, r"'upload' must be 'signds' or 'fedavg'; got 'plain'"),
+    ({"num-clients": 3}, r"clients-per-round <= num-clients; got 3, 5, 3"),
+])
+def test_the_horizontal_example_refuses_a_bad_run_config(horizontal, config, match):
+    task = horizontal[0]
+    with pytest.raises(ValueError, match=match):
+        task.run_settings(config)
+
+
+def test_a_horizontal_client_takes_only_its_own_partition(horizontal):
+    task = horizontal[0]
+    sizes = [len(task.client_data(i, 5)[1]) for i in range(5)]
+    assert sum(sizes) == 1797 - len(task.server_validation_data()[1])
+    with pytest.raises(ValueError, match=r"'partition-id' must be in \[0, num-partitions=5\)"):
+        task.client_data(5, 5)
