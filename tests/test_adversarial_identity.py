@@ -21,9 +21,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict  # 
 
 import keras_fedpriv as kf  # noqa: E402
 from keras_fedpriv.federated import VerticalModel  # noqa: E402
-from keras_fedpriv.federated.flower.common import _record  # noqa: E402
-from keras_fedpriv.federated.flower_vertical import vertical_server_app  # noqa: E402
-from keras_fedpriv.federated.vertical_driver import (  # noqa: E402
+from keras_fedpriv.federated.flower.common import arrays_record  # noqa: E402
+from keras_fedpriv.federated.flower.vertical import vertical_server_app  # noqa: E402
+from keras_fedpriv.federated.vertical_parties.loop import (  # noqa: E402
     FeatureTable,
     FollowerRequest,
     serve_request,
@@ -109,7 +109,7 @@ class _Grid:
                     *[({k: a.numpy() for k, a in content[r].items()} if r in content else None)
                       for r in ("ids", "gradient")], training=kind == "train")
                 arrays = serve_request(self.followers[node], request, self.tables[node])
-                replies.append(Message(RecordDict({"embedding": _record(arrays)}), reply_to=m))
+                replies.append(Message(RecordDict({"embedding": arrays_record(arrays)}), reply_to=m))
             else:
                 replies.append(Message(RecordDict({"config": ConfigRecord({})}), reply_to=m))
         return replies

@@ -19,7 +19,7 @@ def _message(arrays):
     metadata = Metadata(run_id=1, message_id="", src_node_id=0, dst_node_id=1,
                         reply_to_message_id="", group_id="1", created_at=0.0, ttl=60.0,
                         message_type="train")
-    return Message(RecordDict({"upload": common._record(arrays)}), metadata=metadata)
+    return Message(RecordDict({"upload": common.arrays_record(arrays)}), metadata=metadata)
 
 
 def test_message_size_grows_with_the_arrays_it_carries():
@@ -30,49 +30,49 @@ def test_message_size_grows_with_the_arrays_it_carries():
 
 def test_a_record_round_trips_and_is_checked_before_use():
     arrays = {"sign": np.array([1], np.int8), "indices": np.arange(5, dtype=np.int32)[::2]}
-    record = common._record(arrays)
-    got = common._arrays(record, "upload", max_bytes=1000)
+    record = common.arrays_record(arrays)
+    got = common.checked_arrays(record, "upload", max_bytes=1000)
     assert set(got) == set(arrays)
     for key in arrays:
         np.testing.assert_array_equal(got[key], arrays[key])
         assert got[key].dtype == arrays[key].dtype
     with pytest.raises(MalformedMessage, match="more than the 8 bytes"):
-        common._arrays(record, "upload", max_bytes=8)
+        common.checked_arrays(record, "upload", max_bytes=8)
     with pytest.raises(MalformedMessage, match="'upload' must be an ArrayRecord; got ConfigRecord"):
-        common._arrays(ConfigRecord({"a": 1}), "upload", max_bytes=1000)
+        common.checked_arrays(ConfigRecord({"a": 1}), "upload", max_bytes=1000)
     assert isinstance(record, ArrayRecord)
 
 
 def test_an_error_reply_is_reduced_to_its_own_first_line():
     wrapped = ("Exception ClientAppException occurred. Message: \x1b[1mValueError: bad shape\x1b[0m"
                "\nTraceback (most recent call last):\n  File secret.py")
-    assert common._first_line(wrapped) == "ValueError: bad shape"
-    assert common._first_line("one\ntwo") == "one"
-    assert common._first_line("") == ""
-    assert len(common._first_line("x" * 1000)) == 200
+    assert common.first_line(wrapped) == "ValueError: bad shape"
+    assert common.first_line("one\ntwo") == "one"
+    assert common.first_line("") == ""
+    assert len(common.first_line("x" * 1000)) == 200
 
 
 def test_the_context_is_passed_only_to_functions_that_take_it():
     context = object()
-    assert common._call(lambda a: a, 1, context=context) == 1
-    assert common._call(lambda a, context: (a, context), 1, context=context) == (1, context)
+    assert common.call_with_context(lambda a: a, 1, context=context) == 1
+    assert common.call_with_context(lambda a, context: (a, context), 1, context=context) == (1, context)
 
 
 def test_waiting_for_nodes_times_out_with_the_count():
     grid = types.SimpleNamespace(get_node_ids=lambda: [3, 1])
-    assert common._wait_for_nodes(grid, 2, timeout=1.0) == [1, 3]
+    assert common.wait_for_nodes(grid, 2, timeout=1.0) == [1, 3]
     with pytest.raises(TimeoutError, match="only 2 of the 3 followers needed connected"):
-        common._wait_for_nodes(grid, 3, timeout=0.0, what="followers")
+        common.wait_for_nodes(grid, 3, timeout=0.0, what="followers")
 
 
 def test_the_budget_takes_the_smaller_cap_and_the_operators_path(tmp_path):
     context = types.SimpleNamespace(node_config={})
-    assert common._budget(context, None, 1e-5, None) is None
-    budget = common._budget(context, 3.0, 1e-5, str(tmp_path / "code.json"))
+    assert common.party_budget(context, None, 1e-5, None) is None
+    budget = common.party_budget(context, 3.0, 1e-5, str(tmp_path / "code.json"))
     assert budget.max_epsilon == 3.0 and budget.path == str(tmp_path / "code.json")
     context.node_config = {"max-epsilon": 2.0, "privacy-budget-path": str(tmp_path / "op.json")}
-    budget = common._budget(context, 3.0, 1e-5, str(tmp_path / "code.json"), per_record=True)
+    budget = common.party_budget(context, 3.0, 1e-5, str(tmp_path / "code.json"), per_record=True)
     assert budget.max_epsilon == 2.0 and budget.path == str(tmp_path / "op.json")
     context.node_config = {"max-epsilon": 5.0}
-    assert common._budget(context, None, 1e-5, lambda c: str(tmp_path / "fn.json")).path == \
+    assert common.party_budget(context, None, 1e-5, lambda c: str(tmp_path / "fn.json")).path == \
         str(tmp_path / "fn.json")

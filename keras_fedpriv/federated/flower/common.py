@@ -115,7 +115,3 @@ def party_budget(context: Context, max_epsilon: float | None, delta: float,
     return PrivacyBudget(min(float(c) for c in caps), delta,
                          path=str(where) if where else None, per_record=per_record)
 
-
-# the names these helpers had before they were public (still imported by older modules)
-_call, _record, _first_line = call_with_context, arrays_record, first_line
-_wait_for_nodes, _arrays, _budget = wait_for_nodes, checked_arrays, party_budget
