@@ -1,8 +1,8 @@
 """One horizontal-FL workload in one process, on Flower's Simulation Engine and on its Deployment Engine.
 
 The workload of ``examples/flower_horizontal`` (digits split among 3
-clients, an MLP 64-32-10, every client every round, 2 local epochs), with
-FedAvg and with SignDS (k = 0.2, eps = 10) + MagRR, run three ways in the
+clients, its softmax regression 64 -> 10, every client every round, 2 local
+epochs), with FedAvg and with the example's SignDS + MagRR, run three ways in the
 same run:
 
 1. `HorizontalFL` (one process, the baseline);
@@ -16,6 +16,10 @@ same run:
    ``tests/flower_app/floor``), our horizontal app with a new ClientApp process
    per message (no worker), and with one party worker per SuperNode
    (``keras-fedpriv worker``; the relay ClientApp hands it each message).
+
+4. The vertical example (``examples/flower_vertical``, its defaults) on the
+   Deployment Engine with a party worker per follower: seconds per training
+   step, amortized over the epochs.
 
 Reported per runtime and scheme: seconds per round (ratio to `HorizontalFL`),
 the upload payload per round (what the scheme sends: the dense update, or a
@@ -47,6 +51,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 APP = REPO / "examples" / "flower_horizontal"
+VERTICAL = REPO / "examples" / "flower_vertical"
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(APP))
@@ -128,6 +133,61 @@ def deployment(app, rounds, worker=False):
         history = json.loads(pathlib.Path(folder, "history.json").read_text())["history"]
     handled = [float(m) for m in re.findall(r"handled train \(run \d+\) in ([\d.]+) ms", logs)]
     return history, handled
+
+
+def vertical_deployment():
+    """The vertical example (`examples/flower_vertical`, its run config's defaults) on loopback
+    with a party worker beside each follower's SuperNode.
+
+    Returns the run's history (per epoch: ``epoch_time_s``, ``steps``,
+    ``val_auc``), the example's K, the seconds until the deployment was up and
+    the whole run's seconds, start-up included.
+    """
+    import tomllib
+
+    from keras_fedpriv.federated.flower.loopback import LoopbackDeployment
+
+    config = tomllib.loads((VERTICAL / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    relay = config["components"]["clientapp"]
+    k = int(config["config"]["batches-per-message"])
+    with tempfile.TemporaryDirectory() as folder:
+        started = time.perf_counter()
+        # the worker serves what the app's relay ClientApp names (client_app.py: party.py's app)
+        target = _relay_target(relay)
+        with LoopbackDeployment(2, node_configs=[{"party": "f1"}, {"party": "f2"}],
+                                worker_app=target, worker_app_dir=str(VERTICAL)) as dep:
+            up = time.perf_counter() - started
+            done = dep.run(VERTICAL, {"result-path": folder}, timeout=900)
+        total = time.perf_counter() - started
+        if done.returncode != 0:
+            raise RuntimeError(f"flwr run failed:\n{done.stdout[-3000:]}")
+        history = json.loads(pathlib.Path(folder, "history.json").read_text())["history"]
+    return history, k, up, total
+
+
+def _relay_target(component):
+    """The ClientApp a relay ClientApp (``"module:attr"`` of the vertical app) hands to."""
+    import importlib
+
+    sys.path.insert(0, str(VERTICAL))
+    try:
+        module, _, attr = component.partition(":")
+        return getattr(importlib.import_module(module), attr).target
+    finally:
+        sys.path.remove(str(VERTICAL))
+
+
+def vertical_rows():
+    """One row: the vertical example with party workers, s per training step amortized."""
+    h, k, up, total = vertical_deployment()
+    steps, epoch_s = sum(h["steps"]), sum(h["epoch_time_s"])
+    later = (sum(h["epoch_time_s"][1:]) / sum(h["steps"][1:])) if len(h["steps"]) > 1 else None
+    row = [f"vertical example, party workers, K = {k}", f"{len(h['steps'])} x "
+           f"{int(h['steps'][0])}", f"{epoch_s / steps:.2f}",
+           "-" if later is None else f"{later:.2f}", f"{total:.0f} ({up:.0f})",
+           f"{h['val_auc'][-1]:.3f}"]
+    print(" | ".join(row), flush=True)
+    return [row]
 
 
 def worker_in_process(messages):
@@ -237,6 +297,12 @@ def main(argv=None):
         ["Deployment Engine, 3 SuperNodes on loopback", "s / round (after the first)",
          "vs floor", "s over the floor", "worker ms / train message (median)"], floor_rows)
     print(floor_table)
+    vertical_table = _report.markdown_table(
+        ["Deployment Engine, leader + 2 followers on loopback", "epochs x steps",
+         "s / step (all epochs)", "s / step (after the first epoch)",
+         "whole run s (start-up)", "val AUC"], vertical_rows())
+    print(vertical_table)
+    signds_payload = float(next(r for r in rows if r[0] == "signds")[4]) / NUM_CLIENTS
     body = f"""## Flower: one workload on three runtimes (`bench/flower.py`)
 
 Command (run {_report.today()}, {time.time() - started:.0f} s on {_report.machine()}):
@@ -245,9 +311,10 @@ Command (run {_report.today()}, {time.time() - started:.0f} s on {_report.machin
 TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/flower.py
 ```
 
-The workload of `examples/flower_horizontal`: digits among {NUM_CLIENTS} clients, MLP
-64-32-10, all clients every round, {LOCAL_EPOCHS} local epochs, {rounds} rounds, SignDS
-k = 0.2, eps = 10 with MagRR (eps_rr = 3, r_init = {R_INIT:g}). Seconds per round skip
+The workload of `examples/flower_horizontal`: digits among {NUM_CLIENTS} clients, its
+softmax regression 64 -> 10, all clients every round, {LOCAL_EPOCHS} local epochs, {rounds}
+rounds, SignDS k = {task.K:g}, eps = {task.EPS:g} with MagRR (eps_rr = {task.EPS_RR:g},
+r_init = {R_INIT:g}). Seconds per round skip
 the first round (tracing). Bytes: the upload payload is what the scheme sends; a Flower
 message is `message_nbytes` (Flower's serialized message with metadata, before
 HTTP/TLS framing), summed over the round's clients.
@@ -267,6 +334,22 @@ over a Unix socket). A fresh deployment per row; s / round skip the first round.
 In process, a party worker answers a train message of this app, relay round trip
 included, in {statistics.median(handled):.0f} ms (median).
 
+Vertical FL on the same engine: `examples/flower_vertical` with its run config's defaults
+(breast cancer, batch 32, the leader as the ServerApp, a party worker beside each of the
+2 followers' SuperNodes; K batches per message, so an epoch is one training message round
+and one validation round per follower). Seconds per training step are the leader's epoch
+times over its steps (validation included); the whole run adds the deployment's start-up
+(in brackets), `flwr run`, the ServerApp's start and the followers' introduction.
+
+{vertical_table}
+
+Each vertical message round costs about one floor round (Flower's polling and the relay's
+process start; a worker answers in 0.05-1 s), and an epoch of this example is two rounds for
+13 steps: about 1 s per step. Seconds per step fall as K grows with the data (an epoch of
+1,000 steps at K = 64 is 16 training rounds, not 1,000). Before the party workers and K > 1
+(2026-11-23 to 25, this machine): about 10 s per vertical step, and 14.7 (FedAvg) and 17.4
+(SignDS) s per round for the horizontal app with a ClientApp process per message.
+
 Reading: Flower 1.41 starts a new `flwr-clientapp` process for every message, and its
 SuperNodes and server poll with fixed sleeps: that is the floor, paid by any app. Without a
 worker each of those processes also imports TensorFlow and builds and traces the model
@@ -276,7 +359,7 @@ plus the training itself. The Simulation Engine keeps its Ray workers and our tr
 training function between rounds. Flower adds a fixed overhead of about half a kilobyte per message
 (metadata, record and array names, array headers). FedAvg's upload is the dense update,
 so its message is within a few percent of the payload; SignDS's payload is a sign and h
-indices (57 B per client here), so on this small model its message is about ten times
+indices ({signds_payload:.0f} B per client here), so on this small model its message is several times
 its payload, and the gap shrinks as h grows with the model (h indices of 4 B each
 against a constant overhead). The download, the dense global model, is the same for
 both schemes and dominates the traffic. SignDS learns slowly with 3 clients (it is built for many

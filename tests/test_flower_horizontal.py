@@ -234,6 +234,57 @@ def test_a_clients_state_is_reloaded_on_every_message_so_no_worker_replays_noise
     assert state["releases_by_unit"] == {"0": 3}
 
 
+def test_a_long_lived_client_process_keeps_only_a_few_recent_runs(monkeypatch):
+    """A party worker serves run after run: its cached models and clients stay at the few
+    most recent runs, and a run that comes back after its entries were dropped resumes from
+    its node state (its release counters go on; no noise is drawn twice)."""
+    from flwr.app import Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from keras_fedpriv.federated.flower import horizontal_wire as wire
+    from keras_fedpriv.federated.horizontal_loop import TrainRequest
+    from keras_fedpriv.federated.flower.horizontal import _caches
+    from keras_fedpriv.federated.flower.recent_runs import DEFAULT_KEEP_RUNS
+
+    for attr, value in (("_run_id", 7), ("_node_id", 0), ("_task_id", 0)):
+        monkeypatch.setattr(TaskIdentity, attr, value)
+    x, y = _digits()
+    app = horizontal_client_app(model_fn, lambda ctx: (x[:40], y[:40]),
+                                lambda: GaussianUpload(1.0, 1.0, seed=3), seed=0)
+    runs = list(range(9100, 9100 + DEFAULT_KEEP_RUNS + 3))
+    contexts = {run: Context(run_id=run, node_id=5, node_config={"partition-id": 0},
+                             state=RecordDict(), run_config={}) for run in runs}
+
+    order = TrainRequest(round=0, client_ids=[0], local_epochs=1,
+                         weights=model_fn().get_weights(), batch_norm=[], magrr_cut=None)
+
+    def send(run, kind):
+        content = wire.query_content() if kind == "query" else wire.train_content(order)
+        reply = app(Message(content, dst_node_id=5, message_type=kind), contexts[run])
+        assert not reply.has_error(), reply.error.reason
+
+    def cached_runs():
+        trainers, clients = _caches()
+        return {k[0] for k in trainers} | {k[0] for k in clients}
+
+    def releases(run):
+        return json.loads(contexts[run].state["keras-fedpriv"]["upload"])[0]["releases_by_unit"]
+
+    try:
+        send(runs[0], "train")
+        for run in runs[1:]:
+            send(run, "query")
+            assert run in cached_runs() and len(cached_runs()) <= DEFAULT_KEEP_RUNS
+        assert cached_runs() == set(runs[-DEFAULT_KEEP_RUNS:])  # the first run's went
+        send(runs[0], "train")  # it comes back: rebuilt from its node state
+        assert releases(runs[0]) == {"0": 2}
+        assert len(cached_runs()) <= DEFAULT_KEEP_RUNS and runs[0] in cached_runs()
+    finally:
+        for cache in _caches():
+            for key in [k for k in cache if k[0] in runs]:
+                del cache[key]
+
+
 def _server():
     from keras_fedpriv.federated.horizontal_parties import HorizontalServer
 

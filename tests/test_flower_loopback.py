@@ -156,12 +156,15 @@ VERTICAL = pathlib.Path(__file__).resolve().parents[1] / "examples" / "flower_ve
 
 def test_a_leader_and_two_followers_train_the_vertical_example_as_separate_processes(tmp_path):
     """The vertical example app on the Deployment Engine: the ServerApp is the leader (labels +
-    LabelDP), two SuperNodes are the followers (EmbeddingDP bits)."""
+    LabelDP), two SuperNodes are the followers (EmbeddingDP bits), each with the party worker
+    its relay ClientApp hands messages to (as run_loopback.py starts them)."""
     nodes = [{"party": "f1"}, {"party": "f2"}]
-    with LoopbackDeployment(2, node_configs=nodes) as deployment:
+    with LoopbackDeployment(2, node_configs=nodes, worker_app="flower_vertical.party:app",
+                            worker_app_dir=VERTICAL) as deployment:
         done = deployment.run(VERTICAL, {"num-epochs": 2, "batch-size": 200,
                                          "result-path": str(tmp_path)}, timeout=360)
         pids = deployment.alive()
+        worker_logs = [deployment.log(f"worker-{i}") for i in range(2)]
     alive, listening = _gone(deployment, pids)
     assert alive == [] and listening == []
     assert done.returncode == 0, done.stdout[-3000:]
@@ -180,6 +183,9 @@ def test_a_leader_and_two_followers_train_the_vertical_example_as_separate_proce
     assert all(w > b for w, b in zip(h["wire_bytes_up"], h["bytes_up"]))
     # the leader's report: its labels released once per example
     assert "LabelDPLayer" in done.stdout and "run status: finished:completed" in done.stdout
+    # the followers' workers answered every message of the run (hello, train, validate, finish)
+    handled = [re.findall(r"handled (\S+) \(run", log) for log in worker_logs]
+    assert all(h.count("train") >= 2 and "query.finish" in h for h in handled), handled
 
 
 # --------------------------------------------------------------------------- docs/flower.md

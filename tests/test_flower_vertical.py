@@ -334,3 +334,43 @@ def test_a_follower_refuses_a_message_of_more_batches_than_its_node_config_allow
         assert "error" not in done and not follower.pending
     finally:
         _followers().pop((7, 3), None)
+
+
+def test_a_long_lived_follower_process_keeps_only_a_few_recent_runs(monkeypatch):
+    """A party worker serves run after run: its cached followers stay at the few most recent
+    runs, and a run that comes back after its follower was dropped resumes from its node
+    state (the gradient of its waiting batch is applied; no release is counted twice)."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from keras_fedpriv.federated.flower.recent_runs import DEFAULT_KEEP_RUNS
+    from keras_fedpriv.federated.flower.vertical import _followers
+
+    for attr, value in (("_run_id", 7), ("_node_id", 0), ("_task_id", 0)):
+        monkeypatch.setattr(TaskIdentity, attr, value)
+    app = vertical_client_app(lambda party: model_fn().split_parties().followers[party],
+                              follower_data)
+    runs = list(range(8100, 8100 + DEFAULT_KEEP_RUNS + 3))
+    contexts = {run: Context(run_id=run, node_id=3, node_config={"party": "f1"},
+                             state=RecordDict(), run_config={}) for run in runs}
+
+    def send(run, key, array):
+        content = RecordDict({"config": ConfigRecord({"epoch": 0, "step": 0}),
+                              key: ArrayRecord({f"0/{key}": Array(array)})})
+        reply = app(Message(content, dst_node_id=3, message_type="train"), contexts[run])
+        assert "error" not in reply.content
+        return reply.content
+
+    try:
+        for run in runs:
+            assert "embedding" in send(run, "ids", np.arange(4, dtype=np.int64))
+            cached = {k[0] for k in _followers()}
+            assert run in cached and len(cached) <= DEFAULT_KEEP_RUNS
+        assert {k[0] for k in _followers()} == set(runs[-DEFAULT_KEEP_RUNS:])
+        send(runs[0], "gradient", np.ones((4, 4), np.float32))  # back, from its node state
+        follower = _followers()[(runs[0], 3)].follower
+        assert not follower.pending  # the waiting batch came back with the state, and is done
+        assert int(follower.protection.release_totals.numpy()[0]) == 1
+    finally:
+        for key in [k for k in _followers() if k[0] in runs]:
+            _followers().pop(key, None)

@@ -1,10 +1,12 @@
 """Run this Flower app on one machine as separate processes: one command, loopback only.
 
     python examples/flower_horizontal/run_loopback.py [--clients 5] [--rounds 10] [--upload fedavg]
+        [--no-workers]
 
 Starts a SuperLink and one SuperNode per client on 127.0.0.1 (free ports, no
-TLS, a temporary FLWR_HOME), and a party worker beside each SuperNode when the
-app's ClientApp is a relay to one; runs the app once with `flwr run`, prints
+TLS, a temporary FLWR_HOME), and a party worker beside each SuperNode (the
+app's ClientApp relays each message to it; --no-workers: none, a ClientApp
+process per message, as Flower alone); runs the app once with `flwr run`, prints
 the server's output as it comes (one line per round: replies, val_accuracy,
 eps so far, seconds; then the privacy report) and stops exactly the processes
 it started. Options left out keep the run config of pyproject.toml. For
@@ -70,6 +72,8 @@ def main(argv=None):
                         help="every client's scheme (node config) and the server's (run config)")
     parser.add_argument("--result-path", default="", help="a folder for history.json")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the run")
+    parser.add_argument("--no-workers", action="store_true",
+                        help="no party workers: a ClientApp process (and TensorFlow) per message")
     args = parser.parse_args(argv)
     # each client's partition and scheme are its own choice (node config); the server's
     # settings are the run config's
@@ -79,7 +83,7 @@ def main(argv=None):
               "clients-per-round": args.clients_per_round or args.clients,
               "local-epochs": args.local_epochs, "upload": args.upload,
               "result-path": args.result_path}
-    target = _relay_target()
+    target = None if args.no_workers else _relay_target()
     workers = {"worker_app": target, "worker_app_dir": APP} if target else {}
     started = time.perf_counter()
     with LoopbackDeployment(args.clients, node_configs=nodes, **workers) as deployment:

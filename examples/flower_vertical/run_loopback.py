@@ -1,9 +1,12 @@
 """Run this vertical Flower app on one machine as separate processes: one command, loopback only.
 
     python examples/flower_vertical/run_loopback.py [--epochs 2] [--batches-per-message 13]
+        [--no-workers]
 
 Starts a SuperLink and two SuperNodes (the followers f1 and f2) on 127.0.0.1
-(free ports, no TLS, a temporary FLWR_HOME), runs the app once with `flwr
+(free ports, no TLS, a temporary FLWR_HOME) and a party worker beside each
+SuperNode (the app's ClientApp relays each message to it; --no-workers: none,
+a ClientApp process per message, as Flower alone), runs the app once with `flwr
 run` (the ServerApp is the leader), prints the leader's log (one line per
 epoch: loss, validation AUC, seconds; then the privacy report of its labels)
 and stops exactly the processes it started. Options left out keep the run
@@ -14,10 +17,21 @@ docs/flower.md.
 import argparse
 import pathlib
 import sys
+import time
 
 from keras_fedpriv.federated.flower.loopback import LoopbackDeployment
 
 APP = pathlib.Path(__file__).resolve().parent
+
+
+def _worker_app():
+    """The real ClientApp ("module:attr") that the app's relay ClientApp hands messages to."""
+    sys.path.insert(0, str(APP))
+    try:
+        from flower_vertical.client_app import app
+    finally:
+        sys.path.remove(str(APP))
+    return app.target
 
 
 def main(argv=None):
@@ -28,15 +42,23 @@ def main(argv=None):
                         help="K: batches per message to a follower (1: synchronous)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the run")
     parser.add_argument("--result-path", default="", help="a folder for history.json")
+    parser.add_argument("--no-workers", action="store_true",
+                        help="no party workers: a ClientApp process (and TensorFlow) per message")
     args = parser.parse_args(argv)
     nodes = [{"party": party} for party in ("f1", "f2")]  # each follower names its party
-    with LoopbackDeployment(2, node_configs=nodes) as deployment:
+    workers = {} if args.no_workers else {"worker_app": _worker_app(), "worker_app_dir": APP}
+    started = time.perf_counter()
+    with LoopbackDeployment(2, node_configs=nodes, **workers) as deployment:
+        print(f"SuperLink and 2 SuperNodes up on 127.0.0.1"
+              f"{'' if args.no_workers else ' with party workers'} "
+              f"({time.perf_counter() - started:.1f} s)", flush=True)
         config = {"num-epochs": args.epochs, "batch-size": args.batch_size,
                   "batches-per-message": args.batches_per_message,
                   "result-path": args.result_path}
         done = deployment.run(APP, {k: v for k, v in config.items() if v is not None},
                               timeout=args.timeout)
     print(done.stdout)
+    print(f"{time.perf_counter() - started:.1f} s in all")
     return done.returncode
 
 

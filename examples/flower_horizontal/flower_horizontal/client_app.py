@@ -1,15 +1,12 @@
-"""The ClientApp: one per SuperNode (`--node-config "partition-id=0 num-partitions=3"`)."""
+"""The ClientApp the SuperNode starts for every message: a relay to the party's worker.
 
-from flower_horizontal.task import client_data, client_magrr_eps, client_upload_fn, model_fn
+It imports Flower only (no TensorFlow) and hands each message to the worker
+named by the node config key ``worker-socket``, which serves the real
+ClientApp (`flower_horizontal.party`) with everything loaded. Without that
+key it runs the real ClientApp in this process (a fresh TensorFlow per
+message: slow, but it works).
+"""
 
-from keras_fedpriv.federated.flower import horizontal_client_app
+from keras_fedpriv.federated.flower import relay_client_app
 
-
-def _data(context):
-    config = context.node_config
-    return client_data(int(config["partition-id"]), int(config["num-partitions"]))
-
-
-# seed=None: the client's shuffling and MagRR bits come from OS entropy, not from anyone's seed
-app = horizontal_client_app(model_fn, _data, client_upload_fn, batch_size=32,
-                           magrr_eps=client_magrr_eps)
+app = relay_client_app("flower_horizontal.party:app")

@@ -1,14 +1,12 @@
-"""The ClientApp: one follower per SuperNode (`--node-config "party='f1'"` or a partition id)."""
+"""The ClientApp the SuperNode starts for every message: a relay to the follower's worker.
 
-from flower_vertical.task import FOLLOWERS, follower_features, model_fn
+It imports Flower only (no TensorFlow) and hands each message to the worker
+named by the node config key ``worker-socket``, which serves the follower's
+real ClientApp (`flower_vertical.party`) with everything loaded. Without that
+key it runs the real ClientApp in this process (a fresh TensorFlow per
+message: slow, but it works).
+"""
 
-from keras_fedpriv.federated.flower_vertical import vertical_client_app
+from keras_fedpriv.federated.flower import relay_client_app
 
-
-def _follower(party):
-    return model_fn().split_parties().followers[party]
-
-
-# a follower's own cap on what it releases about each example, over every run, can be set by
-# its operator: --node-config "... max-epsilon=40 privacy-budget-path='/var/lib/fl/f1.json'"
-app = vertical_client_app(_follower, follower_features, parties=list(FOLLOWERS))
+app = relay_client_app("flower_vertical.party:app")

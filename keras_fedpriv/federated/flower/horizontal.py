@@ -55,6 +55,7 @@ from keras_fedpriv.federated.flower.strategy import (  # noqa: F401 - FlowerRunR
     HorizontalStrategy,
     write_result,
 )
+from keras_fedpriv.federated.flower.recent_runs import RecentRuns
 from keras_fedpriv.federated.horizontal_parties import HorizontalClient, LocalTrainer
 from keras_fedpriv.federated.uploads import as_upload
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, non_private_event
@@ -76,10 +77,18 @@ _CLEAR_KIND = ReleaseKind("BatchNormalization statistics and data size (sent)", 
                           CLIENT, non_private_event(), "batch_norm='average': sent in the clear")
 
 
-def _caches() -> tuple[dict[Any, Any], dict[Any, Any]]:
+# A long-lived process (a party worker) serves run after run: keep a few recent runs only.
+_RUNS = RecentRuns(_TRAINERS, _CLIENTS)
+
+
+def _caches(run_id: int | None = None) -> tuple[dict[Any, Any], dict[Any, Any]]:
     """This process's caches. Reached through a module-level function: Ray pickles the apps'
     closures by value, and a module dict they named directly would arrive as a fresh copy
-    with every message (rebuilding the model each time)."""
+    with every message (rebuilding the model each time). With ``run_id``, that run becomes
+    the most recent and the entries of runs beyond `RecentRuns.keep` are dropped (a run
+    that comes back rebuilds its client from ``context.state``)."""
+    if run_id is not None:
+        _RUNS.use(run_id)
     return _TRAINERS, _CLIENTS
 
 
@@ -262,7 +271,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         return now
 
     def client(context: Context) -> HorizontalClient:
-        trainers, clients = _caches()
+        trainers, clients = _caches(context.run_id)
         key = (context.run_id, context.node_id)
         if key in clients:
             party = clients[key]

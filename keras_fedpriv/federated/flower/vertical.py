@@ -81,6 +81,7 @@ from keras_fedpriv.federated.flower.common import (  # noqa: E402
     party_budget,
     wait_for_nodes,
 )
+from keras_fedpriv.federated.flower.recent_runs import RecentRuns  # noqa: E402
 from keras_fedpriv.privacy.budget import BudgetExhausted, PrivacyBudget  # noqa: E402
 from keras_fedpriv.privacy.report import privacy_ledger  # noqa: E402
 from keras_fedpriv.federated.vertical_parties.loop import (  # noqa: E402
@@ -125,9 +126,13 @@ class _Cached:
 # `_followers()`: an engine that pickles the app by value (Ray) would copy a dict they
 # referenced directly, and every message would build its follower again.
 _FOLLOWERS: dict[tuple[int, int], _Cached] = {}
+# A long-lived process (a party worker) serves run after run: keep a few recent runs only.
+_RUNS = RecentRuns(_FOLLOWERS)
 
 
-def _followers() -> dict[tuple[int, int], _Cached]:
+def _followers(run_id: int | None = None) -> dict[tuple[int, int], _Cached]:
+    if run_id is not None:  # that run becomes the most recent; older runs beyond keep go
+        _RUNS.use(run_id)
     return _FOLLOWERS
 
 
@@ -222,7 +227,7 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
     def load(context: Context) -> _Cached:
         key = (context.run_id, context.node_id)
         version = int(context.state[_META]["version"]) if _META in context.state else 0
-        cache = _followers()
+        cache = _followers(context.run_id)
         cached = cache.get(key)
         if cached is not None and version == 0 and cached.version != 0:
             # A node state that starts afresh, while this process kept a follower under the
