@@ -17,9 +17,11 @@ same run:
    per message (no worker), and with one party worker per SuperNode
    (``keras-fedpriv worker``; the relay ClientApp hands it each message).
 
-4. The vertical example (``examples/flower_vertical``, its defaults) on the
-   Deployment Engine with a party worker per follower: seconds per training
-   step, amortized over the epochs.
+4. The vertical example (``examples/flower_vertical``) on the Deployment Engine
+   with a party worker per follower, with its defaults (batch 32, K = 13) and
+   with more steps per message through the run config only (batch 8, K = 50):
+   seconds per training step amortized over the epochs, message rounds per
+   epoch, val AUC and the leader's eps.
 
 Reported per runtime and scheme: seconds per round (ratio to `HorizontalFL`),
 the upload payload per round (what the scheme sends: the dense update, or a
@@ -30,6 +32,7 @@ Usage::
 
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/flower.py            # updates docs
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/flower.py --quick    # smoke run, no docs
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/flower.py --only vertical  # its rows, no docs
 
 ``--quick`` runs the in-process baseline and a party worker in this process
 (the relay's round trip per message on the test app), no Flower processes.
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import re
@@ -135,13 +139,14 @@ def deployment(app, rounds, worker=False):
     return history, handled
 
 
-def vertical_deployment():
-    """The vertical example (`examples/flower_vertical`, its run config's defaults) on loopback
-    with a party worker beside each follower's SuperNode.
+def vertical_deployment(run_config=None):
+    """The vertical example (`examples/flower_vertical`, its run config's defaults with
+    ``run_config``'s overrides) on loopback with a party worker beside each follower's SuperNode.
 
     Returns the run's history (per epoch: ``epoch_time_s``, ``steps``,
-    ``val_auc``), the example's K, the seconds until the deployment was up and
-    the whole run's seconds, start-up included.
+    ``val_auc``), the run's K, the leader's composed eps (its privacy report,
+    from the ServerApp's output; None if absent), the seconds until the
+    deployment was up and the whole run's seconds, start-up included.
     """
     import tomllib
 
@@ -149,7 +154,8 @@ def vertical_deployment():
 
     config = tomllib.loads((VERTICAL / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     relay = config["components"]["clientapp"]
-    k = int(config["config"]["batches-per-message"])
+    run_config = dict(run_config or {})
+    k = int(run_config.get("batches-per-message", config["config"]["batches-per-message"]))
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()
         # the worker serves what the app's relay ClientApp names (client_app.py: party.py's app)
@@ -157,12 +163,15 @@ def vertical_deployment():
         with LoopbackDeployment(2, node_configs=[{"party": "f1"}, {"party": "f2"}],
                                 worker_app=target, worker_app_dir=str(VERTICAL)) as dep:
             up = time.perf_counter() - started
-            done = dep.run(VERTICAL, {"result-path": folder}, timeout=900)
+            done = dep.run(VERTICAL, {**run_config, "result-path": folder}, timeout=900)
         total = time.perf_counter() - started
         if done.returncode != 0:
             raise RuntimeError(f"flwr run failed:\n{done.stdout[-3000:]}")
         history = json.loads(pathlib.Path(folder, "history.json").read_text())["history"]
-    return history, k, up, total
+    # the last line of the leader's privacy report: "worst unit, all releases ... <eps>"
+    eps = re.findall(r"worst unit, all releases.*?([\d.]+(?:e[+-]?\d+)?)[ \t]*$", done.stdout,
+                     re.MULTILINE)
+    return history, k, float(eps[-1]) if eps else None, up, total
 
 
 def _relay_target(component):
@@ -177,17 +186,40 @@ def _relay_target(component):
         sys.path.remove(str(VERTICAL))
 
 
+# the example's defaults (batch 32: 13 steps per epoch, K = 13), then more steps per message
+# through the run config only (batch 8: 50 steps per epoch, all in one message, K = 50)
+VERTICAL_RUNS = (("batch 32 (defaults)", {}),
+                 ("batch 8", {"batch-size": 8, "batches-per-message": 50}))
+
+
 def vertical_rows():
-    """One row: the vertical example with party workers, s per training step amortized."""
-    h, k, up, total = vertical_deployment()
-    steps, epoch_s = sum(h["steps"]), sum(h["epoch_time_s"])
-    later = (sum(h["epoch_time_s"][1:]) / sum(h["steps"][1:])) if len(h["steps"]) > 1 else None
-    row = [f"vertical example, party workers, K = {k}", f"{len(h['steps'])} x "
-           f"{int(h['steps'][0])}", f"{epoch_s / steps:.2f}",
-           "-" if later is None else f"{later:.2f}", f"{total:.0f} ({up:.0f})",
-           f"{h['val_auc'][-1]:.3f}"]
-    print(" | ".join(row), flush=True)
-    return [row]
+    """One row per run of `VERTICAL_RUNS`: the vertical example with party workers, s per
+    training step amortized, message rounds per epoch, val AUC and the leader's eps."""
+    rows = []
+    for name, run_config in VERTICAL_RUNS:
+        h, k, eps, up, total = vertical_deployment(run_config)
+        steps, epoch_s = sum(h["steps"]), sum(h["epoch_time_s"])
+        later = (sum(h["epoch_time_s"][1:]) / sum(h["steps"][1:])) if len(h["steps"]) > 1 \
+            else None
+        # training rounds (K batches each; the last gradients ride on the validation round)
+        # plus the validation round, as bench/vertical_k.py counts them
+        rounds = math.ceil(h["steps"][0] / k) + 1
+        rows.append([f"vertical example, party workers, {name}, K = {k}",
+                     f"{len(h['steps'])} x {int(h['steps'][0])}", str(rounds),
+                     f"{epoch_s / steps:.2f}", "-" if later is None else f"{later:.2f}",
+                     f"{total:.0f} ({up:.0f})", f"{h['val_auc'][-1]:.3f}",
+                     "-" if eps is None else f"{eps:.3g}"])
+        print(" | ".join(rows[-1]), flush=True)
+    return rows
+
+
+def vertical_table():
+    """The vertical rows as a markdown table (runs the deployments)."""
+    return _report.markdown_table(
+        ["Deployment Engine, leader + 2 followers on loopback", "epochs x steps",
+         "message rounds / epoch", "s / step (all epochs)", "s / step (after the first epoch)",
+         "whole run s (start-up)", "val AUC", "leader eps (labels, delta 1e-5)"],
+        vertical_rows())
 
 
 def worker_in_process(messages):
@@ -259,7 +291,13 @@ def main(argv=None):
                         help="smoke run: 2 rounds in process, a worker in a thread, no Flower "
                              "processes, no docs")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", choices=["vertical"],
+                        help="vertical: only the vertical example's deployment rows, printed "
+                             "(docs untouched)")
     args = parser.parse_args(argv)
+    if args.only == "vertical":
+        print(vertical_table())
+        return
     rounds = 2 if args.quick else args.rounds
     runtimes = [("HorizontalFL", in_process)]
     if not args.quick:
@@ -297,11 +335,8 @@ def main(argv=None):
         ["Deployment Engine, 3 SuperNodes on loopback", "s / round (after the first)",
          "vs floor", "s over the floor", "worker ms / train message (median)"], floor_rows)
     print(floor_table)
-    vertical_table = _report.markdown_table(
-        ["Deployment Engine, leader + 2 followers on loopback", "epochs x steps",
-         "s / step (all epochs)", "s / step (after the first epoch)",
-         "whole run s (start-up)", "val AUC"], vertical_rows())
-    print(vertical_table)
+    vertical = vertical_table()
+    print(vertical)
     signds_payload = float(next(r for r in rows if r[0] == "signds")[4]) / NUM_CLIENTS
     body = f"""## Flower: one workload on three runtimes (`bench/flower.py`)
 
@@ -334,19 +369,26 @@ over a Unix socket). A fresh deployment per row; s / round skip the first round.
 In process, a party worker answers a train message of this app, relay round trip
 included, in {statistics.median(handled):.0f} ms (median).
 
-Vertical FL on the same engine: `examples/flower_vertical` with its run config's defaults
-(breast cancer, batch 32, the leader as the ServerApp, a party worker beside each of the
-2 followers' SuperNodes; K batches per message, so an epoch is one training message round
-and one validation round per follower). Seconds per training step are the leader's epoch
-times over its steps (validation included); the whole run adds the deployment's start-up
-(in brackets), `flwr run`, the ServerApp's start and the followers' introduction.
+Vertical FL on the same engine: `examples/flower_vertical` (breast cancer, the leader as
+the ServerApp, a party worker beside each of the 2 followers' SuperNodes), with its run
+config's defaults (batch 32: 13 steps per epoch, K = 13), then with more steps per message
+through the run config only (`--run-config "batch-size=8 batches-per-message=50"`: 50 steps
+per epoch, all in one message). With K = the steps of an epoch, an epoch is one training
+message round and one validation round per follower (which also carries the last
+gradients). Seconds per training step are the leader's epoch times over its steps
+(validation included); the whole run adds the deployment's start-up (in brackets),
+`flwr run`, the ServerApp's start and the followers' introduction. The leader's eps is its
+privacy report's (LabelDP on its labels, once per example whatever the batch); each
+follower's EmbeddingDP ledger stays with the follower.
 
-{vertical_table}
+{vertical}
 
 Each vertical message round costs about one floor round (Flower's polling and the relay's
-process start; a worker answers in 0.05-1 s), and an epoch of this example is two rounds for
-13 steps: about 1 s per step. Seconds per step fall as K grows with the data (an epoch of
-1,000 steps at K = 64 is 16 training rounds, not 1,000). Before the party workers and K > 1
+process start; a worker answers in 0.05-1 s), so an epoch costs about two floor rounds
+plus its steps' compute: at 13 steps per message about 1.1 s per step, at 50 steps 0.4-0.5 s
+(0.52 and 0.37 after the first epoch in two runs on 2026-11-26, this machine, shared).
+Seconds per step fall as K grows with the data (an epoch of 1,000 steps at K = 64 is 16
+training rounds, not 1,000). Before the party workers and K > 1
 (2026-11-23 to 25, this machine): about 10 s per vertical step, and 14.7 (FedAvg) and 17.4
 (SignDS) s per round for the horizontal app with a ClientApp process per message.
 
