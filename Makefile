@@ -15,12 +15,14 @@ $(STAMP): pyproject.toml setup.py
 demo: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m keras_fedpriv demo
 
-# Parallel workers (pytest-xdist), one per core up to 4 (each holds its own TensorFlow);
-# tests that start Flower run one after another on one worker (tests/conftest.py).
-# TEST_WORKERS=0 runs everything in this process.
-TEST_WORKERS ?= auto
+# Parallel workers (pytest-xdist; each holds its own TensorFlow): 3 by default, one more than
+# a 2-core machine's cores, because the tests that start Flower processes mostly wait on
+# Flower's polling while another worker computes. Tests that run Flower's Simulation Engine
+# (Ray) run one after another on one worker, and the tests of a module stay on one worker
+# (tests/conftest.py). TEST_WORKERS=auto: one per core; TEST_WORKERS=0: this process only.
+TEST_WORKERS ?= 3
 test: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 \
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q -n $(TEST_WORKERS) \
 		--dist loadgroup --durations 15 tests
 
 api: $(STAMP)

@@ -4,7 +4,9 @@ Logical devices must be configured before TensorFlow initializes its runtime,
 so this runs at conftest import time, before any test module touches TF.
 """
 
+import functools
 import os
+import pathlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -48,28 +50,79 @@ def _restore_environment():
         os.environ.update(saved)
 
 
-def _group(item: pytest.Item) -> str:
+# Modules whose tests each start Flower processes of their own (a SuperLink and SuperNodes
+# on free 127.0.0.1 ports) and share no module fixture: each test is a group of its own.
+_OWN_GROUP_MODULES = {"test_flower_loopback"}
+_SIMULATION = "flower-simulation"
+
+
+@functools.cache
+def _runs_simulation(path: str) -> bool:
+    """Whether the test module at ``path`` runs Flower's Simulation Engine."""
+    return "run_simulation" in pathlib.Path(path).read_text(encoding="utf-8")
+
+
+def _group(nodeid: str, root: pathlib.Path) -> str:
     """The worker group of a test under ``pytest -n N --dist loadgroup``.
 
-    Tests that start Flower (the Simulation Engine's Ray, or SuperLink and
-    SuperNode processes) share one group: they run one after another on one
-    worker, so a run never starts two Flower deployments of its own at once on
-    a small machine. Every other test stays with its module, so a module-scoped
-    fixture (a trained model, a demo run) is built once.
+    Tests of a module that runs Flower's Simulation Engine
+    (``flwr.simulation.run_simulation``, which starts a Ray cluster) share one
+    group: they run one after another on one worker, so two Ray clusters never
+    start at once. Tests that start a Deployment Engine of their own (SuperLink
+    and SuperNode processes on free ports) may run beside any other test: they
+    spend most of their time waiting on Flower's polling, so a test of the
+    loopback module is a group of its own. Every other test stays with its
+    module, so a module-scoped fixture (a trained model, a demo run, a party
+    worker process) is built once.
     """
-    return "flower" if item.get_closest_marker("flower") is not None else item.module.__name__
+    path = nodeid.split("::", 1)[0]  # relative to the root directory
+    if pathlib.Path(path).stem in _OWN_GROUP_MODULES:
+        return nodeid
+    return _SIMULATION if _runs_simulation(str(root / path)) else path
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadgroup`` with the groups of ``_group``, handed out in collection order.
+
+    pytest-xdist 3.8 marks a test's group by rewriting a node id attribute that
+    pytest 9 no longer reads, so its own ``loadgroup`` sends every test on its
+    own (module fixtures run on every worker, Ray clusters start side by side).
+    This scheduler groups by node id instead, and keeps the order set in
+    ``pytest_collection_modifyitems`` (xdist would re-sort the groups by their
+    number of tests, starting the one-test loopback groups last).
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid, config.rootpath)
+
+    config.option.loadscopereorder = False
+    return GroupScheduling(config, log)
+
+
+def _rank(group: str, items: list[pytest.Item]) -> int:
+    """Where a group starts (lower first): the Simulation Engine group, each loopback test,
+    the other groups with a slow test, then the rest."""
+    if group == _SIMULATION:
+        return 0
+    if group == items[0].nodeid:  # a test of its own
+        return 1
+    return 2 if any(i.get_closest_marker("slow") for i in items) else 3
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group tests for parallel workers, and start the slow groups first.
+    """Start the slow groups first.
 
-    Under ``--dist loadgroup`` the groups are handed out in order: putting the
-    groups with slow tests at the front keeps one worker from starting a long
-    group when the other has nothing left to do.
+    The groups are handed out in this order (see ``pytest_xdist_make_scheduler``):
+    starting the longest groups first keeps one worker from starting a long
+    group when the others have nothing left to do.
     """
-    groups = {item.nodeid: _group(item) for item in items}
+    members: dict[str, list[pytest.Item]] = {}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    slow = {groups[i.nodeid] for i in items
-            if i.get_closest_marker("slow") or i.get_closest_marker("flower")}
-    items.sort(key=lambda i: groups[i.nodeid] not in slow)  # stable: order within kept
+        members.setdefault(_group(item.nodeid, config.rootpath), []).append(item)
+    rank = {g: _rank(g, m) for g, m in members.items()}
+    items.sort(key=lambda i: rank[_group(i.nodeid, config.rootpath)])  # stable: order within kept

@@ -22,7 +22,7 @@ from keras_fedpriv.tuning import (PrivacyUtility, eps_hyperparameter, privacy_ob
 from ledger_cases import by_hand
 from tuning_cases import vertical_data, vertical_trial_model
 
-EPOCHS, EXECUTIONS, TRIALS = 4, 2, 2
+EPOCHS, EXECUTIONS, TRIALS = 3, 2, 2  # every trial builds and traces a new model
 
 
 def _data():
@@ -42,7 +42,7 @@ def _search(tmp_path, track=True, trials=TRIALS, executions=EXECUTIONS, epochs=E
                             executions_per_trial=executions, directory=str(tmp_path),
                             project_name="t", overwrite=True, seed=0)
     spent = track_search(tuner) if track else None
-    tuner.search(x, y, validation_data=val, epochs=epochs, batch_size=32, verbose=0,
+    tuner.search(x, y, validation_data=val, epochs=epochs, batch_size=64, verbose=0,
                  callbacks=[PrivacyUtility(budget=100.0, protects="labels")])
     return tuner, spent
 
