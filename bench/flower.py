@@ -103,7 +103,7 @@ def simulation(upload, rounds):
     client = horizontal_client_app(
         task.model_fn, lambda c: task.client_data(int(c.node_config["partition-id"]),
                                                   NUM_CLIENTS),
-        lambda: task.client_upload_fn(_Context(upload)), magrr_eps=eps_rr)
+        lambda: task.client_upload_fn(_Context(upload)), eps_rr=eps_rr)
     server = horizontal_server_app(
         task.model_fn, lambda: task.server_upload_fn(_Context(upload)), rounds=rounds,
         clients_per_round=NUM_CLIENTS, local_epochs=LOCAL_EPOCHS, num_clients=NUM_CLIENTS,

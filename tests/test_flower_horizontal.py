@@ -61,7 +61,7 @@ def test_signds_with_magrr_on_flower_matches_the_in_process_run():
 
     out = {}
     client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
-                                   upload_fn, seed=1, magrr_eps=3.0,
+                                   upload_fn, seed=1, eps_rr=3.0,
                                    laplace_eval_fn=lambda context: laplace())
     server = horizontal_server_app(model_fn, upload_fn, rounds=3, clients_per_round=2,
                                    num_clients=3, seed=1, magrr=MagRR(eps_rr=3.0, seed=1),
@@ -346,7 +346,7 @@ def test_the_example_client_takes_its_scheme_from_its_own_node_config_not_the_ru
         node_config = {"partition-id": 0}
 
     assert isinstance(task.client_upload_fn(Ctx()), SignDSEncoder)
-    assert task.client_magrr_eps(Ctx()) == task.EPS_RR
+    assert task.client_eps_rr(Ctx()) == task.EPS_RR
     assert task.server_upload_fn(Ctx()) == "fedavg"  # its replies would then be dropped
 
 

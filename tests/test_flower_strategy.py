@@ -43,7 +43,7 @@ def test_a_users_own_server_app_runs_the_strategy_like_the_in_process_run():
         out.update(strategy=strategy, result=result)
 
     client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
-                                   _signds, seed=1, magrr_eps=3.0)
+                                   _signds, seed=1, eps_rr=3.0)
     run_simulation(server_app=app, client_app=client, num_supernodes=3,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
     strategy, result = out["strategy"], out["result"]

@@ -129,3 +129,55 @@ def test_bad_arguments():
         privacy_report(keras.Sequential([keras.Input((2,))]), delta=-1.0)
     with pytest.raises(TypeError, match="cannot collect"):
         privacy_report("model.keras")
+
+
+def _flower_state(sampling, relation, compositions, orders=None):
+    """A Flower RDP accountant's ``state_dict()`` (schema 1), written out by hand."""
+    return {"schema_version": 1, "backend": "rdp", "orders": orders or [],
+            "config": {"target_delta": 1e-5, "population_size": 100,
+                       "neighboring_relation": relation, "sampling_method": sampling,
+                       "max_epsilon": None},
+            "compositions": [{"event": {"noise_multiplier": z, "sample_size": n,
+                                        "population_size": 100}, "count": c}
+                             for z, n, c in compositions]}
+
+
+def test_a_flower_accountant_is_reported_beside_the_local_releases_never_composed_into_them():
+    upload = GaussianUpload(clip_norm=1.0, noise_multiplier=2.0, seed=0)
+    for _ in range(3):
+        upload.client_message(np.ones(4, np.float32), 5, client_id=0)
+    state = _flower_state("poisson", "add-or-remove-one", [(1.1, 10, 5), (2.0, 20, 3)])
+    local = privacy_report(upload, delta=1e-5)
+    report = privacy_report(upload, delta=1e-5, flower_accountant=state)
+    hand = dp_accounting.rdp.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    hand.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.1)), 5)
+    hand.compose(dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(2.0)), 3)
+    assert report.central_epsilon == pytest.approx(hand.get_epsilon(1e-5), rel=1e-9)
+    assert report.epsilon == pytest.approx(local.epsilon, rel=1e-12)  # the local figure as is
+    assert report.central[0].releases == 8
+    text = str(report)
+    assert "Central DP (another threat model" in text and "8 noised aggregates" in text
+    assert local.central_epsilon is None and "Central DP" not in str(local)
+
+
+def test_a_bad_flower_accountant_is_refused_by_name():
+    upload = GaussianUpload(seed=0)
+    with pytest.raises(ValueError, match="`flower_accountant` must be Flower's PrivacyAccountant"):
+        privacy_report(upload, flower_accountant={"schema_version": 2})
+    with pytest.raises(ValueError, match="sampling method 'sometimes'"):
+        privacy_report(upload, flower_accountant=_flower_state(
+            "sometimes", "add-or-remove-one", [(1.0, 1, 1)]))
+
+
+def test_flowers_own_accountant_without_replacement_matches_its_own_figure():
+    flwr = pytest.importorskip("flwr.serverapp")
+    from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
+
+    acc = flwr.RdpAccountant(flwr.PrivacyConfig(
+        target_delta=1e-5, population_size=50,
+        neighboring_relation=flwr.NeighboringRelation.REPLACE_ONE,
+        sampling_method=flwr.SamplingMethod.WITHOUT_REPLACEMENT))
+    acc.compose(GaussianPrivacyEvent(1.3, 5, 50), count=4)
+    report = privacy_report(GaussianUpload(seed=0), flower_accountant=acc)
+    assert report.central_epsilon == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)

@@ -61,8 +61,9 @@ from keras_fedpriv.mechanisms.validation import validate_eps
 from keras_fedpriv.privacy.accountant import MixedPLDAccountant
 from keras_fedpriv.text_table import text_table
 
-__all__ = ["EpsilonLogger", "PrivacyReport", "Release", "compose_epsilon", "find_protections",
-           "privacy_ledger", "privacy_report", "pure_epsilon", "register_protection"]
+__all__ = ["CentralRelease", "EpsilonLogger", "PrivacyReport", "Release", "compose_epsilon",
+           "find_protections", "flower_central_release", "privacy_ledger", "privacy_report",
+           "pure_epsilon", "register_protection"]
 
 _VDI = 1e-4
 ACCOUNTANTS = ("pld", "rdp")
@@ -217,6 +218,116 @@ def privacy_ledger(obj: Any) -> ReleaseLedger:
     return ReleaseLedger.merged(p.privacy_ledger() for p in found)
 
 
+# ------------------------------------------------------------- central DP
+_RELATIONS = {"add-or-remove-one": NeighborRel.ADD_OR_REMOVE_ONE,
+              "replace-one": NeighborRel.REPLACE_ONE}
+
+
+@dataclasses.dataclass
+class CentralRelease:
+    """Central DP on a released aggregate (e.g. Flower's DP wrappers): another threat model.
+
+    The local releases of a report are what the server receives about each
+    client; a central release is the noised aggregate (the model) that
+    everyone downstream sees, and its guarantee trusts the server, which saw
+    the uploads. The two are shown side by side and never composed together.
+
+    Attributes:
+        mechanism: who released, e.g. a Flower DP wrapper.
+        events: ``[(dp_accounting event, count), ...]`` as the central
+            accountant defines them (per round: Gaussian, or Poisson-sampled /
+            sampled-without-replacement Gaussian).
+        neighboring: ``"add-or-remove-one"`` or ``"replace-one"`` (user level).
+        orders: the RDP orders to compose at (None: dp-accounting's default).
+        note: how the releases were counted.
+    """
+
+    mechanism: str
+    events: list[tuple[dp_accounting.DpEvent, int]]
+    neighboring: str = "add-or-remove-one"
+    orders: tuple[float, ...] | None = None
+    note: str = ""
+
+    @property
+    def releases(self) -> int:
+        """The number of central releases recorded."""
+        return int(sum(c for _, c in self.events))
+
+    def epsilon(self, delta: float) -> float:
+        """eps at ``delta``: the events composed with dp-accounting's RDP accountant (as Flower's).
+
+        Args:
+            delta: the delta of the (eps, delta).
+
+        Returns:
+            The composed eps (0.0 if nothing was released).
+        """
+        if not self.releases:
+            return 0.0
+        acc = dp_accounting.rdp.RdpAccountant(
+            orders=list(self.orders) if self.orders else None,
+            neighboring_relation=_RELATIONS[self.neighboring])
+        for event, count in self.events:
+            if count:
+                acc.compose(event, int(count))
+        return float(acc.get_epsilon(delta))
+
+
+def flower_central_release(accountant: Any, source: str = "Flower's PrivacyAccountant"
+                           ) -> CentralRelease:
+    """The releases a Flower ``PrivacyAccountant`` recorded, as dp-accounting events.
+
+    Each composition of a ``GaussianPrivacyEvent`` becomes the event Flower's
+    RDP accountant composes for its sampling method: ``GaussianDpEvent(z)``
+    (no amplification), ``PoissonSampledDpEvent(sample_size /
+    population_size, GaussianDpEvent(z))`` or
+    ``SampledWithoutReplacementDpEvent(population_size, sample_size,
+    GaussianDpEvent(z))``.
+
+    Args:
+        accountant: Flower's ``PrivacyAccountant`` (e.g. ``RdpAccountant``) or
+            its ``state_dict()``.
+        source: who released, for the report.
+
+    Returns:
+        A `CentralRelease`.
+
+    Raises:
+        ValueError: the state is not an RDP accountant's state of schema 1.
+    """
+    state = accountant.state_dict() if callable(getattr(accountant, "state_dict", None)) \
+        else accountant
+    if not isinstance(state, dict) or state.get("schema_version") != 1 \
+            or state.get("backend") != "rdp":
+        raise ValueError("`flower_accountant` must be Flower's PrivacyAccountant (RDP) or its "
+                         "state_dict() (schema_version 1, backend 'rdp'); got "
+                         f"{type(accountant).__name__}.")
+    config = state["config"]
+    sampling = str(getattr(config["sampling_method"], "value", config["sampling_method"]))
+    relation = str(getattr(config["neighboring_relation"], "value",
+                           config["neighboring_relation"]))
+    if relation not in _RELATIONS:
+        raise ValueError(f"unknown neighboring relation {relation!r} in the accountant state.")
+    events = []
+    for item in state["compositions"]:
+        e, count = item["event"], int(item["count"])
+        gaussian = dp_accounting.GaussianDpEvent(float(e["noise_multiplier"]))
+        n, pop = int(e["sample_size"]), int(e["population_size"])
+        if sampling == "poisson":
+            event = dp_accounting.PoissonSampledDpEvent(n / pop, gaussian)
+        elif sampling == "without-replacement":
+            event = dp_accounting.SampledWithoutReplacementDpEvent(pop, n, gaussian)
+        elif sampling == "no-amplification":
+            event = gaussian
+        else:
+            raise ValueError(f"unknown sampling method {sampling!r} in the accountant state.")
+        events.append((event, count))
+    orders = tuple(float(o) for o in state.get("orders") or ()) or None
+    return CentralRelease(source, events, relation, orders,
+                          f"recorded by Flower's accountant ({sampling}, {relation}, user "
+                          f"level, target delta {config['target_delta']:g})")
+
+
 # ------------------------------------------------------------------ report
 @dataclasses.dataclass
 class Release:
@@ -244,14 +355,32 @@ class PrivacyReport:
     """What was released, per kind of release and composed for the worst unit.
 
     Attributes:
-        ledger: the merged `ReleaseLedger`.
+        ledger: the merged `ReleaseLedger`: the local releases (what the
+            server, or whoever receives the messages, sees).
         delta: the delta of every composed eps.
         accountant: ``"pld"`` or ``"rdp"``.
+        central: central DP on released aggregates (`CentralRelease`), a
+            different threat model: shown beside the local figure
+            (`central_epsilon`), never composed into `epsilon`.
     """
 
     ledger: ReleaseLedger
     delta: float
     accountant: str = "pld"
+    central: list[CentralRelease] = dataclasses.field(default_factory=list)
+
+    @property
+    def central_epsilon(self) -> float | None:
+        """The central guarantee's eps at ``delta`` (None if no central release is recorded).
+
+        Against everyone who sees the released model; it trusts the server.
+        Several central records compose by basic composition (each at
+        ``delta / count``), which never understates.
+        """
+        if not self.central:
+            return None
+        share = self.delta / len(self.central)
+        return float(sum(c.epsilon(share) for c in self.central))
 
     @property
     def releases(self) -> list[Release]:
@@ -325,6 +454,14 @@ class PrivacyReport:
         lines += list(dict.fromkeys(f"- {r.mechanism}: {r.note}" for r in self.releases
                                     if r.note))  # one line per distinct note
         lines += [f"- {n}" for n in self.notes()]
+        if self.central:
+            lines.append(
+                "Central DP (another threat model: the guarantee against everyone who sees the "
+                "released model; it trusts the server, which receives the uploads above; not "
+                f"composed with them): eps {_fmt(self.central_epsilon)} at delta={self.delta:g}.")
+            lines += [f"- {c.mechanism}: {c.releases} noised aggregates, eps "
+                      f"{_fmt(c.epsilon(self.delta / len(self.central)))}; {c.note}"
+                      for c in self.central]
         return "\n".join(lines)
 
 
@@ -333,7 +470,8 @@ def _fmt(eps):
 
 
 def privacy_report(obj: Any, delta: float = 1e-5, accountant: str = "pld",
-                   callbacks: Iterable[Any] = (), protects: str | None = None) -> PrivacyReport:
+                   callbacks: Iterable[Any] = (), protects: str | None = None,
+                   flower_accountant: Any = None) -> PrivacyReport:
     """Compose every release recorded by the protections reachable from ``obj``.
 
     Args:
@@ -348,6 +486,11 @@ def privacy_report(obj: Any, delta: float = 1e-5, accountant: str = "pld",
             were in every row) or one secret, ``"labels"``, ``"features"``
             or ``"client data"``: only the releases about it (e.g. the
             leader's labels, against the followers).
+        flower_accountant: None, or Flower's ``PrivacyAccountant`` (or its
+            ``state_dict()``) of the same run: its central releases are
+            reported beside the local ones (``report.central_epsilon``), not
+            composed with them. A strategy built by
+            `keras_fedpriv.federated.flower.central_dp` brings its own.
 
     Returns:
         A `PrivacyReport`; ``print(report)`` shows the table and
@@ -375,7 +518,15 @@ def privacy_report(obj: Any, delta: float = 1e-5, accountant: str = "pld",
     ledger = privacy_ledger(objs)
     if protects is not None:
         ledger = ledger.only(protects)
-    return PrivacyReport(ledger, delta, accountant)
+    central, seen = [], set()
+    for o in objs:
+        if callable(getattr(o, "central_privacy", None)):
+            held = getattr(o, "accountant", None)
+            seen.add(id(held) if held is not None else None)
+            central += list(o.central_privacy())
+    if flower_accountant is not None and id(flower_accountant) not in seen:
+        central.append(flower_central_release(flower_accountant))
+    return PrivacyReport(ledger, delta, accountant, central)
 
 
 class EpsilonLogger(keras.callbacks.Callback):

@@ -11,7 +11,7 @@ Each client's node config names its partition and scheme
 (``--node-config "partition-id=0 num-partitions=5 worker-socket='...'"``).
 """
 
-from flower_horizontal.task import client_data, client_magrr_eps, client_upload_fn, model_fn
+from flower_horizontal.task import client_data, client_eps_rr, client_upload_fn, model_fn
 
 from keras_fedpriv.federated.flower import horizontal_client_app
 
@@ -23,4 +23,4 @@ def _data(context):
 
 # seed=None: the client's shuffling and MagRR bits come from OS entropy, not from anyone's seed
 app = horizontal_client_app(model_fn, _data, client_upload_fn, batch_size=32,
-                           magrr_eps=client_magrr_eps)
+                           eps_rr=client_eps_rr)

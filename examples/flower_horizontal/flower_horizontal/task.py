@@ -90,7 +90,7 @@ def server_upload_fn(context: Any) -> Any:
     return upload_scheme(_scheme(context.run_config))
 
 
-def client_magrr_eps(context: Any) -> float | None:
+def client_eps_rr(context: Any) -> float | None:
     """MagRR sets SignDS's server step; FedAvg needs none.
 
     Args:

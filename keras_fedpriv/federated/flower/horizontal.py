@@ -35,7 +35,7 @@ In a real deployment leave seeds None (fresh OS entropy per release).
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import keras
 import numpy as np
@@ -55,6 +55,7 @@ from keras_fedpriv.federated.flower.strategy import (  # noqa: F401 - FlowerRunR
     HorizontalStrategy,
     write_result,
 )
+from keras_fedpriv.federated.flower.central_dp import check_renamed, refuse_dp_mods
 from keras_fedpriv.federated.flower.recent_runs import RecentRuns
 from keras_fedpriv.federated.horizontal_parties import HorizontalClient, LocalTrainer
 from keras_fedpriv.federated.uploads import as_upload
@@ -166,13 +167,14 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                           data_fn: Callable[[Context], tuple[Any, Any]],
                           upload_fn: Callable[[], Any] = lambda: "fedavg", *,
                           batch_size: int = 32, seed: int | None = None,
-                          batch_norm: str = "average", magrr_eps: float | None = None,
+                          batch_norm: str = "average",
+                          eps_rr: float | Callable[[Context], float | None] | None = None,
                           laplace_eval_fn: Callable[[Context], Any] | None = None,
                           client_id_fn: Callable[[Context], int] = _default_client_id,
                           max_local_epochs: int = 100, max_epsilon: float | None = None,
                           budget_delta: float = 1e-5,
-                          budget_path: str | Callable[[Context], str] | None = None
-                          ) -> ClientApp:
+                          budget_path: str | Callable[[Context], str] | None = None,
+                          mods: Sequence[Any] = (), **renamed: Any) -> ClientApp:
     """A Flower `ClientApp` that trains a horizontal-FL client and uploads through a scheme.
 
     Args:
@@ -188,13 +190,14 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             in the node's ``context.state`` between rounds.
         batch_size: local mini-batch size.
         seed: None or an int: keys the client's shuffling and, with
-            ``magrr_eps``, its MagRR reports; a seeded upload scheme has its
+            ``eps_rr``, its MagRR reports; a seeded upload scheme has its
             own seed. Chosen by the client's code, never by the server.
         batch_norm: ``"average"`` (send BatchNormalization statistics, in
             the clear) or ``"local"`` (FedBN: keep them).
-        magrr_eps: MagRR's ``eps_rr`` on this client (SignDS only), None if
-            the server runs no MagRR, or ``magrr_eps(context)`` returning
-            either. Must match the server's.
+        eps_rr: MagRR's ``eps_rr`` on this client (SignDS only), None if
+            the server runs no MagRR, or ``eps_rr(context)`` returning
+            either. Must match the server's MagRR. (Formerly ``magrr_eps``:
+            that name is refused with a TypeError.)
         client_id_fn: ``client_id_fn(context) -> int``: the client's id (its
             unit in the release ledger); default: the node config's
             ``client-id`` or ``partition-id``.
@@ -222,6 +225,13 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             remembers it. A reply carrying anything without DP (FedAvg, or
             BatchNormalization statistics with ``batch_norm="average"``)
             never fits a budget.
+        mods: Flower mods for the `ClientApp` (e.g. ``message_size_mod``).
+            Flower's DP mods (``fixedclipping_mod``, ``adaptiveclipping_mod``,
+            ``LocalDpMod``) are refused: they clip or noise the reply's arrays
+            as if they were model weights, which rewrites this package's
+            uploads (see `keras_fedpriv.federated.flower.central_dp`).
+        **renamed: nothing; a former argument name (``magrr_eps``) gets a
+            TypeError naming the new one.
 
     Choose the upload scheme, its eps and MagRR's in client code or from
     ``context.node_config`` (set by the client's operator with
@@ -233,6 +243,8 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         A `flwr.clientapp.ClientApp` answering ``"query"`` and ``"train"``
         messages of `horizontal_server_app`.
     """
+    check_renamed(renamed, "horizontal_client_app")
+    mods = refuse_dp_mods(mods)
     batch_size = validate_positive_int(batch_size, "batch_size")
     max_local_epochs = validate_positive_int(max_local_epochs, "max_local_epochs")
     seed = validate_seed(seed)
@@ -240,7 +252,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         raise ValueError(f"`batch_norm` must be 'average' or 'local'; got {batch_norm!r}.")
     if max_epsilon is not None:
         PrivacyBudget(max_epsilon, budget_delta)  # checks the arguments now
-    app = ClientApp()
+    app = ClientApp(mods=mods)
 
     def spend(context: Context, party: HorizontalClient, before: ReleaseLedger | None = None,
               clear: bool = False) -> ReleaseLedger | None:
@@ -300,11 +312,11 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                                                    (y.shape[1:], y.dtype)))
         trainer = trainers[tkey][1]
         magrr = None
-        eps_rr = magrr_eps(context) if callable(magrr_eps) else magrr_eps
-        if eps_rr is not None:
+        eps = eps_rr(context) if callable(eps_rr) else eps_rr
+        if eps is not None:
             from keras_fedpriv.federated.magrr import MagRR
 
-            magrr = MagRR(eps_rr=eps_rr, seed=seed)
+            magrr = MagRR(eps_rr=eps, seed=seed)
         upload = as_upload(call_with_context(upload_fn, context=context))
         party = HorizontalClient(trainer, (x, y), upload,
                                  client_id_fn(context), seed=seed, batch_norm=batch_norm,
@@ -413,7 +425,7 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         batch_norm: ``"average"`` or ``"local"``; must match the clients'.
         magrr: a `keras_fedpriv.callbacks.MagRR` (server side; SignDS only),
             None, or ``magrr(context)`` returning either (a fresh MagRR per
-            run). Its ``eps_rr`` must match the clients' ``magrr_eps``.
+            run). Its ``eps_rr`` must match the clients' ``eps_rr``.
         laplace_eval: a `keras_fedpriv.callbacks.LaplaceEvaluation`
             (server side, with ``eval_data=None``), None, or
             ``laplace_eval(context)`` returning either: every

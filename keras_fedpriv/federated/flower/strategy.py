@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import sys
 from typing import Any, Iterable, Sequence
 
 import keras
@@ -24,6 +25,9 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy.dp_adaptive_clipping import DifferentialPrivacyAdaptiveBase
+from flwr.serverapp.strategy.dp_fixed_clipping import DifferentialPrivacyFixedClippingBase
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from keras_fedpriv.federated.flower import horizontal_wire as wire
 from keras_fedpriv.federated.flower.common import (
@@ -86,6 +90,12 @@ class HorizontalStrategy(Strategy):
     scores. The clients run `horizontal_client_app` (or a ClientApp that
     answers the same messages).
 
+    Central DP: `keras_fedpriv.federated.flower.central_dp` wraps it in
+    Flower's server-side fixed clipping (dense uploads only); Flower's own DP
+    wrappers around it directly are refused with a ValueError before any
+    client is asked (they clip replies as model weights, which these
+    replies are not).
+
     Args:
         model: the compiled global Keras model (its weights are the global
             model; its metrics score ``validation_data``).
@@ -104,7 +114,7 @@ class HorizontalStrategy(Strategy):
         batch_norm: ``"average"`` or ``"local"`` (FedBN); must match the
             clients'.
         magrr: a `keras_fedpriv.callbacks.MagRR` (SignDS only) or None; its
-            ``eps_rr`` must match the clients' ``magrr_eps``.
+            ``eps_rr`` must match the clients' ``eps_rr``.
         laplace_eval: a `keras_fedpriv.callbacks.LaplaceEvaluation` with
             ``eval_data=None``, or None. Each client is asked for at most its
             ``max_report_rows`` rows and a larger report is refused before it
@@ -219,8 +229,74 @@ class HorizontalStrategy(Strategy):
         """The model, per-round history, ledger and dropped replies so far."""
         return FlowerRunResult(self.server.model, self.history, self.ledger, self.rejected)
 
+    def clip_uploads(self, clipping_norm: float) -> None:
+        """Clip each client's update on the server (central DP; what `central_dp` calls).
+
+        From now on the aggregate is ``sum_i clip(update_i, clipping_norm) /
+        clients_per_round`` (`keras_fedpriv.federated.flower.central_dp.ClippedSum`).
+
+        Args:
+            clipping_norm: the L2 bound of one client's update.
+
+        Returns:
+            None.
+        """
+        from keras_fedpriv.federated.flower.central_dp import ClippedSum
+
+        if isinstance(self.server.upload, ClippedSum):
+            raise ValueError("this HorizontalStrategy already clips its uploads (central_dp "
+                             "was applied twice).")
+        self.server.upload = ClippedSum(self.upload, clipping_norm, self.clients_per_round)
+
+    def set_global_arrays(self, arrays: ArrayRecord) -> None:
+        """Make ``arrays`` (the trainable weights) the global model, e.g. a noised aggregate.
+
+        Args:
+            arrays: the model's trainable weights, in order.
+
+        Returns:
+            None.
+        """
+        self._set_weights(arrays)
+
+    def _refuse_flower_dp(self, config: ConfigRecord | None = None) -> None:
+        """Refuse Flower's DP wrappers around this strategy: they cannot read its replies.
+
+        They are found where they call this strategy (the calling frames) or by
+        the clipping norm Flower's client-side wrappers put in the train config.
+        """
+        frame, wrapper = sys._getframe(1), None
+        for _ in range(6):
+            frame = frame.f_back
+            if frame is None:
+                break
+            caller = frame.f_locals.get("self")
+            if (isinstance(caller, (DifferentialPrivacyFixedClippingBase,
+                                    DifferentialPrivacyAdaptiveBase))
+                    and not callable(getattr(caller, "central_privacy", None))):
+                wrapper = type(caller).__name__
+                break
+        if wrapper is None and config is not None and KEY_CLIPPING_NORM in config:
+            wrapper = f"a client-side clipping wrapper (config key {KEY_CLIPPING_NORM!r})"
+        if wrapper is None:
+            return
+        upload = f"{type(self.upload).__name__}" + (" with MagRR" if self.magrr else "")
+        if getattr(self.upload, "name", "") == "signds":
+            why = ("clipping or adding Gaussian noise to a SignDS message (h indices and a "
+                   "sign) is meaningless: it gives the model no guarantee, and SignDS is "
+                   "already eps-LDP per upload (privacy_report counts it)")
+        else:
+            why = ("Flower clips each reply's arrays as model weights (reply minus the global "
+                   "weights), but a HorizontalStrategy reply carries the flat update and its "
+                   "data size, and Flower's client-side clipping mods would rewrite it; for "
+                   "central DP-FedAvg use keras_fedpriv.federated.flower.central_dp(strategy, "
+                   "noise_multiplier=..., clipping_norm=..., accountant=...)")
+        raise ValueError(f"Flower's {wrapper} cannot wrap a HorizontalStrategy with upload "
+                         f"{upload}: {why}.")
+
     def summary(self) -> None:
         """Log the strategy's settings."""
+        self._refuse_flower_dp()
         logger.info("HorizontalStrategy: upload %s, %d clients per round (at least %d "
                     "replies), %d local epochs, batch_norm=%r, MagRR %s, Laplace evaluation %s",
                     type(self.upload).__name__, self.clients_per_round, self.min_replies,
@@ -251,6 +327,7 @@ class HorizontalStrategy(Strategy):
                         grid: Grid) -> Iterable[Message]:
         """Sample the round's clients, count their releases and build their messages."""
         rnd = validate_positive_int(server_round, "server_round") - 1
+        self._refuse_flower_dp(config)  # before any client is asked
         if self.node_of is None:
             self._connect(grid)
         self._set_weights(arrays)

@@ -1,0 +1,236 @@
+"""Flower's central DP beside keras-fedpriv's uploads: `central_dp`, and what is refused."""
+
+import dp_accounting
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict  # noqa: E402
+from flwr.clientapp.mod import LocalDpMod, fixedclipping_mod  # noqa: E402
+from flwr.serverapp import (  # noqa: E402
+    NeighboringRelation,
+    PrivacyConfig,
+    RdpAccountant,
+    SamplingMethod,
+    ServerApp,
+)
+from flwr.serverapp.exception import PrivacyBudgetExhausted  # noqa: E402
+from flwr.supercore.privacy_accounting import GaussianPrivacyEvent  # noqa: E402
+from flwr.serverapp.strategy import (  # noqa: E402
+    DifferentialPrivacyClientSideFixedClipping,
+    DifferentialPrivacyServerSideAdaptiveClipping,
+    DifferentialPrivacyServerSideFixedClipping,
+)
+from flwr.simulation import run_simulation  # noqa: E402
+
+from keras_fedpriv.callbacks import MagRR  # noqa: E402
+from keras_fedpriv.datasets import digits_clients  # noqa: E402
+from keras_fedpriv.federated.flower import HorizontalStrategy, horizontal_client_app  # noqa: E402
+from keras_fedpriv.federated.flower.central_dp import (  # noqa: E402
+    ClippedSum,
+    central_dp,
+    check_renamed,
+    refuse_dp_mods,
+)
+from keras_fedpriv.federated.uploads import ClientUpload, FedAvgUpload  # noqa: E402
+from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
+from keras_fedpriv.privacy import privacy_report  # noqa: E402
+
+from flower_stubs import Reply, model_fn  # noqa: E402
+from test_flower_strategy import in_a_run  # noqa: E402, F401 - a stand-in run id (a fixture)
+
+pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
+DELTA = 1e-5
+
+
+def _accountant(population=2, max_epsilon=None):
+    return RdpAccountant(PrivacyConfig(target_delta=DELTA, population_size=population,
+                                       neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                       sampling_method=SamplingMethod.NO_AMPLIFICATION,
+                                       max_epsilon=max_epsilon))
+
+
+def _hand_epsilon(z, rounds, delta=DELTA):
+    acc = dp_accounting.rdp.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(dp_accounting.GaussianDpEvent(z), rounds)
+    return acc.get_epsilon(delta)
+
+
+def test_central_dp_fedavg_on_the_simulation_engine_reports_flowers_accountant():
+    clients, _ = digits_clients(2, seed=0)
+    accountant = _accountant()
+    out = {}
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context):
+        strategy = central_dp(HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2,
+                                                 num_clients=2, seed=0),
+                              noise_multiplier=1.5, clipping_norm=0.5, accountant=accountant)
+        result = strategy.start(grid, strategy.initial_arrays(), num_rounds=2, timeout=120)
+        out.update(strategy=strategy, result=result)
+
+    client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
+                                   seed=1)
+    run_simulation(server_app=app, client_app=client, num_supernodes=2,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    strategy, result = out["strategy"], out["result"]
+    assert accountant.num_releases == 2
+    report = privacy_report(strategy, delta=DELTA)
+    # the central figure is Flower's accountant's, and equals dp-accounting composed by hand
+    assert report.central_epsilon == pytest.approx(_hand_epsilon(1.5, 2), rel=1e-9)
+    assert report.central_epsilon == pytest.approx(accountant.get_epsilon(DELTA), rel=1e-9)
+    # the local releases (FedAvg updates the server sees in the clear) stay a separate figure
+    assert report.epsilon == float("inf")
+    assert "Central DP (another threat model" in str(report)
+    # the released model is the noised one, in Flower's result and in the strategy
+    for a, b in zip(strategy.inner.model.trainable_weights, result.arrays.to_numpy_ndarrays()):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    assert [result.train_metrics_clientapp[r]["central_noise_std"] for r in (1, 2)] == \
+        pytest.approx([1.5 * 0.5 / 2] * 2)
+    # passing the same accountant again does not count it twice
+    again = privacy_report(strategy, delta=DELTA, flower_accountant=accountant)
+    assert again.central_epsilon == pytest.approx(report.central_epsilon, rel=1e-12)
+
+
+# ------------------------------------------------------- with a stand-in Grid
+class _Grid:
+    """Two connected nodes that answer queries with their client ids."""
+
+    nodes = [10, 11]
+
+    def get_node_ids(self):
+        return self.nodes
+
+    def send_and_receive(self, messages, timeout=None):
+        return [Reply(RecordDict({"config": ConfigRecord(
+            {"client-id": self.nodes.index(m.metadata.dst_node_id)})}), m.metadata.dst_node_id)
+            for m in messages]
+
+
+def _reply(strategy, node, cid, delta):
+    wire = strategy.upload.to_wire(strategy.upload.client_message(delta, 5))
+    reply = Message(RecordDict({"upload": ArrayRecord({k: Array(np.asarray(v))
+                                                       for k, v in wire.items()}),
+                                "config": ConfigRecord({"client-id": cid})}),
+                    dst_node_id=1, message_type="train")
+    reply.metadata.__dict__["_src_node_id"] = node
+    return reply
+
+
+def _signds():
+    return SignDSEncoder(k=0.2, eps=10.0, seed=5)
+
+
+@pytest.mark.parametrize("wrapper, upload, magrr, why", [
+    (DifferentialPrivacyServerSideFixedClipping, "fedavg", None, "central_dp"),
+    (DifferentialPrivacyClientSideFixedClipping, "fedavg", None, "central_dp"),
+    (DifferentialPrivacyServerSideFixedClipping, _signds, MagRR(eps_rr=1.0), "SignDS message"),
+])
+def test_flowers_own_wrappers_are_refused_before_any_client_is_asked(in_a_run, wrapper, upload,
+                                                                     magrr, why):
+    strategy = HorizontalStrategy(model_fn(), upload() if callable(upload) else upload,
+                                  clients_per_round=2, seed=0, magrr=magrr)
+    wrapped = wrapper(strategy, 1.0, 1.0, 2)
+    with pytest.raises(ValueError, match=f"Flower's {wrapper.__name__} cannot wrap a "
+                                         f"HorizontalStrategy with upload .*{why}"):
+        wrapped.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid())
+    with pytest.raises(ValueError, match=wrapper.__name__):
+        wrapped.summary()  # what Strategy.start calls first
+    ledger = strategy.privacy_ledger()
+    assert sum(ledger.total(k) for k in ledger.kinds) == 0  # nobody was asked
+
+
+def test_adaptive_clipping_is_refused_and_a_plain_strategy_still_runs(in_a_run):
+    strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0)
+    wrapped = DifferentialPrivacyServerSideAdaptiveClipping(strategy, 0.1, 2,
+                                                            clipped_count_stddev=1.0)
+    with pytest.raises(ValueError, match="DifferentialPrivacyServerSideAdaptiveClipping"):
+        wrapped.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid())
+    assert len(list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(),
+                                             _Grid()))) == 2
+
+
+def test_central_dp_refuses_signds_magrr_batch_norm_and_amplified_accounting():
+    with pytest.raises(ValueError, match="SignDS message"):
+        central_dp(HorizontalStrategy(model_fn(), _signds()), noise_multiplier=1.0,
+                   clipping_norm=1.0)
+    with pytest.raises(ValueError, match="no-amplification"):
+        poisson = RdpAccountant(PrivacyConfig(DELTA, 10, NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                              SamplingMethod.POISSON))
+        central_dp(HorizontalStrategy(model_fn(), "fedavg"), noise_multiplier=1.0,
+                   clipping_norm=1.0, accountant=poisson)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        central_dp(HorizontalStrategy(model_fn(), "fedavg"), noise_multiplier=0.0,
+                   clipping_norm=1.0)
+    with pytest.raises(TypeError, match="HorizontalStrategy"):
+        central_dp("fedavg", noise_multiplier=1.0, clipping_norm=1.0)
+    import keras
+
+    bn = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(),
+                           keras.layers.Dense(2)])
+    bn.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="BatchNormalization statistics averaged"):
+        central_dp(HorizontalStrategy(bn, "fedavg"), noise_multiplier=1.0, clipping_norm=1.0)
+    central_dp(HorizontalStrategy(bn, "fedavg", batch_norm="local"), noise_multiplier=1.0,
+               clipping_norm=1.0)
+
+
+def test_clipped_sum_bounds_each_client_and_divides_by_clients_per_round():
+    big, small = np.array([3.0, 4.0], np.float32), np.array([0.1, 0.0], np.float32)
+    clipped = ClippedSum(FedAvgUpload(), clipping_norm=1.0, clients_per_round=3)
+    uploads = [ClientUpload(big, 8, 100), ClientUpload(small, 8, 1)]
+    # equal weights (not by data size), the big one clipped to norm 1, the sum over 3
+    np.testing.assert_allclose(clipped.aggregate(uploads), ([0.6, 0.8] + small) / 3, rtol=1e-6)
+    np.testing.assert_allclose(clipped.aggregate(uploads, global_lr=0.5),
+                               ([0.6, 0.8] + small / 2) / 3, rtol=1e-6)
+
+
+def test_noise_and_accounting_happen_once_per_released_aggregate(in_a_run):
+    accountant = _accountant()
+    strategy = central_dp(HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2,
+                                             min_replies=2, seed=0),
+                          noise_multiplier=1.0, clipping_norm=1e-3, accountant=accountant)
+    inner = strategy.inner
+    dim = inner.server.dim
+    grid = _Grid()
+    start = [w.copy() for w in strategy.initial_arrays().to_numpy_ndarrays()]
+    list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid))
+    replies = [_reply(inner, 10, 0, np.ones(dim, np.float32)),
+               _reply(inner, 11, 1, np.ones(dim, np.float32))]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    assert accountant.num_releases == 1 and metrics["central_noise_std"] == 1.0 * 1e-3 / 2
+    moved = np.concatenate([(b - a).ravel() for a, b in zip(start, arrays.to_numpy_ndarrays())])
+    # clipped step (norm 1e-3) plus noise of std 5e-4 per coordinate: not the unclipped +1
+    assert np.abs(moved).max() < 0.05 and np.std(moved) > 1e-4
+    for v, w in zip(inner.model.trainable_weights, arrays.to_numpy_ndarrays()):
+        np.testing.assert_array_equal(np.asarray(v), w)
+    # a round with too few replies releases nothing: no noise, no event
+    list(strategy.configure_train(2, arrays, ConfigRecord(), grid))
+    assert strategy.aggregate_train(2, replies[:1])[0] is None
+    assert accountant.num_releases == 1
+
+
+def test_a_round_over_the_accountants_budget_is_refused_before_clients_are_asked(in_a_run):
+    accountant = _accountant(max_epsilon=_hand_epsilon(1.0, 1) * 1.01)
+    strategy = central_dp(HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0),
+                          noise_multiplier=1.0, clipping_norm=1.0, accountant=accountant)
+    accountant.compose(GaussianPrivacyEvent(1.0, 2, 2))  # one release already spent
+    with pytest.raises(PrivacyBudgetExhausted):
+        strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid())
+    ledger = strategy.privacy_ledger()
+    assert sum(ledger.total(k) for k in ledger.kinds) == 0
+
+
+def test_flowers_dp_mods_and_the_old_magrr_name_are_refused_clearly():
+    with pytest.raises(ValueError, match="fixedclipping_mod"):
+        horizontal_client_app(model_fn, lambda ctx: None, mods=[fixedclipping_mod])
+    with pytest.raises(ValueError, match="LocalDpMod"):
+        refuse_dp_mods([LocalDpMod(1.0, 1.0, 1.0, 1e-5)])
+    assert refuse_dp_mods([]) == []
+    with pytest.raises(TypeError, match="takes `eps_rr` now; `magrr_eps` was renamed"):
+        horizontal_client_app(model_fn, lambda ctx: None, magrr_eps=3.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'epochs'"):
+        check_renamed({"epochs": 3}, "horizontal_client_app")
