@@ -15,7 +15,7 @@ give ``bound > claimed``:
 
 * binary RR whose flip probability is computed with 2 eps (really 2 eps-DP);
 * Laplace noise with half the scale (really 2 eps-DP);
-* the seed's Laplace sensitivity 1 on probability vectors (really 2 eps-DP);
+* the original design's Laplace sensitivity 1 on probability vectors (really 2 eps-DP);
 * LabelDPLayer re-randomizing the same label in 2 epochs (``per_batch=True``,
   the reference's behaviour), judged against the single-release eps it would
   claim without composition (really 2 eps).
@@ -99,7 +99,7 @@ def broken_laplace_half_scale(eps, num_trials, seed, confidence):
 def broken_laplace_sensitivity_1(eps, num_trials, seed, confidence):
     result = A.audit_laplace(eps, sensitivity=1.0, num_trials=num_trials, seed=seed,
                              confidence=confidence)
-    return A._with_claim(result, eps, f"BROKEN Laplace, seed's sensitivity 1 (eps={eps:g})")
+    return A._with_claim(result, eps, f"BROKEN Laplace, original sensitivity 1 (eps={eps:g})")
 
 
 def broken_label_dp_two_epochs(eps, num_trials, seed, confidence):
@@ -156,7 +156,7 @@ def jobs(trials, signds_trials, conf):
         ("BROKEN binary RR, flip with 2 eps", lambda e, s: broken_rr(e, trials, s, conf), trials),
         ("BROKEN Laplace, half the scale", lambda e, s: broken_laplace_half_scale(
             e, trials, s, conf), trials),
-        ("BROKEN Laplace, sensitivity 1 (seed)", lambda e, s: broken_laplace_sensitivity_1(
+        ("BROKEN Laplace, sensitivity 1 (original design)", lambda e, s: broken_laplace_sensitivity_1(
             e, trials, s, conf), trials),
         ("BROKEN LabelDPLayer per_batch, 2 epochs", lambda e, s: broken_label_dp_two_epochs(
             e, trials, s, conf), trials),

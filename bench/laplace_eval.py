@@ -1,6 +1,6 @@
 """Laplace-protected clustering evaluation during training on digits (docs/results/laplace_eval.md).
 
-Reproduces the seed's figure (seed 004: silhouette score per epoch, clean vs
+Reproduces the original design's figure (silhouette score per epoch, clean vs
 Laplace-protected) with `keras_fedpriv.callbacks.LaplaceEvaluation`:
 
 * data: scikit-learn's bundled digits (1797 8x8 images, x/16, float32),
@@ -9,9 +9,9 @@ Laplace-protected) with `keras_fedpriv.callbacks.LaplaceEvaluation`:
   categorical cross-entropy (Adam 1e-3, batch 32) for 20 epochs with plain
   ``model.fit``;
 * callbacks: one `LaplaceEvaluation` per eps in {1, 10, 100, 230260} (the
-  seed's value), all on the test split (360 rows) cut into 10 clients,
+  original design's value), all on the test split (360 rows) cut into 10 clients,
   every client's rows scored (``cluster_client_num=None``), sensitivity 2
-  (ours) and, in the same run, sensitivity 1 (the seed's); the eps=1
+  (ours) and, in the same run, sensitivity 1 (the original design's); the eps=1
   callback also logs the clean scores (all callbacks see the same model,
   so the clean curve is shared). Seeds 0 and 1.
 
@@ -203,8 +203,9 @@ def noise_rows():
         rows.append((f"{eps:g}", f"{b1:.3g}", f"{2 * eps:g}", f"{b2:.3g}", f"{eps:g}",
                      f"{1 - math.exp(-1e-5 / b1):.2f}", f"{1 - math.exp(-1e-5 / b2):.2f}"))
     return _report.markdown_table(
-        ["eps", "scale, seed (sens. 1)", "true eps, seed", "scale, ours (sens. 2)",
-         "true eps, ours", "P(noise within ±1e-5), seed", "P(noise within ±1e-5), ours"], rows)
+        ["eps", "scale, original (sens. 1)", "true eps, original", "scale, ours (sens. 2)",
+         "true eps, ours", "P(noise within ±1e-5), original", "P(noise within ±1e-5), ours"],
+        rows)
 
 
 def plot(results, path):
@@ -299,7 +300,7 @@ cross-entropy, Adam {LR:g}, batch {BATCH}, {meta['epochs']} epochs of plain
 into {NUM_EVAL_CLIENTS} clients; each client adds Laplace noise to its softmax vectors,
 the server labels each noisy vector by argmax and scores all 10 clients' rows
 (`cluster_client_num=None`). One callback per eps in {{{', '.join(f'{e:g}' for e in EPS)}}} with
-our sensitivity 2 and, in the same run, with the seed's sensitivity 1; the
+our sensitivity 2 and, in the same run, with the original design's sensitivity 1; the
 clean curve is the scores of the same outputs without noise (`log_clean=True`).
 Discrete (float-safe) sampler throughout.
 
@@ -313,12 +314,12 @@ score rises and falls exactly when the clean one does. Calinski-Harabasz is
 higher-is-better, Davies-Bouldin lower-is-better. Scores logged as 0.0 (fewer
 than 2 distinct argmax labels): {zero}.
 
-Noise scale and the real guarantee, seed (L1 sensitivity 1) vs ours
+Noise scale and the real guarantee, original design (L1 sensitivity 1) vs ours
 (sensitivity 2, the true L1 distance between two probability vectors):
 
 {noise_rows()}
 
-The seed's 230260 is chosen so that 90% of the noise draws are below 1e-5
+The original design's 230260 is chosen so that 90% of the noise draws are below 1e-5
 (last row, last columns): the server sees the outputs to about five decimals.
 
 Cost, measured in the same run: {t['repeats']} repeats of two fits of
@@ -385,10 +386,10 @@ def main(argv=None):
 
 
 READING = """\
-- **At the seed's eps = 230260 the protected scores equal the clean ones** to
+- **At the original design's eps = 230260 the protected scores equal the clean ones** to
   the printed precision, for every metric and both sensitivities: the noise
-  (scale 8.7e-6 with sensitivity 2, 4.3e-6 with the seed's 1) is far below
-  the differences between outputs. That is what the seed's figure shows, and
+  (scale 8.7e-6 with sensitivity 2, 4.3e-6 with the original's 1) is far below
+  the differences between outputs. That is what the original design's figure shows, and
   it also means the server learns every client's softmax outputs to about
   five decimals: at this eps the mechanism is monitoring, not protection.
 - **eps = 100** (noise scale 0.02): the silhouette follows the clean curve
@@ -407,9 +408,9 @@ READING = """\
   (silhouette about 0.06 from epoch 1 to 20, rank correlation with the clean
   curve -0.06 and 0.10 for the two sensitivities). At a meaningful local eps
   these scores say nothing about training on this amount of data.
-- **Sensitivity 1 vs 2**: at the same nominal eps the seed's setting adds half
+- **Sensitivity 1 vs 2**: at the same nominal eps the original design's setting adds half
   the noise and looks better (eps = 10: silhouette 0.46 vs 0.20), because
-  its real guarantee is 2 eps: the seed's eps = 10 is our eps = 20.
+  its real guarantee is 2 eps: the original design's eps = 10 is our eps = 20.
 - **Cost**: on this small model the callback is not free. One evaluation
   (inference on 360 rows, noise, three scikit-learn scores, Davies-Bouldin
   the slowest) took 52 ms (median); the median epoch went from 214 ms to
@@ -421,7 +422,7 @@ READING = """\
   training set, so next to an epoch it matters mostly for small training
   sets like this one (1437 rows); it grows with the scored rows, the
   silhouette's quadratically: set `silhouette_sample_size` for large buffers
-  (the seed's 1000 clients), drop metrics you do not need, or evaluate every
+  (the original design's 1000 clients), drop metrics you do not need, or evaluate every
   few epochs (`every_n_epochs`). The float-safe discrete sampler takes
   0.46 ms against 0.12 ms for the naive one on 360 x 10 values, negligible
   next to the rest, hence the default.

@@ -14,6 +14,13 @@ The pieces:
 * `privacy_objective()`: the `keras_tuner.Objective` that maximizes it, for
   `RandomSearch`, `BayesianOptimization` and `Hyperband` alike.
 
+A run that cannot be scored (its scored eps is inf, e.g. ``protects=None``
+when only the labels are protected) and this package's bad-input errors in
+a tracked trial stop the search at once with their own message
+(keras-tuner's fatal errors, still `ValueError` / `TypeError`), instead of
+a penalty in every trial or keras-tuner's retries and "consecutive
+failures exceeded".
+
 Hyperparameter search on private data leaks too. Every trial trains on the
 same private data, every execution of a trial (``executions_per_trial``)
 trains a new model on it, and every epoch of each releases again; the
@@ -80,6 +87,40 @@ __all__ = ["PrivacyUtility", "SearchLedger", "eps_hyperparameter", "privacy_obje
 OBJECTIVE_NAME = "privacy_utility"
 
 
+def _stop_search(error: Exception) -> Exception:
+    """``error`` as keras-tuner's fatal kind of the same class, which stops a search at once.
+
+    keras-tuner retries a failed trial and starts the next ones, and after
+    ``max_consecutive_failed_trials`` (3) raises "Number of consecutive
+    failures exceeded the limit"; an error that every trial would hit the same
+    way (bad inputs, an objective that cannot be scored) should stop the search
+    at the first one, with its own message. The fatal error is still a
+    `ValueError` / `TypeError`; without keras-tuner, ``error`` is returned.
+    """
+    try:
+        from keras_tuner import errors
+    except ImportError:  # pragma: no cover - keras-tuner is a dependency
+        return error
+    if isinstance(error, errors.FatalError):
+        return error
+    fatal = errors.FatalTypeError if isinstance(error, TypeError) else errors.FatalValueError
+    stopped = fatal(str(error))
+    stopped.__cause__ = error
+    return stopped
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _raised_here(error: BaseException) -> bool:
+    """Whether ``error`` was raised by this package's code (its innermost frame is ours)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(
+        _PACKAGE_DIR + os.sep)
+
+
 def eps_hyperparameter(hp: Any, name: str = "eps", min_value: float = 0.1,
                        max_value: float = 10.0, sampling: str = "log",
                        default: float | None = None) -> float:
@@ -129,6 +170,13 @@ class PrivacyUtility(keras.callbacks.Callback):
         protects: None (every release of the run) or the secret whose eps
             counts, e.g. ``"labels"`` when only the labels are protected
             (see `keras_fedpriv.privacy.privacy_report`).
+
+    Raises:
+        ValueError: at an epoch's end, when the scored eps is inf (something
+            it scores was released without DP, e.g. ``protects=None`` when
+            only the labels are protected): no trial could be told from
+            another. The message gives each secret's eps. It is keras-tuner's
+            ``FatalValueError``, which stops a search at once.
     """
 
     def __init__(self, utility: str = "val_accuracy", budget: float | None = None,
@@ -169,8 +217,29 @@ class PrivacyUtility(keras.callbacks.Callback):
                              f"`utility=`.")
         eps = privacy_report(self.model, delta=self.delta, accountant=self.accountant,
                              protects=self.protects).epsilon
+        if math.isinf(eps):
+            raise _stop_search(ValueError(self._unscorable()))
         logs["epsilon"] = eps
         logs[OBJECTIVE_NAME] = self.score(logs[self.utility], eps)
+
+    def _unscorable(self) -> str:
+        """Why an infinite eps cannot be scored, with each secret's eps and what to pass."""
+        ledger = privacy_ledger(self.model)
+        spent = {s: privacy_report(self.model, delta=self.delta, accountant=self.accountant,
+                                   protects=s).epsilon
+                 for s in SECRETS if len(ledger.only(s))}
+        private = [s for s, e in spent.items() if math.isfinite(e)]
+        if private and self.protects is None:
+            hint = (f"pass `protects=` one of {private} to score that secret's eps alone (the "
+                    f"others are then not private), or protect every secret the model releases")
+        else:
+            hint = "protect what the model releases, or score another secret with `protects=`"
+        per_secret = ", ".join(f"{s} {e:.4g}" for s, e in spent.items()) or "none recorded"
+        score = f"penalty {self.penalty:g}" if self.mode == "budget" else "-inf"
+        return (f"PrivacyUtility(protects={self.protects!r}): the releases it scores compose to "
+                f"eps = inf (something was released without DP; eps per secret: {per_secret}), "
+                f"so every epoch of every trial would score {score} and the search could not "
+                f"rank them; {hint}.")
 
 
 # ------------------------------------------------------------------ what a search spent
@@ -295,6 +364,12 @@ class SearchLedger:
             result = None
             try:
                 result = run_trial(trial, *args, **kwargs)
+            except (ValueError, TypeError) as err:
+                stopped = _stop_search(err) if _raised_here(err) else err
+                if stopped is err:
+                    raise
+                # this package's bad-input errors fail every trial alike: stop at the first
+                raise stopped from err
             finally:
                 results = result if isinstance(result, (list, tuple)) else [result]
                 for item in results:

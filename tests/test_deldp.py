@@ -1,4 +1,4 @@
-"""dELDP estimate (seed 002, Theorem 2) against hand-computed cases.
+"""dELDP estimate (Theorem 2 of the ESORICS 2024 paper) against hand-computed cases.
 
 The VAEBottom below has ``hidden_units=()`` and hand-set kernels::
 

@@ -522,6 +522,36 @@ def test_signds_keras_round_trip_keeps_encoder_and_inner_state(tmp_path):
                                rtol=1e-5, atol=1e-6)
 
 
+def _one_round(model, opt, x, y):
+    """One SignDS round on the whole data, the weights back at the round's start after it."""
+    opt.begin_round(model.trainable_variables)
+    model.fit(x, y, epochs=1, batch_size=64, shuffle=False, verbose=0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="SignDS: k")
+        return opt.end_round()
+
+
+def test_a_reloaded_seeded_signds_refuses_to_encode_until_its_state_is_loaded(tmp_path):
+    """docs/export.md: `.keras` keeps the seed but not the encoder's stream position, so the
+    reloaded seeded encoder would replay the original's noise: it refuses until the saved
+    `state_dict` is loaded, then continues the original's stream (no replay)."""
+    encoder = SignDSEncoder(k=0.1, eps=4.0, thr_ratio=0.7, max_dim_out=20, seed=31)
+    model, opt, x, y = _signds_model(encoder, rounds=True)
+    state = json.loads(json.dumps(opt.encoder.state_dict()))  # saved beside the .keras file
+    back, _ = _save_load(model, tmp_path)
+    new = back.optimizer
+    new.begin_round(back.trainable_variables)
+    with pytest.raises(RuntimeError, match=r"load_state_dict\(original.state_dict\(\)\)"):
+        new.end_round()
+    assert not new.messages and new.in_round  # nothing released; the round is still open
+    new.discard_round()
+    new.encoder.load_state_dict(state)
+    ours, theirs = _one_round(back, new, x, y), _one_round(model, opt, x, y)
+    assert ours.sign == theirs.sign  # the original's third message, continued
+    np.testing.assert_array_equal(ours.indices, theirs.indices)
+    assert len(new.messages) == 1 and len(opt.messages) == 3
+
+
 def test_signds_after_rounds_saves_only_optimizer_variables(tmp_path):
     model, opt, _, _ = _signds_model(SignDSEncoder(k=0.1, eps=4.0), rounds=True)
     model_paths = {v.path for v in model.weights}
@@ -569,6 +599,35 @@ def test_magrr_checkpoint_resumes_the_same_trajectory():
     # Without the state, the same reports give another trajectory.
     assert fresh.server_update(ones, num_clients=50) != pytest.approx(lrs[0])
     assert fresh.phase == "growth"
+
+
+def test_seeded_callbacks_rebuilt_from_json_release_only_after_their_state_is_loaded():
+    """docs/export.md: a seeded MagRR / LaplaceEvaluation rebuilt from its config refuses to
+    release (its stream would restart and repeat the original's noise) until the original's
+    `state_dict` is loaded; then it continues the original's stream."""
+    r = np.full(10, 1e-3)
+    magrr = MagRR(seed=3)
+    magrr.client_reports(r)
+    config = json.loads(json.dumps(keras.saving.serialize_keras_object(magrr)))
+    state = json.loads(json.dumps(magrr.state_dict()))
+    restored = keras.saving.deserialize_keras_object(config)
+    with pytest.raises(RuntimeError, match="rebuilt from its config without its state"):
+        restored.client_reports(r)
+    assert restored.server_update(np.ones(10, int), num_clients=10) > 0  # no release: allowed
+    restored = keras.saving.deserialize_keras_object(config)
+    restored.load_state_dict(state)
+    np.testing.assert_array_equal(restored.client_reports(r), magrr.client_reports(r))
+
+    probs = np.random.default_rng(8).dirichlet(np.full(4, 0.5), size=40).astype("float32")
+    laplace = LaplaceEvaluation(probs, eps=2.0, seed=11)
+    laplace.client_report(probs)
+    config = json.loads(json.dumps(keras.saving.serialize_keras_object(laplace)))
+    state = laplace.state_dict()
+    with pytest.raises(RuntimeError, match="rebuilt from its config without its state"):
+        keras.saving.deserialize_keras_object(config).client_report(probs)
+    revived = LaplaceEvaluation(probs, **config["config"])  # data re-attached, then the state
+    revived.load_state_dict(state)
+    np.testing.assert_array_equal(revived.client_report(probs), laplace.client_report(probs))
 
 
 def test_laplace_evaluation_config_round_trip_and_reattached_data():

@@ -101,10 +101,11 @@ def test_magrr_sets_the_server_step_and_logs_its_state():
     hist = HorizontalFL(digits_model(), clients, upload=SignDSEncoder(k=0.2, eps=10.0, seed=0),
                         seed=0).fit(rounds=4, clients_per_round=5, callbacks=[magrr], verbose=0)
     h = hist.history
-    for key in ("r_est", "lr_global", "magrr_phase", "magrr_debiased_ones"):
+    for key in ("r_est", "global_lr", "magrr_phase", "magrr_debiased_ones"):
         assert len(h[key]) == 4
-    np.testing.assert_allclose(h["global_lr"], h["lr_global"])
-    np.testing.assert_allclose(h["lr_global"], [2 * r * 5 for r in h["r_est"]], rtol=1e-6)
+    assert "lr_global" not in h  # one name for the server step
+    assert h["global_lr"][-1] == magrr.last_lr_global
+    np.testing.assert_allclose(h["global_lr"], [2 * r * 5 for r in h["r_est"]], rtol=1e-6)
     # growth phase from r_init=1e-5: real updates are far larger, so r_est grows
     assert h["r_est"][-1] > 1e-5
 
@@ -307,3 +308,17 @@ def test_the_progress_bar_shows_each_rounds_own_values(capsys):
         assert f"{key}: {values[-1]:.4f}" in last, (key, values, last)
         assert np.mean(values) != pytest.approx(values[-1], abs=1e-4)  # an average would differ
     assert "round_time_s" in last
+
+
+def test_the_progress_bar_shows_magrrs_estimate_and_the_server_step(capsys):
+    x, y = digits()
+    clients = partition(x[:300], y[:300], 5, seed=0)
+    hist = HorizontalFL(digits_model(), clients, upload=SignDSEncoder(k=0.2, eps=10.0, seed=0),
+                        seed=0).fit(rounds=2, clients_per_round=3, callbacks=[MagRR(seed=0)],
+                                    verbose=1)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    for key in ("r_est", "global_lr", "magrr_phase"):
+        value = hist.history[key][-1]
+        shown = f"{value:.4f}" if abs(value) > 1e-3 else f"{value:.4e}"  # keras' Progbar format
+        assert f"{key}: {shown}" in last, (key, value, last)
+    assert "lr_global" not in last

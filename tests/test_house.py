@@ -29,6 +29,43 @@ def test_docs_cite_no_design_file_outside_the_repository():
     assert offenders == []
 
 
+#: Phrases that call the original design "the seed", which reads as the random seed (`seed=`).
+DESIGN_SEED = re.compile(
+    r"\b(?:beyond|follows?|reproduc\w*|as in|in|unlike|than|as) the seed\b(?!\s*=)"
+    r"|\bthe seed's\s+(?!own\b|key\b|stream)"
+    r"|\bthe seed (?:claims|picks|chose|uses|says|reports|and its reference|design|paper)\b"
+    r"|\bseed (?:design|paper|project)\b|\bseed 0\d\d\b",
+    re.IGNORECASE)
+
+
+def test_the_design_phrase_pattern_tells_the_design_from_the_random_seed():
+    design = ["beyond the seed", "as the seed claims", "the seed's figure", "The seed's 230260",
+              "to reproduce the\n  seed;", "reproducing the seed.", "as in the seed and",
+              "whose name follows the seed)", "The seed picks eps", "Seed 003's example",
+              "the seed and its reference implementation"]
+    random_seed = ["the seed=0 run", "over the seeds of a run", "a seeded layer",
+                   "re-derives its key from the seed", "treat the seed (and files) as a secret",
+                   "0 (the seed's own streams)", "`seed` only if given", "seed 0: the test",
+                   "each seed's sampler", "the seed is then saved"]
+    assert [p for p in design if not DESIGN_SEED.search(re.sub(r"\s+", " ", p))] == []
+    assert [p for p in random_seed if DESIGN_SEED.search(p)] == []
+
+
+def test_nothing_calls_the_original_design_the_seed():
+    """Docs, package code and bench scripts say "the original design", "the reference
+    implementation" or cite the paper: "the seed" reads as the `seed=` argument."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
+             *sorted(PACKAGE.rglob("*.py")), *sorted((ROOT / "bench").glob("*.py"))]
+    offenders = []
+    for path in files:
+        text = path.read_text()
+        flat = re.sub(r"\s+", " ", text)  # a phrase may be wrapped over two lines
+        for match in DESIGN_SEED.finditer(flat):
+            context = flat[max(match.start() - 20, 0):match.end() + 20]
+            offenders.append(f"{path.relative_to(ROOT)}: ...{context}...")
+    assert offenders == []
+
+
 def test_results_pages_are_named_after_the_bench_script_that_writes_them():
     """docs/results/<name>.md is written by bench/<name>.py and says so; a guide (docs/*.md) is
     not a results page (benchmarks.md, the speed page every script adds a section to, aside)."""
@@ -81,6 +118,7 @@ def test_relative_links_in_the_docs_resolve():
 CROSS_CUTTING = {
     "test_api_docs.py": "the API reference builds from the docstrings",
     "test_bench.py": "every bench/ script's --quick mode",
+    "test_bench_hfl_signds.py": "bench/hfl_signds.py's DP-FedAvg eps against dp-accounting",
     "test_clear_errors.py": "a new user's common mistakes, on every path",
     "test_cli.py": "the command line (keras_fedpriv/__main__.py)",
     "test_docs_horizontal.py": "the horizontal guide's examples run",

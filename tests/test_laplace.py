@@ -90,7 +90,7 @@ def _naive_float32(x, beta, rng, n):
 
 @pytest.mark.slow
 def test_naive_sampler_reveals_its_input_and_the_grid_sampler_does_not():
-    """Mironov (2012) on seed 004's sampler: most outputs for input 0.7 cannot occur for 0.3.
+    """Mironov (2012) on the original design's sampler: most outputs for input 0.7 cannot occur for 0.3.
 
     An attacker who enumerates the sampler's possible noise values knows, for
     every such output, that the input was not 0.3: an infinite privacy loss
@@ -98,7 +98,7 @@ def test_naive_sampler_reveals_its_input_and_the_grid_sampler_does_not():
     grid step for every input, and every multiple has positive probability for
     every input, so no output excludes an input.
     """
-    beta = 0.1  # eps = 10 at the seed's sensitivity 1
+    beta = 0.1  # eps = 10 at the original design's sensitivity 1
     x1, x2 = 0.3, 0.7
     possible_under_x1 = np.unique(np.float32(x1) + _naive_float32_noise_values(beta))
     rng = np.random.default_rng(0)
@@ -144,8 +144,8 @@ def test_grid_is_a_power_of_two_and_fine():
         assert a * c == pytest.approx(eps)
 
 
-def test_seed_default_eps_gives_almost_no_noise():
-    """Seed 004's eps = 230260 at its sensitivity 1: noise ~1e-5 with probability 0.9."""
+def test_the_original_designs_default_eps_gives_almost_no_noise():
+    """The original design's eps = 230260 at its sensitivity 1: noise ~1e-5 with probability 0.9."""
     noise = np.abs(_noise(230260.0, sensitivity=1.0))
     assert np.quantile(noise, 0.9) == pytest.approx(1e-5, rel=0.05)
 
@@ -178,7 +178,7 @@ def test_non_finite_values_are_rejected():
 
 @pytest.mark.parametrize("sampler", ["discrete", "continuous"])
 def test_event_covers_a_distance_larger_than_the_calibrated_sensitivity(sampler):
-    """Noise calibrated to the seed's sensitivity 1 on probability vectors (distance 2): 2 eps."""
+    """Noise calibrated to the original design's sensitivity 1 on probability vectors (distance 2): 2 eps."""
     acc = dp_accounting.pld.PLDAccountant()
     acc.compose(laplace_dp_event(1.5, 1.0, num_values=10, sampler=sampler, distance=2.0))
     assert acc.get_epsilon(1e-9) == pytest.approx(3.0, rel=0.01)

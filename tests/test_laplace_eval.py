@@ -314,7 +314,7 @@ def test_dp_event_accounts_to_the_callbacks_epsilon(eps, sampler):
 
 
 @pytest.mark.parametrize("sampler", ["discrete", "continuous"])
-def test_seed_sensitivity_one_reports_twice_eps(sampler):
+def test_the_original_designs_sensitivity_one_reports_twice_eps(sampler):
     with pytest.warns(UserWarning, match="2-LDP"):
         cb = LaplaceEvaluation(_table(20), eps=1.0, sensitivity=1.0, sampler=sampler)
     assert cb.epsilon == 2.0 and cb.noise_scale == 1.0

@@ -285,10 +285,11 @@ def test_logs_reach_history():
     history = model.fit(x, y, epochs=3, batch_size=16, verbose=0,
                         callbacks=[_Driver(magrr), magrr])
     h = history.history
-    for key in ("r_est", "lr_global", "magrr_phase", "magrr_debiased_ones"):
+    for key in ("r_est", "global_lr", "magrr_phase", "magrr_debiased_ones"):
         assert len(h[key]) == 3, (key, h)
+    assert "lr_global" not in h  # the server step has one name in History
     np.testing.assert_allclose(h["r_est"], [5e-5, 2.5e-4, 1.25e-3])
-    np.testing.assert_allclose(h["lr_global"], 2 * np.array(h["r_est"]) * 50)
+    np.testing.assert_allclose(h["global_lr"], 2 * np.array(h["r_est"]) * 50)
     assert h["magrr_phase"] == [0, 0, 0]
     assert all(d < 25 for d in h["magrr_debiased_ones"])
     # Direct use, and logs that are not a dict are ignored.
@@ -298,7 +299,10 @@ def test_logs_reach_history():
     magrr.on_epoch_end(4, None)
     fresh = {}
     MagRR().on_epoch_end(0, fresh)
-    assert math.isnan(fresh["lr_global"]) and fresh["magrr_phase"] == 0
+    assert math.isnan(fresh["global_lr"]) and fresh["magrr_phase"] == 0
+    driven = {"global_lr": 0.5}  # a driver that logged the step it applied keeps its value
+    magrr.on_epoch_end(5, driven)
+    assert driven["global_lr"] == 0.5 and driven["r_est"] == magrr.r_est
 
 
 # --- accounting ---------------------------------------------------------------

@@ -409,7 +409,7 @@ def test_math_functions_validate():
 
 def seed_table_messages(extra=None):
     extra = extra or {}
-    # Seed 003's example (1-based indices 1,5,8 / 2,3,4 / 3,6,7), d = 8.
+    # The original design's example (1-based indices 1,5,8 / 2,3,4 / 3,6,7), d = 8.
     return [SignDSMessage(1, np.array([0, 4, 7]), 8, **extra.get(0, {})),
             SignDSMessage(-1, np.array([1, 2, 3]), 8, **extra.get(1, {})),
             SignDSMessage(1, np.array([2, 5, 6]), 8, **extra.get(2, {}))]

@@ -103,6 +103,31 @@ def test_missing_utility_metric_is_a_clear_error():
         model.fit(x, y, epochs=1, verbose=0, callbacks=[PrivacyUtility(budget=1.0)])
 
 
+def test_a_run_that_cannot_be_scored_stops_the_search_at_its_first_epoch(tmp_path):
+    """Without ``protects=``, a model that protects only its labels composes to eps = inf (the
+    embeddings go out without DP): every trial used to score the penalty -1, silently. The
+    callback says so, with each secret's eps, and keras-tuner stops at the first trial."""
+    (x, y), val = _data()
+    tuner = kt.RandomSearch(_build, objective=privacy_objective(), max_trials=3,
+                            directory=str(tmp_path), project_name="p", overwrite=True, seed=0)
+    track_search(tuner)
+    with pytest.raises(ValueError, match=r"protects=None.*eps = inf.*labels \d.*features inf"
+                                         r".*`protects=` one of \['labels'\]") as raised:
+        tuner.search(x, y, validation_data=val, epochs=2, batch_size=64, verbose=0,
+                     callbacks=[PrivacyUtility(budget=2.0)])
+    assert isinstance(raised.value, kt.errors.FatalError)  # not retried by keras-tuner
+    assert len(tuner.oracle.trials) == 1
+    # what the stopped trial released is still counted
+    (trial,) = tuner.oracle.trials.values()
+    assert search_epsilon(tuner, protects="labels") == pytest.approx(
+        trial.hyperparameters.get("eps"), rel=2e-3)
+    # a secret released without DP cannot be scored either, in a plain fit too
+    model = vertical_trial_model(label_dp=None)
+    with pytest.raises(ValueError, match="protects='labels'.*protect what the model releases"):
+        model.fit(x, y, validation_data=val, epochs=1, verbose=0,
+                  callbacks=[PrivacyUtility(weight=0.1, protects="labels")])
+
+
 # ------------------------------------------------------------ what a search spent
 class _BlackBox(kt.RandomSearch):
     """A tuner whose trials train nothing the search can see (no fit with its callbacks)."""

@@ -259,8 +259,11 @@ class HorizontalFL:
         answers in one process: ``clients_per_round`` and 0),
         ``upload_bytes_per_client``, ``upload_bytes`` (sum over the round's
         clients), ``download_bytes_per_client`` (the dense float32 model),
-        ``global_lr``, ``round_time_s`` and the validation metrics (computed
-        by the server on its own data); callbacks (MagRR) add their own.
+        ``global_lr`` (the server's step; with MagRR, its ``lr_global``),
+        ``round_time_s`` and the validation metrics (computed by the server
+        on its own data); with MagRR also ``r_est``, ``magrr_phase`` and
+        ``magrr_debiased_ones`` (in the progress bar too); other callbacks
+        add their own.
         The clients' local losses are not logged: no upload releases them
         (see ``log_client_loss``).
         """
@@ -316,6 +319,8 @@ class HorizontalFL:
                 hook = getattr(callback, "on_federated_round", None)
                 if hook is not None:
                     hook(self, rnd, chosen, logs)
+            if magrr is not None:  # Keras hands callbacks a copy: the progress bar shows these
+                logs.update(magrr.log_values())
             logs.pop("round_time_s", None)
             logs["round_time_s"] = time.perf_counter() - started
             cb.on_epoch_end(rnd, logs)

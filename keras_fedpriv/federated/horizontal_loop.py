@@ -157,7 +157,7 @@ class HorizontalLoop:
             own ledgers); False where the clients' mechanism records it.
         validation_data: ``(x, y)`` scored on the global model after every
             round (``val_*``), or None.
-        log_magrr: add the server's MagRR values (``r_est``, ``lr_global``,
+        log_magrr: add the server's MagRR values (``r_est``, ``magrr_phase``,
             ...) to every round's logs (the in-process driver leaves that to
             the MagRR callback).
         log: the `logging.Logger` of the round lines and dropped replies

@@ -181,7 +181,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     norm (e.g. ``[1, 0]`` and ``[0, 1]``), so with sensitivity 1 the real
     guarantee is ``2 * eps``-LDP: the original design's eps is understated by a factor
     2. This class defaults to the correct ``sensitivity=2.0``. Pass
-    ``sensitivity=1.0`` only to reproduce the seed (a warning says so). In
+    ``sensitivity=1.0`` only to reproduce the original design (a warning says so). In
     every case `epsilon` and `dp_event` report the *true* guarantee for
     probability vectors, ``2 * eps / sensitivity``.
 
@@ -301,7 +301,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
             ``sensitivity / eps``.
         sensitivity: L1 sensitivity used to scale the noise, finite and > 0.
             Default 2.0, the true L1 diameter of probability vectors; 1.0
-            reproduces the seed (and understates eps by a factor 2).
+            reproduces the original design (and understates eps by a factor 2).
         metrics: a name or a sequence of names among ``"silhouette"``,
             ``"calinski_harabasz"``, ``"davies_bouldin"``.
         cluster_client_num: the number of most recent clients whose reports
@@ -389,7 +389,8 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                 f"differ by up to 2 in L1 norm, so the noise scale sensitivity/eps = "
                 f"{self.sensitivity / self.eps:.3g} gives {2.0 / self.sensitivity:g} * eps = "
                 f"{self.epsilon:.6g}-LDP, not eps = {self.eps:g}. Use the default "
-                f"sensitivity=2.0 unless you are reproducing the seed.", stacklevel=2)
+                f"sensitivity=2.0 unless you are reproducing the original design.",
+                stacklevel=2)
         self._init_releases()
         if self.seed is None:
             self._server_rng = secret_generator()
@@ -449,7 +450,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         ``2 * eps / sensitivity``: the noise scale is ``sensitivity / eps``
         and probability vectors are at most 2 apart in L1 norm. Equal to
         ``eps`` with the default ``sensitivity=2``; ``2 * eps`` with the
-        seed's ``sensitivity=1``. (With the discrete sampler and a
+        original design's ``sensitivity=1``. (With the discrete sampler and a
         sensitivity other than 2, `dp_event` is exact on the sampler's grid
         and up to about 0.1% below this value.)
         """

@@ -108,8 +108,8 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
     initial 1e-5 is nearly at that floor); this class does not round.
 
     In the contraction phase ``r_est`` can only shrink or stay: if the
-    clients' steps grow again, the estimate does not follow (as in the seed
-    and the reference).
+    clients' steps grow again, the estimate does not follow (as in the original
+    design and the reference implementation).
 
     **Privacy.** Each participating client releases one eps_rr-randomized
     bit per round it takes part in (`dp_event`), i.e. ``eps_rr``-LDP per
@@ -131,8 +131,11 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
     Use as a Keras callback: a federated driver calls `round` (or
     `client_reports` + `server_update`) once per federated round, before
     aggregation, then fires ``on_epoch_end``, which writes ``r_est``,
-    ``lr_global``, ``magrr_phase`` (0 growth, 1 contraction) and
-    ``magrr_debiased_ones`` into the logs (so `History` records them).
+    ``magrr_phase`` (0 growth, 1 contraction) and ``magrr_debiased_ones``
+    into the logs (so `History` records them), and the server step
+    ``lr_global`` as ``global_lr`` unless the driver logged that already
+    (`keras_fedpriv.federated.HorizontalFL` logs the step it applied, NaN in
+    a round that did not count).
     Nothing here depends on the driver.
 
     Constants (this class's default = the original design's value; the reference is
@@ -372,16 +375,23 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
     # --- Keras callback ----------------------------------------------------
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        """Write ``r_est``, ``lr_global``, ``magrr_phase``, ``magrr_debiased_ones`` into logs."""
+        """Write `log_values` into logs, and ``global_lr`` (``lr_global``) if it is absent."""
         if isinstance(logs, dict):
             logs.update(self.log_values())
+            logs.setdefault("global_lr", float("nan") if self.last_lr_global is None
+                            else float(self.last_lr_global))
 
     def log_values(self) -> dict[str, Any]:
-        """The numeric values written into the Keras logs (NaN where undefined)."""
+        """The estimator's numeric state for the Keras logs (NaN where undefined).
+
+        Returns:
+            ``r_est``, ``magrr_phase`` and ``magrr_debiased_ones``. The server
+            step is logged once, as ``global_lr``, by the driver that applies
+            it (or by `on_epoch_end` when no driver did).
+        """
         nan = float("nan")
         return {
             "r_est": float(self.r_est),
-            "lr_global": nan if self.last_lr_global is None else float(self.last_lr_global),
             "magrr_phase": 0 if self.phase == GROWTH else 1,
             "magrr_debiased_ones": (nan if self.last_debiased_ones is None
                                     else float(self.last_debiased_ones)),

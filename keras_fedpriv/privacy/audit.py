@@ -571,7 +571,7 @@ def audit_quantize_rr(eps: float, num_trials: int = DEFAULT_TRIALS, seed: int | 
 
     Statistic: the output bit. Claimed: **eps/2** (each coordinate of
     quantize+RR is (eps/2)-DP; the ``eps`` argument is the layer's parameter,
-    whose name follows the seed).
+    whose name follows the original design).
     """
     from keras_fedpriv.mechanisms.quantize import quantize_rr
 
