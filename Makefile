@@ -39,6 +39,7 @@ bench: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/audit.py
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/gradient_inversion.py
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/budget.py
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) bench/learnability.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

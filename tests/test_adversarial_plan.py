@@ -149,3 +149,88 @@ def test_a_plan_refuses_what_it_cannot_check():
     assert math.isclose(plan.epsilon, plan.value)
     with pytest.raises(ValueError, match="noise multiplier"):
         plan.noise_multiplier
+
+
+# ------------------------------------------------ issue 20: a plan for a whole run
+def _signds_run(rounds, clients_per_round, signds_eps, callbacks, num_clients=4):
+    from keras_fedpriv.federated import HorizontalFL, SignDSUpload, partition
+    from keras_fedpriv.optimizers import SignDSEncoder
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(30 * num_clients, 8)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.SGD(0.05),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    fl = HorizontalFL(model, partition(x, y, num_clients, seed=0), seed=0,
+                      upload=SignDSUpload(SignDSEncoder(k=0.2, eps=signds_eps, seed=0)))
+    fl.fit(rounds=rounds, clients_per_round=clients_per_round, callbacks=callbacks, verbose=0)
+    return fl
+
+
+@pytest.mark.filterwarnings("ignore:SignDS. k . d")
+def test_whole_run_a_participation_bound_that_sampling_breaks_is_stopped():
+    """2 of 4 clients a round for 4 rounds is 2 rounds per client on average, but uniform
+    sampling lets one client take part in more: a plan that assumes the mean is stopped;
+    the default plan (every round) holds."""
+    from keras_fedpriv.privacy import plan
+
+    kwargs = dict(mechanisms=("signds",), rounds=4, clients_per_round=2, num_clients=4,
+                  warn=False)
+    mean = plan(TARGET, max_rounds_per_client=2, **kwargs)
+    assert mean["signds"].releases == 2 and "assumed" in mean.assumption
+    with pytest.raises(PlanExceeded, match="over the plan's target"):
+        _signds_run(4, 2, mean["signds"].value, mean.callbacks())
+    safe = plan(TARGET, **kwargs)
+    assert safe["signds"].releases == 4
+    fl = _signds_run(4, 2, safe["signds"].value, safe.callbacks())
+    assert max(fl.participation) > 2  # the run did what the mean-based plan did not count
+    assert privacy_report(fl, protects="client data").epsilon <= TARGET + 1e-6
+
+
+@pytest.mark.filterwarnings("ignore:SignDS. k . d")
+def test_whole_run_a_laplace_evaluation_left_out_of_the_plan_is_caught():
+    from keras_fedpriv.callbacks import LaplaceEvaluation
+    from keras_fedpriv.privacy import plan
+
+    p = plan(TARGET, mechanisms=("signds",), rounds=2, clients_per_round=4, num_clients=4,
+             warn=False)
+    laplace = LaplaceEvaluation(eps=1.0, seed=0, from_logits=True)
+    with pytest.raises(PlanExceeded, match="over the plan's target"):
+        _signds_run(2, 4, p["signds"].value, [laplace, *p.callbacks([laplace])])
+    with_it = plan(TARGET, mechanisms=("signds", "laplace_eval"), rounds=2, clients_per_round=4,
+                   num_clients=4, warn=False)
+    laplace = LaplaceEvaluation(eps=with_it["laplace_eval"].value, seed=0, from_logits=True)
+    fl = _signds_run(2, 4, with_it["signds"].value, [laplace, *with_it.callbacks([laplace])])
+    assert privacy_report([fl, laplace], protects="client data").epsilon <= TARGET + 1e-6
+
+
+def test_whole_run_weights_cannot_put_a_mechanism_at_eps_zero():
+    from keras_fedpriv.privacy import plan
+
+    kwargs = dict(mechanisms=("signds", "magrr"), rounds=10, clients_per_round=2, num_clients=4)
+    with pytest.raises(ValueError, match=r"with `weights` \{'signds': 1.0, 'magrr': 1e-09\}: "
+                                         r"where every per-release eps is at least 0.0001"):
+        plan(TARGET, weights={"magrr": 1e-9}, **kwargs)
+    tiny = plan(TARGET, weights={"magrr": 1e-3}, warn=False, **kwargs)  # small, not zero
+    assert 1e-4 <= tiny["magrr"].value < 1e-2 * tiny["signds"].value
+    for bad in (0.0, -1.0, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match=r"`weights\['magrr'\]` must be a finite number"):
+            plan(TARGET, weights={"magrr": bad}, **kwargs)
+
+
+def test_whole_run_a_plan_cannot_count_fewer_releases_than_the_run_makes():
+    from keras_fedpriv.privacy import plan
+
+    kwargs = dict(mechanisms=("signds", "magrr"), rounds=10, clients_per_round=2, num_clients=4)
+    with pytest.raises(ValueError, match=r"`releases\['magrr'\]`=1 is fewer than the 10"):
+        plan(TARGET, releases={"magrr": 1}, **kwargs)
+    with pytest.raises(ValueError, match="`clients_per_round`=5 is more than"):
+        plan(TARGET, **dict(kwargs, clients_per_round=5))
+    with pytest.raises(ValueError, match="cannot hold: 10 rounds of 2 clients among 4"):
+        plan(TARGET, max_rounds_per_client=4, **kwargs)  # 20 participations > 4 x 4
+    assert plan(TARGET, releases={"magrr": 12}, warn=False, **kwargs)["magrr"].releases == 12
+    with pytest.raises(ValueError, match=r"`releases\['embedding_dp'\]`=1 is fewer than the 5"):
+        plan(TARGET, mechanisms=("embedding_dp",), epochs=5, num_coordinates=D,
+             releases={"embedding_dp": 1})  # 5 epochs release every example 5 times

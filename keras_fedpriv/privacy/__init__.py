@@ -11,6 +11,10 @@
   that meets a target (eps, delta) for a planned number of releases;
   `plan_run` gives a `Plan` that names the release pattern it assumes and
   checks the run against it (`Plan.check`, the `PlanCheck` callback).
+* `plan`: a whole run (SignDS or Gaussian uploads, MagRR, Laplace
+  evaluations; labels and features) and one target: every mechanism's
+  per-release setting, each secret within the target (`RunPlan`), and
+  `TooSmallToLearnWarning` where a setting is too small to learn.
 * `audit` and one auditor per mechanism (`audit_binary_rr`, ...,
   `audit_signds`): empirical lower bounds on eps with Clopper-Pearson
   confidence (docs/audit.md).
@@ -46,6 +50,7 @@ from keras_fedpriv.privacy.planning import (
     plan_run,
     planned_epsilon,
 )
+from keras_fedpriv.privacy.run_plan import MechanismPlan, RunPlan, TooSmallToLearnWarning, plan
 from keras_fedpriv.privacy.report import (
     EpsilonLogger,
     PrivacyReport,
@@ -63,6 +68,7 @@ __all__ = ["AuditResult", "audit", "audit_binary_rr", "audit_embedding_dp_layer"
            "PrivacyBudget",
            "DELDPReport", "EpsilonLogger", "MixedPLDAccountant", "PrivacyReport", "Release",
            "compose_epsilon", "deldp", "find_protections", "max_pairwise_distance",
-           "Plan", "PlanCheck", "PlanExceeded", "PlanMismatchWarning", "plan_epsilon",
-           "plan_noise_multiplier", "plan_run", "planned_epsilon", "privacy_ledger",
-           "privacy_report", "pure_epsilon"]
+           "MechanismPlan", "Plan", "PlanCheck", "PlanExceeded", "PlanMismatchWarning",
+           "plan_epsilon", "plan", "plan_noise_multiplier", "plan_run", "planned_epsilon",
+           "privacy_ledger", "privacy_report", "pure_epsilon", "RunPlan",
+           "TooSmallToLearnWarning"]

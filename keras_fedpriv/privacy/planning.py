@@ -18,6 +18,10 @@ run's report is already over the target, naming how the run's releases
 differ from the plan's, and warns (`PlanMismatchWarning`) when the pattern
 differs before the target is reached.
 
+These helpers plan one mechanism; `keras_fedpriv.privacy.plan`
+(`keras_fedpriv.privacy.run_plan`) plans a whole run (several mechanisms,
+each secret within the target) on top of them.
+
 Example:
     >>> eps = plan_epsilon(8.0, 1e-5, releases=20)                 # one label, 20 releases
     >>> z = plan_noise_multiplier(4.0, 1e-5, releases=50)          # GaussianUpload

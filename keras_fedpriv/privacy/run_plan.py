@@ -1,0 +1,479 @@
+"""Plan a whole run: every mechanism's per-release setting for one target (eps, delta).
+
+A horizontal run releases SignDS (or Gaussian) uploads, MagRR bits and
+Laplace-protected evaluations about each client; a vertical run releases the
+leader's labels (`LabelDPLayer`) and a follower's features
+(`EmbeddingDPLayer`). `plan` takes the whole run and returns each
+mechanism's setting, calibrated with the accountant `privacy_report` uses
+(`MixedPLDAccountant`) on the events the mechanisms record.
+
+**Groups.** Mechanisms that protect different secrets (labels, features,
+client data) are reported separately by ``privacy_report(obj, protects=...)``:
+each group meets the target on its own. Within a group the releases compose
+(the busiest unit's releases of every mechanism, in one accountant), and the
+target is split by **relative weights**: every mechanism's per-release eps is
+``weight x s`` (a Gaussian upload's noise multiplier is ``1 / (weight x s)``)
+for one common scale ``s``, the largest (found by bisection) whose composition
+stays at or below the target.
+
+**Counting.** `HorizontalFL` (and the Flower strategy's `HorizontalLoop`)
+samples ``clients_per_round`` clients uniformly without replacement every
+round, so the busiest client can take part in every round: the plan counts
+``rounds`` releases per client for the uploads and MagRR (a bound the run
+cannot exceed) unless ``max_rounds_per_client`` states a smaller count (an
+assumption: `PlanCheck` stops a run that breaks it). A Laplace evaluation is
+due every ``evaluate_every`` rounds and releases about each client it
+evaluates: ``rounds // evaluate_every`` releases.
+
+**Too small to learn.** A per-release setting whose signal (`signal`) is at
+or below `TOO_SMALL_SIGNAL` (measured by bench/learnability.py) warns
+`TooSmallToLearnWarning`: at that signal the bench's training stayed within 5
+points of chance.
+
+Example:
+    >>> p = plan(8.0, 1e-5, mechanisms=("signds", "magrr", "laplace_eval"), rounds=100,
+    ...          clients_per_round=20, num_clients=100, num_classes=10, evaluate_every=10)
+    >>> print(p)                                   # the table
+    >>> SignDSEncoder(k=0.2, eps=p["signds"].value); MagRR(eps_rr=p["magrr"].value)
+    >>> fl.fit(100, 20, callbacks=[magrr, laplace, *p.callbacks()])   # checked every round
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import warnings
+from typing import Any, Iterable, Mapping, Sequence
+
+import dp_accounting
+
+from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
+from keras_fedpriv.mechanisms.laplace import laplace_dp_event
+from keras_fedpriv.mechanisms.ledger import CLIENT_DATA, FEATURES, LABELS
+from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
+from keras_fedpriv.privacy.planning import (
+    PER_CLIENT,
+    PER_EXAMPLE,
+    Plan,
+    PlanCheck,
+    _event,
+    planned_epsilon,
+)
+from keras_fedpriv.text_table import text_table
+
+__all__ = ["DEFAULT_WEIGHTS", "RUN_MECHANISMS", "TOO_SMALL_SIGNAL", "MechanismPlan", "RunPlan",
+           "TooSmallToLearnWarning", "plan", "signal"]
+
+#: The mechanisms `plan` plans, and the secret each protects.
+RUN_MECHANISMS = {"signds": CLIENT_DATA, "magrr": CLIENT_DATA, "gaussian": CLIENT_DATA,
+                  "laplace_eval": CLIENT_DATA, "label_dp": LABELS, "embedding_dp": FEATURES}
+#: Relative per-release weights within a group. SignDS (or the Gaussian upload)
+#: carries the training signal and gets the most; MagRR's bit only steers the
+#: server's step size from the bits of a whole round, and a Laplace evaluation's
+#: scores average over many examples: each gets a tenth of SignDS's per-release eps.
+DEFAULT_WEIGHTS = {"signds": 1.0, "gaussian": 1.0, "magrr": 0.1, "laplace_eval": 0.1,
+                   "label_dp": 1.0, "embedding_dp": 1.0}
+#: Signal (see `signal`) at or below which a mechanism stops carrying training
+#: signal: the signal of the largest per-release eps at which the test accuracy
+#: of bench/learnability.py stayed within 5 points of chance (digits, 10
+#: classes, seed 0): SignDS eps 3 (k = 0.2, 100 rounds of 20 of 100 clients),
+#: LabelDP eps 0.1 (K = 10, randomized once), EmbeddingDP eps 0.3 (d = 32).
+#: Measured by `TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/learnability.py`,
+#: 2026-11-26 on a shared 2-core CPU (docs/benchmarks.md, "Learnability").
+TOO_SMALL_SIGNAL = {"signds": 0.6339, "label_dp": 0.0104, "embedding_dp": 0.0749}
+
+_MIN_EPS = 1e-4  # no mechanism is planned below it (a weight must not zero a mechanism)
+_MAX_EPS = {"signds": 100.0, "magrr": 60.0, "label_dp": 60.0, "embedding_dp": 60.0,
+            "laplace_eval": 60.0, "gaussian": 1.0 / 0.05}  # gaussian: 1 / noise multiplier
+
+
+class TooSmallToLearnWarning(UserWarning):
+    """A planned per-release setting carries too little signal to learn (see `TOO_SMALL_SIGNAL`)."""
+
+
+def signal(mechanism: str, eps: float, *, num_classes: int = 2, k: float = 0.2) -> float:
+    """How far one release at ``eps`` is from pure noise (0: no signal, 1: exact).
+
+    * ``"signds"``: P(an index the encoder releases is in the top-k set) minus
+      its chance value ``k`` (one index, ``h = 1``, as the encoder uses at
+      small eps): ``k e^eps / (k e^eps + 1 - k) - k``.
+    * ``"label_dp"``: K-ary randomized response, P(true label) - P(one other
+      label) = ``(e^eps - 1) / (K - 1 + e^eps)``.
+    * ``"embedding_dp"``: per coordinate (RR at eps/2), ``tanh(eps / 4)``.
+    * ``"magrr"``: binary RR, ``tanh(eps / 2)``.
+
+    Args:
+        mechanism: one of the names above.
+        eps: the mechanism's per-release eps (>= 0).
+        num_classes: K for ``"label_dp"``.
+        k: SignDS's top-k fraction, in (0, 1).
+
+    Returns:
+        The signal, in [0, 1).
+    """
+    eps = validate_eps(eps, "eps")
+    if mechanism == "signds":
+        if not 0.0 < k < 1.0:
+            raise ValueError(f"`k` must be a fraction in (0, 1); got {k!r}.")
+        return float(k / (k + (1 - k) * math.exp(-eps)) - k)
+    if mechanism == "label_dp":
+        num_classes = validate_positive_int(num_classes, "num_classes", minimum=2)
+        return float(-math.expm1(-eps) / (1 + (num_classes - 1) * math.exp(-eps)))
+    if mechanism == "embedding_dp":
+        return math.tanh(eps / 4)
+    if mechanism == "magrr":
+        return math.tanh(eps / 2)
+    raise ValueError(f"`mechanism` must be one of ('signds', 'label_dp', 'embedding_dp', "
+                     f"'magrr') for a signal; got {mechanism!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class MechanismPlan:
+    """One mechanism's planned setting.
+
+    Attributes:
+        mechanism: a key of `RUN_MECHANISMS`.
+        value: the per-release eps (SignDS's ``eps``, MagRR's ``eps_rr``,
+            the layers' ``eps``, `LaplaceEvaluation`'s ``eps``), or the
+            `GaussianUpload` noise multiplier.
+        releases: the releases of the busiest unit the plan assumes.
+        share: the mechanism's weight over its group's total weight.
+        epsilon: what the report's row of this mechanism alone composes to.
+        protects: the secret (the report's ``protects=``).
+    """
+
+    mechanism: str
+    value: float
+    releases: int
+    share: float
+    epsilon: float
+    protects: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """The plan of a whole run: one `MechanismPlan` per mechanism, and each group's total.
+
+    Attributes:
+        mechanisms: the `MechanismPlan` of every mechanism, in the order given.
+        totals: ``{secret: composed eps of its group}`` (each at most the target).
+        target_epsilon, target_delta: the target every group meets.
+        assumption: how the releases were counted, in words.
+    """
+
+    mechanisms: tuple[MechanismPlan, ...]
+    totals: dict[str, float]
+    target_epsilon: float
+    target_delta: float
+    assumption: str
+    num_classes: int = 2
+    num_coordinates: int | None = None
+
+    def __getitem__(self, mechanism: str) -> MechanismPlan:
+        """The `MechanismPlan` of ``mechanism`` (KeyError if it was not planned)."""
+        for m in self.mechanisms:
+            if m.mechanism == mechanism:
+                return m
+        raise KeyError(f"{mechanism!r} was not planned; planned: "
+                       f"{[m.mechanism for m in self.mechanisms]}.")
+
+    def plans(self) -> dict[str, Plan]:
+        """One `Plan` per secret, to check a run against (``Plan.check``, `PlanCheck`).
+
+        Returns:
+            ``{secret: Plan}``: each at the group's target, named after the
+            group's mechanism with the largest weight (the others' releases
+            are composed with it: a report over the target raises).
+        """
+        out = {}
+        for secret in self.totals:
+            group = [m for m in self.mechanisms if m.protects == secret]
+            main = max(group, key=lambda m: m.share)
+            # `Plan` names the upload mechanisms; a group led by a Laplace evaluation is
+            # checked the same way (its report against the target), its event only differs
+            name = "magrr" if main.mechanism == "laplace_eval" else main.mechanism
+            out[secret] = Plan(name, main.value, main.releases,
+                               PER_CLIENT if secret == CLIENT_DATA else PER_EXAMPLE,
+                               self.target_epsilon, self.target_delta, self.num_classes,
+                               self.num_coordinates)
+        return out
+
+    def check(self, obj: Any, callbacks: Iterable[Any] = ()) -> dict[str, Any]:
+        """Compare what a run recorded with this plan, one secret at a time.
+
+        Args:
+            obj: what `privacy_report` takes (a model, a History, a `HorizontalFL`, ...).
+            callbacks: more objects whose releases count.
+
+        Returns:
+            ``{secret: PrivacyReport}``.
+
+        Raises:
+            PlanExceeded: a secret's report is over the target.
+        """
+        callbacks = list(callbacks)
+        return {s: p.check(obj, callbacks=callbacks) for s, p in self.plans().items()}
+
+    def callbacks(self, callbacks: Iterable[Any] = ()) -> list[PlanCheck]:
+        """One `PlanCheck` per secret (place them after the callbacks that release).
+
+        Args:
+            callbacks: other objects whose releases count (e.g. the `MagRR`
+                and `LaplaceEvaluation` callbacks of a `HorizontalFL` run).
+
+        Returns:
+            A list of `PlanCheck` callbacks.
+        """
+        callbacks = list(callbacks)
+        return [PlanCheck(p, callbacks=callbacks) for p in self.plans().values()]
+
+    def __str__(self) -> str:
+        rows = [(m.protects, m.mechanism,
+                 f"noise multiplier {m.value:.4g}" if m.mechanism == "gaussian"
+                 else f"eps {m.value:.4g}", str(m.releases), f"{m.share:.0%}",
+                 f"{m.epsilon:.3f}", f"{self.totals[m.protects]:.3f}") for m in self.mechanisms]
+        table = text_table(["protects", "mechanism", "per release", "releases (busiest)",
+                              "share", "eps alone", "group eps"], rows)
+        return (f"Plan for (eps={self.target_epsilon:g}, delta={self.target_delta:g}) per "
+                f"secret; {self.assumption}\n{table}")
+
+
+def _group_event(parts):
+    """One event of all the releases of a group: [(event, releases), ...].
+
+    Composed by `MixedPLDAccountant` only, which multiplies a
+    `SelfComposedDpEvent`'s count out for every event type (dp-accounting's
+    own PLD accountant drops it for randomized response: `repeat_event`).
+    """
+    return dp_accounting.ComposedDpEvent(
+        [dp_accounting.SelfComposedDpEvent(e, n) for e, n in parts])
+
+
+def _validate_mechanisms(mechanisms):
+    if isinstance(mechanisms, str) or not isinstance(mechanisms, Sequence) or not mechanisms:
+        raise TypeError(f"`mechanisms` must be a non-empty sequence of names from "
+                        f"{tuple(RUN_MECHANISMS)}; got {mechanisms!r}.")
+    for name in mechanisms:
+        if name not in RUN_MECHANISMS:
+            raise ValueError(f"`mechanisms` must hold names from {tuple(RUN_MECHANISMS)}; got "
+                             f"{name!r}.")
+    if len(set(mechanisms)) != len(mechanisms):
+        raise ValueError(f"`mechanisms` names a mechanism twice: {list(mechanisms)!r}.")
+    if "signds" in mechanisms and "gaussian" in mechanisms:
+        raise ValueError("`mechanisms` names both 'signds' and 'gaussian': a run has one upload.")
+    return tuple(mechanisms)
+
+
+def _validate_weights(weights, mechanisms):
+    weights = dict(weights or {})
+    for name, w in weights.items():
+        if name not in mechanisms:
+            raise ValueError(f"`weights` names {name!r}, which is not in `mechanisms` "
+                             f"{list(mechanisms)!r}.")
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not (
+                math.isfinite(w) and w > 0):
+            raise ValueError(f"`weights[{name!r}]` must be a finite number > 0; got {w!r}.")
+    return {m: float(weights.get(m, DEFAULT_WEIGHTS[m])) for m in mechanisms}
+
+
+def _releases(mechanisms, rounds, clients_per_round, num_clients, max_rounds_per_client,
+              evaluate_every, epochs, label_releases, releases):
+    """{mechanism: releases of the busiest unit}, and the assumption in words."""
+    client = [m for m in mechanisms if RUN_MECHANISMS[m] == CLIENT_DATA]
+    out, words = {}, []
+    if client:
+        rounds = validate_positive_int(rounds, "rounds")
+        num_clients = validate_positive_int(num_clients, "num_clients")
+        clients_per_round = validate_positive_int(clients_per_round, "clients_per_round")
+        if clients_per_round > num_clients:
+            raise ValueError(f"`clients_per_round`={clients_per_round} is more than the "
+                             f"`num_clients`={num_clients} clients.")
+        per_client = rounds
+        if max_rounds_per_client is not None:
+            per_client = validate_positive_int(max_rounds_per_client, "max_rounds_per_client")
+            if per_client > rounds:
+                raise ValueError(f"`max_rounds_per_client`={per_client} is more than the "
+                                 f"`rounds`={rounds}.")
+            if per_client * num_clients < rounds * clients_per_round:
+                raise ValueError(
+                    f"`max_rounds_per_client`={per_client} cannot hold: {rounds} rounds of "
+                    f"{clients_per_round} clients among {num_clients} take part "
+                    f"{rounds * clients_per_round} times, more than {per_client} each.")
+            words.append(f"at most {per_client} of {rounds} rounds per client (assumed: "
+                         f"sampling can pick a client every round; PlanCheck enforces it)")
+        else:
+            words.append(f"{clients_per_round} of {num_clients} clients sampled per round: the "
+                         f"busiest client can take part in all {rounds} rounds")
+        for m in client:
+            out[m] = per_client
+        if "laplace_eval" in client:
+            every = validate_positive_int(evaluate_every, "evaluate_every")
+            out["laplace_eval"] = rounds // every
+            if not out["laplace_eval"]:
+                raise ValueError(f"`evaluate_every`={every} is more than the `rounds`={rounds}: "
+                                 f"no evaluation would run.")
+            words.append(f"a Laplace evaluation every {every} round(s), of every client")
+    if "embedding_dp" in mechanisms:
+        out["embedding_dp"] = validate_positive_int(epochs, "epochs")
+        words.append(f"features released once per epoch ({out['embedding_dp']}) with example ids")
+    if "label_dp" in mechanisms:
+        out["label_dp"] = validate_positive_int(label_releases, "label_releases")
+        words.append(f"labels released {out['label_dp']} time(s) per example")
+    for name, count in dict(releases or {}).items():
+        if name not in mechanisms:
+            raise ValueError(f"`releases` names {name!r}, which is not in `mechanisms` "
+                             f"{list(mechanisms)!r}.")
+        count = validate_positive_int(count, f"releases[{name!r}]")
+        if count < out[name]:
+            raise ValueError(f"`releases[{name!r}]`={count} is fewer than the {out[name]} "
+                             f"the run can release about its busiest unit; a count may only "
+                             f"grow (e.g. inference passes).")
+        out[name] = count
+        words.append(f"{name}: {count} release(s) as given")
+    return out, "; ".join(words) + "."
+
+
+def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Sequence[str],
+         rounds: int | None = None, clients_per_round: int | None = None,
+         num_clients: int | None = None, max_rounds_per_client: int | None = None,
+         evaluate_every: int = 1, epochs: int | None = None, label_releases: int = 1,
+         releases: Mapping[str, int] | None = None, weights: Mapping[str, float] | None = None,
+         num_classes: int = 2, num_coordinates: int | None = None, k: float = 0.2,
+         tolerance: float = 1e-3, warn: bool = True) -> RunPlan:
+    """Every mechanism's per-release setting for a whole run, each secret within the target.
+
+    Each group of mechanisms protecting one secret (client data; labels;
+    features) meets ``(target_epsilon, target_delta)`` on its own, as
+    ``privacy_report(obj, protects=...)`` reports it: the group's releases of
+    the busiest unit are composed with `MixedPLDAccountant` and stay at or
+    below the target (within ``tolerance`` of it).
+
+    Args:
+        target_epsilon: the eps each secret may spend (finite, > 0).
+        target_delta: its delta.
+        mechanisms: names from `RUN_MECHANISMS`: ``"signds"`` or
+            ``"gaussian"`` (the upload), ``"magrr"``, ``"laplace_eval"``
+            (horizontal); ``"label_dp"``, ``"embedding_dp"`` (vertical).
+        rounds: federated rounds (the client mechanisms).
+        clients_per_round: clients sampled per round (<= ``num_clients``).
+        num_clients: clients in the run.
+        max_rounds_per_client: an assumed bound on the rounds the busiest
+            client takes part in (default: ``rounds``, which sampling cannot
+            exceed); a smaller one is an assumption `PlanCheck` enforces.
+        evaluate_every: a `LaplaceEvaluation`'s ``every_n_epochs``.
+        epochs: training epochs (``"embedding_dp"``: one release per epoch
+            with example ids; add inference passes through ``releases``).
+        label_releases: releases per label (1: randomized once, keyed by
+            example ids; the epochs for ``per_batch=True``).
+        releases: ``{mechanism: count}`` raising a count above (e.g. epochs
+            plus inference passes for ``"embedding_dp"``); never lowering it.
+        weights: ``{mechanism: weight > 0}``: relative per-release eps
+            within a group (default `DEFAULT_WEIGHTS`).
+        num_classes: K of the labels (``"label_dp"``) and of the evaluated
+            model's outputs (``"laplace_eval"``).
+        num_coordinates: d of the embedding (``"embedding_dp"``).
+        k: SignDS's top-k fraction (for the signal of ``"signds"``).
+        tolerance: absolute tolerance on the largest per-release eps.
+        warn: warn `TooSmallToLearnWarning` where a setting is too small.
+
+    Returns:
+        A `RunPlan` (``print`` it for the table; ``plan["signds"].value``;
+        ``plan.callbacks()`` checks the run).
+
+    Raises:
+        ValueError / TypeError: bad arguments (named), or a target that the
+            planned releases cannot meet.
+    """
+    target_epsilon = validate_eps(target_epsilon, "target_epsilon", lower_open=True)
+    target_delta = validate_eps(target_delta, "target_delta", upper=1.0)
+    mechanisms = _validate_mechanisms(mechanisms)
+    weights = _validate_weights(weights, mechanisms)
+    counts, assumption = _releases(mechanisms, rounds, clients_per_round, num_clients,
+                                   max_rounds_per_client, evaluate_every, epochs,
+                                   label_releases, releases)
+    num_classes = validate_positive_int(num_classes, "num_classes", minimum=2)
+    if "embedding_dp" in mechanisms:
+        num_coordinates = validate_positive_int(num_coordinates, "num_coordinates")
+    tolerance = validate_eps(tolerance, "tolerance", lower_open=True)
+
+    def event(name, value):
+        if name == "gaussian":
+            return gaussian_dp_event(1.0 / value)
+        if name == "laplace_eval":
+            return laplace_dp_event(value, 2.0, num_values=num_classes, distance=2.0)
+        return _event(name, value, num_classes, num_coordinates)
+
+    values, totals = {}, {}
+    for secret in dict.fromkeys(RUN_MECHANISMS[m] for m in mechanisms):
+        group = [m for m in mechanisms if RUN_MECHANISMS[m] == secret]
+        scale = _calibrate(group, weights, counts, event, target_epsilon, target_delta,
+                           tolerance)
+        for m in group:
+            values[m] = min(weights[m] * scale, _MAX_EPS[m])
+        totals[secret] = planned_epsilon(
+            _group_event([(event(m, values[m]), counts[m]) for m in group]), 1, target_delta)
+    rows = []
+    for m in mechanisms:
+        group_weight = sum(weights[g] for g in mechanisms if RUN_MECHANISMS[g] == RUN_MECHANISMS[m])
+        rows.append(MechanismPlan(
+            m, 1.0 / values[m] if m == "gaussian" else values[m], counts[m],
+            weights[m] / group_weight, planned_epsilon(event(m, values[m]), counts[m],
+                                                       target_delta), RUN_MECHANISMS[m]))
+    result = RunPlan(tuple(rows), totals, target_epsilon, target_delta, assumption,
+                     num_classes, num_coordinates)
+    if warn:
+        _warn_too_small(result, num_classes, k)
+    return result
+
+
+def _calibrate(group, weights, counts, event, target, delta, tolerance):
+    """The largest common scale s whose group composes to at most ``target``."""
+    def spent(s):
+        return planned_epsilon(_group_event(
+            [(event(m, min(weights[m] * s, _MAX_EPS[m])), counts[m]) for m in group]), 1, delta)
+
+    top = max(_MAX_EPS[m] / weights[m] for m in group)
+    floor = max(_MIN_EPS / weights[m] for m in group)  # every mechanism at >= _MIN_EPS
+    # Bracket from the basic-composition guess (the sum of per-release eps is
+    # near the target) by doubling or halving: large scales make large PLDs.
+    low = min(top, max(floor, target / sum(weights[m] * counts[m] for m in group)))
+    if spent(low) <= target:
+        high = min(2 * low, top)
+        while high < top and spent(high) <= target:
+            low, high = high, min(2 * high, top)
+        if high == top and spent(top) <= target:
+            return top
+    else:
+        high = low
+        while low > floor and spent(low) > target:
+            high, low = low, max(low / 2, floor)
+        if spent(low) > target:
+            raise ValueError(
+                f"the target eps {target:g} cannot be met by {group} with `weights` "
+                f"{ {m: weights[m] for m in group} }: where every per-release eps is at least "
+                f"{_MIN_EPS:g} (a smaller one learns nothing) the group spends "
+                f"{spent(low):.4g}. Raise the smallest weights, the target, or plan fewer "
+                f"releases.")
+    step = tolerance / max(weights[m] for m in group)
+    while high - low > step:
+        mid = (low + high) / 2
+        if spent(mid) <= target:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def _warn_too_small(result, num_classes, k):
+    for m in result.mechanisms:
+        if m.mechanism not in TOO_SMALL_SIGNAL:
+            continue
+        have = signal(m.mechanism, m.value, num_classes=num_classes, k=k)
+        if have <= TOO_SMALL_SIGNAL[m.mechanism]:
+            weight = f" or give {m.mechanism!r} a larger weight" if m.share < 1 else ""
+            warnings.warn(TooSmallToLearnWarning(
+                f"{m.mechanism} at a per-release eps of {m.value:.3g} carries a signal of "
+                f"{have:.3g}, at or below {TOO_SMALL_SIGNAL[m.mechanism]:.3g}, where training "
+                f"on digits stayed within 5 points of chance (bench/learnability.py). Raise the "
+                f"target, plan fewer releases (rounds, epochs){weight}."), stacklevel=3)
