@@ -17,18 +17,21 @@ averaged, because 140 validation rows are noisy.
 
 Usage::
 
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python examples/tune_eps.py [--trials 16] [--budget 2]
+    .venv/bin/python examples/tune_eps.py [--trials 16] [--budget 2]
+
+TensorFlow's start-up logs are hidden (KERAS_FEDPRIV_TF_LOGS=1 shows them).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import os
 import pathlib
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from keras_fedpriv.logs import quiet_tensorflow
+
+quiet_tensorflow()
 
 import keras  # noqa: E402
 import keras_tuner as kt  # noqa: E402

@@ -1,7 +1,8 @@
 """Command line: ``keras-fedpriv demo|audit|plan|worker`` (or ``python -m keras_fedpriv ...``).
 
 Each subcommand imports its code when it runs: ``--help`` and argument errors
-import no TensorFlow.
+import no TensorFlow. TensorFlow's start-up logs are hidden unless
+``KERAS_FEDPRIV_TF_LOGS=1`` is set (`keras_fedpriv.logs.quiet_tensorflow`).
 """
 
 from __future__ import annotations
@@ -123,7 +124,9 @@ def build_parser():
                "  keras-fedpriv demo --quick\n"
                "  keras-fedpriv audit binary_rr --eps 1\n"
                "  keras-fedpriv plan --target-eps 8 --releases 20 --mechanism label_dp\n\n"
-               "Run 'keras-fedpriv COMMAND --help' for a command's options.",
+               "Run 'keras-fedpriv COMMAND --help' for a command's options.\n\n"
+               "TensorFlow's start-up logs (oneDNN, CUDA drivers, cuInit) are hidden;\n"
+               "KERAS_FEDPRIV_TF_LOGS=1 shows them (a TF_CPP_MIN_LOG_LEVEL you set is kept).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -145,9 +148,9 @@ def build_parser():
                            f"{DEFAULT_ROUNDS})")
     demo.add_argument("--part", choices=("all", "vertical", "horizontal"), default="all",
                       help="which part to run (default: all)")
-    demo.add_argument("--figure", default="demo_vertical.png", metavar="PATH",
-                      help="where the vertical part writes its accuracy / attack-AUC figure "
-                           "(PNG; default: %(default)s; '' for none)")
+    demo.add_argument("--figure", default=None, metavar="PATH",
+                      help="write the vertical part's accuracy / attack-AUC figure to PATH "
+                           "(PNG; default: no figure)")
     demo.add_argument("--quick", action="store_true",
                       help="fewer configurations, epochs and rounds")
 
@@ -323,12 +326,19 @@ def main(argv=None):
     """Entry point of ``keras-fedpriv``.
 
     Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
+        argv: the arguments (default: ``sys.argv[1:]``). With the default (a
+            real command line) TensorFlow's start-up logs are hidden first
+            (`keras_fedpriv.logs.quiet_tensorflow`); a call with ``argv`` from
+            Python leaves the environment alone.
 
     Returns:
         The exit status (0 on success; 1 when ``audit`` refutes the claim;
         argparse exits with 2 on bad arguments).
     """
+    if argv is None:
+        from keras_fedpriv.logs import quiet_tensorflow
+
+        quiet_tensorflow()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -28,6 +28,7 @@ or, from Python, ``rows = run_demo(quick=True)``.
 
 from __future__ import annotations
 
+import logging
 import sys
 import textwrap
 import time
@@ -39,7 +40,7 @@ import tensorflow as tf
 
 from keras_fedpriv.attacks import direction_label_inference, norm_label_inference
 from keras_fedpriv.datasets import breast_cancer_vertical
-from keras_fedpriv.federated import MessageRecorder, VerticalModel
+from keras_fedpriv.federated import MessageRecorder, VerticalModel, with_example_ids
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
 from keras_fedpriv.layers.vae_bottom import VAEBottom
 from keras_fedpriv.privacy import deldp
@@ -253,6 +254,57 @@ def plot_demo(rows: Sequence[Mapping[str, Any]], path: str) -> str:
     return path
 
 
+class _NoRetracingWarning(logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warning: each configuration builds
+    and traces a new model on purpose, which that warning would report as a problem."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "triggered tf.function retracing" not in record.getMessage()
+
+
+def _run_configuration(config, sub_seed, epochs, data):
+    """Train one configuration, attack its first epoch's gradients; return its row."""
+    xa_train, xb_train, y_train, xa_test, xb_test, y_test = data
+    y_fit = y_train
+    if config["label_eps"] is not None:
+        # Randomized once, before training: every epoch sees the same noisy label.
+        y_fit = privatize_labels(y_train, config["label_eps"], seed=sub_seed)
+    layer = None
+    if config["embedding"]:
+        layer = EmbeddingDPLayer(eps=config["embedding_eps"], seed=sub_seed,
+                                 name="embedding_dp")
+    model = build_model(xa_train.shape[1], xb_train.shape[1], embedding_dp=layer,
+                        vae=config["vae"], vae_seed=sub_seed)
+    train = _dataset(xa_train, xb_train, y_fit, seed=sub_seed)
+    # Optimizer slots created up front: the train step is traced once, not twice.
+    model.optimizer.build(model.trainable_variables)
+    recorder = MessageRecorder(epochs=(0,))  # what crossed the wire in the first epoch
+    history = model.fit(train, epochs=epochs, verbose=0, shuffle=False,  # reshuffles itself
+                        callbacks=[recorder])
+    # One forward pass on the test set, with the protection applied as at inference
+    # (the follower's embedding goes through it; test labels are untouched). Test rows get
+    # ids after the training rows', so the pass counts one release for each test row only.
+    test = with_example_ids({"party_a": xa_test, "party_b": xb_test}, start=len(y_train))
+    probabilities = model.predict(test, verbose=0)
+    accuracy = float(np.mean((probabilities > 0.5) == (y_test > 0.5)))
+    # The labels the leader trained on may be randomized: score the attacks against
+    # the true labels of the recorded rows.
+    gradients = recorder.cut_gradients("party_a")
+    labels = y_train.reshape(-1)[recorder.example_ids()]
+    known = int(np.flatnonzero(labels == 1)[0])  # one malignant example the attacker knows
+    norm = norm_label_inference(gradients, labels)
+    direction = direction_label_inference(gradients, labels, known)
+    row = dict(config, accuracy=accuracy,
+               norm_auc=norm.auc, norm_raw_auc=norm.raw_auc,
+               direction_auc=direction.auc, direction_raw_auc=direction.raw_auc,
+               bytes_up=float(history.history["bytes_up"][-1]))
+    if config["label_eps"] is not None:
+        row["labels_flipped"] = float(np.mean(y_fit != y_train))
+    if config["vae"]:
+        row["deldp"] = deldp(model.bottoms["party_a"].get_layer("vae"), xa_train, y_train)
+    return row
+
+
 def run_demo(epochs: int | None = None, seed: int | None = None, quick: bool = False,
              out: TextIO = sys.stdout, figure: str | None = None) -> list[dict[str, Any]]:
     """Train every configuration and print the results table.
@@ -320,51 +372,24 @@ def run_demo(epochs: int | None = None, seed: int | None = None, quick: bool = F
 
     rows = []
     start = time.perf_counter()
-    for i, config in enumerate(configs):
-        t0 = time.perf_counter()
-        if seed is not None:
-            keras.utils.set_random_seed(seed + i)
-        sub_seed = None if seed is None else seed + 1000 + i
-        y_fit = y_train
-        if config["label_eps"] is not None:
-            # Randomized once, before training: every epoch sees the same noisy label.
-            y_fit = privatize_labels(y_train, config["label_eps"], seed=sub_seed)
-        layer = None
-        if config["embedding"]:
-            layer = EmbeddingDPLayer(eps=config["embedding_eps"], seed=sub_seed,
-                                     name="embedding_dp")
-        model = build_model(xa_train.shape[1], xb_train.shape[1], embedding_dp=layer,
-                            vae=config["vae"], vae_seed=sub_seed)
-        train = _dataset(xa_train, xb_train, y_fit, seed=sub_seed)
-        # Optimizer slots created up front: the train step is traced once, not twice.
-        model.optimizer.build(model.trainable_variables)
-        recorder = MessageRecorder(epochs=(0,))  # what crossed the wire in the first epoch
-        history = model.fit(train, epochs=epochs, verbose=0, shuffle=False,  # reshuffles itself
-                            callbacks=[recorder])
-        # One forward pass on the test set, with the protection applied as at inference
-        # (the follower's embedding goes through it; test labels are untouched).
-        probabilities = model.predict({"party_a": xa_test, "party_b": xb_test}, verbose=0)
-        accuracy = float(np.mean((probabilities > 0.5) == (y_test > 0.5)))
-        # The labels the leader trained on may be randomized: score the attacks against
-        # the true labels of the recorded rows.
-        gradients = recorder.cut_gradients("party_a")
-        labels = y_train.reshape(-1)[recorder.example_ids()]
-        known = int(np.flatnonzero(labels == 1)[0])  # one malignant example the attacker knows
-        norm = norm_label_inference(gradients, labels)
-        direction = direction_label_inference(gradients, labels, known)
-        row = dict(config, accuracy=accuracy,
-                   norm_auc=norm.auc, norm_raw_auc=norm.raw_auc,
-                   direction_auc=direction.auc, direction_raw_auc=direction.raw_auc,
-                   bytes_up=float(history.history["bytes_up"][-1]))
-        if config["label_eps"] is not None:
-            row["labels_flipped"] = float(np.mean(y_fit != y_train))
-        if config["vae"]:
-            row["deldp"] = deldp(model.bottoms["party_a"].get_layer("vae"), xa_train, y_train)
-        row["seconds"] = time.perf_counter() - t0
-        rows.append(row)
-        say(f"[{i + 1:2d}/{len(configs)}] {config['protection']:<11} eps {config['eps']:<7} "
-            f"test acc {accuracy:.3f}  norm AUC {_auc_cell(row, 'norm')}  direction AUC "
-            f"{_auc_cell(row, 'direction')}  ({row['seconds']:.1f} s)")
+    data = (xa_train, xb_train, y_train, xa_test, xb_test, y_test)
+    quiet = _NoRetracingWarning()
+    tf.get_logger().addFilter(quiet)
+    try:
+        for i, config in enumerate(configs):
+            t0 = time.perf_counter()
+            if seed is not None:
+                keras.utils.set_random_seed(seed + i)
+            row = _run_configuration(config, None if seed is None else seed + 1000 + i,
+                                     epochs, data)
+            row["seconds"] = time.perf_counter() - t0
+            rows.append(row)
+            say(f"[{i + 1:2d}/{len(configs)}] {config['protection']:<11} eps "
+                f"{config['eps']:<7} test acc {row['accuracy']:.3f}  norm AUC "
+                f"{_auc_cell(row, 'norm')}  direction AUC {_auc_cell(row, 'direction')}  "
+                f"({row['seconds']:.1f} s)")
+    finally:
+        tf.get_logger().removeFilter(quiet)
     say()
     say(format_table(rows))
     say()

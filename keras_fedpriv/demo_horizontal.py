@@ -27,7 +27,8 @@ from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon
 from keras_fedpriv.optimizers.signds import SignDSEncoder
 from keras_fedpriv.text_table import text_table
 
-__all__ = ["DEFAULT_ROUNDS", "QUICK_ROUNDS", "format_horizontal_table", "run_horizontal_demo"]
+__all__ = ["DEFAULT_ROUNDS", "QUICK_ROUNDS", "footnote", "format_horizontal_table",
+           "run_horizontal_demo"]
 
 DEFAULT_ROUNDS = 30
 QUICK_ROUNDS = 5
@@ -57,6 +58,36 @@ def _configs(seed):
         ("Gaussian", f"{gauss_eps:.0f}*", lambda: (GaussianUpload(1.0, 1.0, seed=sub(5)), []),
          "update: clipped to 1, + N(0, 1) noise"),
     ]
+
+
+def footnote(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The table's footnote, naming only the configurations that ran.
+
+    Args:
+        rows: the rows of `run_horizontal_demo` (``upload`` and ``eps`` are read).
+
+    Returns:
+        One paragraph of text.
+    """
+    ran = {(r["upload"], r["eps"]) for r in rows}
+    names = {name for name, _ in ran}
+    parts = []
+    if names & {"SignDS", "SignDS+MagRR"}:
+        parts.append("eps: SignDS's local-DP parameter for the index set of each upload (the "
+                     "sign is a fair coin).")
+    if "SignDS+MagRR" in names:
+        parts.append("MagRR adds one randomized-response bit per client and round (eps_rr).")
+    if names - {"FedAvg"}:
+        parts.append("Every round a client takes part in is a new release.")
+    if "Gaussian" in names:
+        parts.append("*Gaussian: (eps, 1e-5)-local DP per round (clip 1, noise multiplier 1; "
+                     "dp-accounting PLD).")
+    if ("SignDS", "10") in ran:
+        parts.append("SignDS at eps=10 uploads only ~14 indices per client: it needs far more "
+                     "rounds (docs/results/hfl_signds.md).")
+    if "FedAvg" in names:
+        parts.append("FedAvg uploads the dense update without protection.")
+    return " ".join(parts)
 
 
 def format_horizontal_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -119,13 +150,7 @@ def run_horizontal_demo(rounds: int | None = None, seed: int | None = None, quic
     say()
     say(format_horizontal_table(rows))
     say()
-    footer = ("eps: SignDS's local-DP parameter for the index set of each upload (the sign "
-              "is a fair coin); MagRR adds one randomized-response bit per client and round "
-              "(eps_rr). Every round a client takes part in is a new release. *Gaussian: "
-              "(eps, 1e-5)-local DP per round (clip 1, noise multiplier 1; dp-accounting PLD). "
-              "SignDS at eps=10 uploads only ~14 indices per client: it needs far more rounds "
-              "(docs/results/hfl_signds.md).")
-    for text in textwrap.wrap(footer, width=100):
+    for text in textwrap.wrap(footnote(rows), width=100):
         say(text)
     say(f"Horizontal part took {time.perf_counter() - start:.1f} s.")
     return rows

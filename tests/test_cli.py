@@ -1,6 +1,7 @@
 """The command line: ``keras-fedpriv --version``, ``audit`` and ``plan`` (in-process)."""
 
 import pathlib
+import re
 import tomllib
 from importlib import metadata
 
@@ -243,3 +244,63 @@ def test_worker_needs_an_app_and_a_socket(capsys):
     err = _error(["worker", "--app", "m:a", "--socket", "/tmp/x.sock", "--max-frame-mib", "0"],
                  capsys)
     assert "--max-frame-mib" in err and "integer >= 1" in err
+
+
+# --------------------------------------------------------------------------- quiet start-up
+
+# What TensorFlow 2.21 prints while it starts (absl's pre-init warning, then INFO lines such as
+# "oneDNN custom operations are on" and "Could not find cuda drivers", "failed call to cuInit")
+_TF_START_UP = re.compile(r"absl::InitializeLog|^[IWE]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\]",
+                          re.MULTILINE)
+# a command that imports TensorFlow and runs an op (an EmbeddingDPLayer), in seconds
+_AUDIT = ["audit", "embedding_dp_layer", "--eps", "4", "--trials", "100", "--seed", "0"]
+
+
+def _run_tensorflow_command(launcher, **extra_env):
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CPP_MIN_LOG_LEVEL", "KERAS_FEDPRIV_TF_LOGS")}
+    env.update(extra_env)
+    out = subprocess.run([*launcher, *_AUDIT], capture_output=True, text=True, env=env,
+                         cwd=REPO, timeout=600)  # generous: TensorFlow starts slowly when busy
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "verdict:              consistent" in out.stdout
+    return out.stderr
+
+
+@pytest.mark.parametrize("launcher", ["console script", "python -m"])
+def test_the_command_starts_quietly(launcher):
+    """No TF_CPP_MIN_LOG_LEVEL in the environment: none of TensorFlow's start-up lines."""
+    import sys
+
+    if launcher == "python -m":
+        command = [sys.executable, "-m", "keras_fedpriv"]
+    else:
+        command = [str(pathlib.Path(sys.executable).with_name("keras-fedpriv"))]
+        if not pathlib.Path(command[0]).is_file():
+            pytest.skip("the console script is not installed next to this Python")
+    stderr = _run_tensorflow_command(command)
+    assert not _TF_START_UP.search(stderr), stderr[-3000:]
+
+
+def test_the_switch_brings_tensorflows_logs_back():
+    """KERAS_FEDPRIV_TF_LOGS=1 (``python -m keras_fedpriv``): TensorFlow prints as usual."""
+    import sys
+
+    stderr = _run_tensorflow_command([sys.executable, "-m", "keras_fedpriv"],
+                                     KERAS_FEDPRIV_TF_LOGS="1")
+    assert _TF_START_UP.search(stderr), stderr[-3000:]
+
+
+def test_the_help_names_the_switch(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "KERAS_FEDPRIV_TF_LOGS=1" in capsys.readouterr().out
+
+
+def test_the_demo_writes_a_figure_only_where_asked():
+    """No --figure: no figure (the demo never writes into the current folder by itself)."""
+    assert cli.build_parser().parse_args(["demo"]).figure is None
+    assert cli.build_parser().parse_args(["demo", "--figure", "out/f.png"]).figure == "out/f.png"

@@ -3,7 +3,7 @@ digits."""
 
 import io
 
-from keras_fedpriv.demo_horizontal import run_horizontal_demo
+from keras_fedpriv.demo_horizontal import footnote, run_horizontal_demo
 
 
 def test_horizontal_demo_rows():
@@ -20,6 +20,19 @@ def test_horizontal_demo_rows():
     assert by[("SignDS", "100")]["accuracy"] > 0.3  # 10 classes: chance is 0.1
     # every configuration ran the 8 rounds asked for, one history entry per round
     assert all(len(r["history"]["val_accuracy"]) == 8 for r in rows)
-    assert len(by[("SignDS+MagRR", "100 + 5")]["history"]["lr_global"]) == 8
+    assert len(by[("SignDS+MagRR", "100 + 5")]["history"]["global_lr"]) == 8
     text = out.getvalue()
     assert "96x smaller" in text and "bytes/client/round" in text
+    # the footnote names only what ran: --quick skips the Gaussian and SignDS eps=10 runs
+    footer = " ".join(text.split("what is protected")[1].splitlines()[1 + 1 + len(rows):])
+    assert "MagRR" in footer and "FedAvg" in footer
+    assert "Gaussian" not in footer and "eps=10" not in footer
+
+
+def test_the_footnote_names_each_configuration_that_ran():
+    rows = [{"upload": "FedAvg", "eps": "-"}, {"upload": "SignDS", "eps": "10"},
+            {"upload": "Gaussian", "eps": "13*"}]
+    text = footnote(rows)
+    assert "*Gaussian" in text and "eps=10" in text and "FedAvg" in text
+    assert "MagRR" not in text
+    assert footnote(rows[:1]) == "FedAvg uploads the dense update without protection."

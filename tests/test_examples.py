@@ -82,3 +82,23 @@ def test_a_horizontal_client_takes_only_its_own_partition(horizontal):
     assert sum(sizes) == 1797 - len(task.server_validation_data()[1])
     with pytest.raises(ValueError, match=r"'partition-id' must be in \[0, num-partitions=5\)"):
         task.client_data(5, 5)
+
+
+def test_the_example_apps_start_tensorflow_quietly():
+    """Flower imports the app package first in each of its processes: no TensorFlow start-up
+    lines there (none set TF_CPP_MIN_LOG_LEVEL), and the package set it for what they start."""
+    import os
+    import re
+    import subprocess
+
+    code = ("import os, sys\nsys.path.insert(0, sys.argv[1])\nimport flower_horizontal.task\n"
+            "import keras\nkeras.ops.convert_to_numpy(keras.ops.ones(2) + 1)\n"
+            "print(os.environ['TF_CPP_MIN_LOG_LEVEL'])")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CPP_MIN_LOG_LEVEL", "KERAS_FEDPRIV_TF_LOGS")}
+    out = subprocess.run([sys.executable, "-c", code, str(HORIZONTAL)], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["3"]
+    start_up = re.compile(r"absl::InitializeLog|oneDNN|cuda drivers|cuInit|cpu_feature_guard")
+    assert not start_up.search(out.stderr), out.stderr[-3000:]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import keras_fedpriv as kf
+from keras_fedpriv.logs import TF_LOGS_VARIABLE, quiet_tensorflow
 
 
 def test_verbose_progress_goes_through_the_package_logger(caplog):
@@ -32,3 +33,64 @@ def test_set_verbosity():
         kf.set_verbosity(previous)
     with pytest.raises(ValueError, match="level"):
         kf.set_verbosity("loud")
+
+
+# --------------------------------------------------------------------------- quiet start-up
+
+@pytest.fixture
+def own_meta_path(monkeypatch):
+    """quiet_tensorflow may add an import hook: keep it off the test process's own path."""
+    import sys
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+
+
+def test_quiet_tensorflow_sets_the_level_and_keeps_the_users(own_meta_path):
+    environ = {}
+    assert quiet_tensorflow(environ) is True
+    assert environ == {"TF_CPP_MIN_LOG_LEVEL": "3"}
+    environ = {"TF_CPP_MIN_LOG_LEVEL": "0"}  # the user asked for every log: kept
+    assert quiet_tensorflow(environ) is True
+    assert environ == {"TF_CPP_MIN_LOG_LEVEL": "0"}
+
+
+@pytest.mark.parametrize("value", ["1", "true", " YES "])
+def test_the_switch_brings_the_logs_back(value, own_meta_path):
+    import sys
+
+    before = list(sys.meta_path)
+    environ = {TF_LOGS_VARIABLE: value}
+    assert quiet_tensorflow(environ) is False
+    assert environ == {TF_LOGS_VARIABLE: value} and sys.meta_path == before
+
+
+def test_importing_the_package_changes_no_environment():
+    """A library import sets no variable and installs no hook; only a program's call does."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, sys\nimport keras_fedpriv, keras_fedpriv.logs, keras_fedpriv.privacy\n"
+            "print('TF_CPP_MIN_LOG_LEVEL' in os.environ,\n"
+            "      any(type(f).__module__ == 'keras_fedpriv.logs' for f in sys.meta_path))")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_import_filter_follows_tensorflows_levels():
+    """Level 1 hides INFO, 2 also WARNING, 3 also ERROR; FATAL and other text always pass."""
+    from keras_fedpriv.logs import _hidden
+
+    def line(severity):
+        return severity + b"0000 00:00:1795668046.134050   32696 cuda_platform.cc:52] text\n"
+
+    pre_init = (b"WARNING: All log messages before absl::InitializeLog() is called are written "
+                b"to STDERR\n")
+    for level, hidden in ((0, b""), (1, b"I"), (2, b"IW"), (3, b"IWE")):
+        assert [s for s in (b"I", b"W", b"E", b"F") if _hidden(line(s), level)] == [
+            bytes([c]) for c in hidden]
+        assert _hidden(pre_init, level) == (level >= 1)
+        assert not _hidden(b"Traceback (most recent call last):\n", level)

@@ -59,7 +59,7 @@ def test_horizontal_quick_start():
     assert 4 * d == 19_240
     assert len(h["val_accuracy"]) == 10
     assert max(h["upload_bytes_per_client"]) <= 401 < 4 * d
-    assert len(h["lr_global"]) == 10 and h["r_est"][-1] > 1e-5
+    assert len(h["global_lr"]) == 10 and h["r_est"][-1] > 1e-5
 
 
 def test_report_quick_start_follows_the_horizontal_one():
@@ -72,3 +72,62 @@ def test_report_quick_start_follows_the_horizontal_one():
     assert rows["SignDS upload"]["releases"] == fl.participation.max()
     assert rows["SignDS upload"]["eps_per_release"] == pytest.approx(100.0, rel=1e-3)
     assert report.epsilon > 100.0
+
+
+# --------------------------------------------------------------------------- install hints
+
+REPO = README.parent
+# pip install "keras-fedpriv[flower]", pip install keras-fedpriv, a dependency on it: all ask the
+# package index for a name it does not serve
+_FROM_THE_INDEX = re.compile(r"keras-fedpriv\[|pip install\s+['\"]?keras-fedpriv\b|"
+                             r"dependencies\s*=\s*\[[^\]]*['\"]keras-fedpriv")
+
+
+def _shipped_text_files():
+    """The repository's docs, examples, package and build files (no virtual env, no build)."""
+    skip = {".venv", ".git", "build", "keras_fedpriv.egg-info", "__pycache__", ".pytest_cache"}
+    for path in REPO.rglob("*"):
+        rel = path.relative_to(REPO)
+        if path.is_file() and not skip & set(rel.parts) and path.suffix in (
+                ".md", ".py", ".toml", ".txt", ".cfg", ".html") or rel.name == "Makefile":
+            yield rel, path.read_text(errors="replace")
+
+
+def test_no_file_sends_users_to_the_index_for_keras_fedpriv():
+    """keras-fedpriv is not on the package index: every hint installs it from the clone."""
+    found = [f"{rel}: {m.group(0)!r}" for rel, text in _shipped_text_files()
+             for m in _FROM_THE_INDEX.finditer(text) if rel.name != "test_readme.py"]
+    assert not found, found
+    for doc in ("README.md", "docs/flower.md", "examples/flower_horizontal/README.md",
+                "examples/flower_vertical/README.md"):
+        assert 'pip install -e ".[flower]"' in (REPO / doc).read_text(), doc
+
+
+def test_the_flower_import_error_names_the_working_command(monkeypatch):
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flwr", None)  # as if Flower were not installed
+    for name in [m for m in sys.modules if m.startswith("keras_fedpriv.federated.flower")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ImportError) as info:
+        importlib.import_module("keras_fedpriv.federated.flower")
+    assert 'pip install -e ".[flower]"' in str(info.value)
+    assert "keras-fedpriv[" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- Flower simulations
+
+def test_the_flower_guide_recommends_flwr_run_for_simulations():
+    """`flwr run` on Flower's `local` connection, not the deprecated run_simulation."""
+    text = (REPO / "docs" / "flower.md").read_text()
+    assert "flwr run examples/flower_horizontal local --stream" in text
+    paragraphs = text.split("\n\n")
+    # every paragraph that names run_simulation says it is deprecated, or is the tests' reason
+    for paragraph in paragraphs:
+        if "run_simulation" in paragraph:
+            assert "deprecated" in paragraph, paragraph
+    assert "```python\nfrom flwr.simulation import run_simulation" not in text
+    constant = pytest.importorskip("flwr.cli.constant")
+    # the `local` connection is in every new Flower configuration of the installed Flower
+    assert '[superlink.local]\naddress = ":local:"' in constant.DEFAULT_FLOWER_CONFIG_TOML

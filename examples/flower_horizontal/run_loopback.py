@@ -23,7 +23,11 @@ import sys
 import threading
 import time
 
-from keras_fedpriv.federated.flower.loopback import LoopbackDeployment
+from keras_fedpriv.logs import quiet_tensorflow
+
+quiet_tensorflow()  # here and in every process it starts (KERAS_FEDPRIV_TF_LOGS=1: logs)
+
+from keras_fedpriv.federated.flower.loopback import LoopbackDeployment  # noqa: E402
 
 APP = pathlib.Path(__file__).resolve().parent
 

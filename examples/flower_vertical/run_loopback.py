@@ -19,7 +19,11 @@ import pathlib
 import sys
 import time
 
-from keras_fedpriv.federated.flower.loopback import LoopbackDeployment
+from keras_fedpriv.logs import quiet_tensorflow
+
+quiet_tensorflow()  # no TensorFlow start-up logs here or in the parties' processes
+
+from keras_fedpriv.federated.flower.loopback import LoopbackDeployment  # noqa: E402
 
 APP = pathlib.Path(__file__).resolve().parent
 

@@ -1,10 +1,11 @@
-"""Run keras-fedpriv's protocols on Flower (``pip install "keras-fedpriv[flower]"``).
+"""Run keras-fedpriv's protocols on Flower (``pip install -e ".[flower]"`` in the clone's root).
 
 Flower (`flwr`) carries the messages between processes and machines; the
 parties' code is the same as in one process (`HorizontalClient`,
 `HorizontalServer` in `keras_fedpriv.federated.horizontal_parties`). Builders
 return ready Flower apps that run on both of Flower's engines, the Simulation
-Engine (`flwr.simulation.run_simulation`, ``flwr run`` on a local federation)
+Engine (``flwr run`` on Flower's ``local`` connection, or the deprecated
+`flwr.simulation.run_simulation` from Python)
 and the Deployment Engine (a ``flower-superlink`` and ``flower-supernode``
 processes):
 
@@ -26,12 +27,15 @@ Flower and the standard library only. See ``docs/flower.md``.
 
 from __future__ import annotations
 
+#: How to install Flower beside keras-fedpriv (the package is not on the package index).
+INSTALL_HINT = ("pip install -e \".[flower]\" in the root of your keras-fedpriv clone, or "
+                "pip install \"flwr[simulation]>=1.41,<1.42\" into the environment where "
+                "keras-fedpriv is installed.")
+
 try:
     import flwr  # noqa: F401
 except ImportError as err:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        "keras_fedpriv.federated.flower needs Flower: pip install \"keras-fedpriv[flower]\" "
-        "(flwr[simulation]>=1.41,<1.42).") from err
+    raise ImportError("keras_fedpriv.federated.flower needs Flower: " + INSTALL_HINT) from err
 
 from keras_fedpriv._lazy import lazy_exports  # noqa: E402
 
@@ -42,6 +46,7 @@ _EXPORTS = {
     "horizontal_server_app": "keras_fedpriv.federated.flower.horizontal",
     "message_nbytes": "keras_fedpriv.federated.flower.horizontal",
     "HorizontalStrategy": "keras_fedpriv.federated.flower.strategy",
+    "central_dp": "keras_fedpriv.federated.flower.central_dp",
     "relay_client_app": "keras_fedpriv.federated.flower.worker",
     "serve_worker": "keras_fedpriv.federated.flower.worker",
     "vertical_client_app": "keras_fedpriv.federated.flower.vertical",

@@ -69,8 +69,9 @@ try:
     from flwr.serverapp import Grid, ServerApp
 except ImportError as err:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        "keras_fedpriv.federated.flower.vertical needs Flower: pip install "
-        "\"keras-fedpriv[flower]\" (flwr[simulation]>=1.41,<1.42).") from err
+        "keras_fedpriv.federated.flower.vertical needs Flower: pip install -e \".[flower]\" "
+        "in the root of your keras-fedpriv clone, or pip install "
+        "\"flwr[simulation]>=1.41,<1.42\".") from err
 
 from keras_fedpriv.federated.flower.common import (  # noqa: E402
     arrays_record,
