@@ -84,3 +84,45 @@ def test_the_xla_error_counter_raises_once_on_the_host_and_resets():
         layer.check_input_errors()
     layer.check_input_errors()  # reset by the first check
     assert layer.input_errors.numpy().tolist() == [0, 0]
+
+
+def test_find_repeat_names_the_position_and_the_earlier_one():
+    assert C.find_repeat(np.array([4, 1, 2])) is None
+    assert C.find_repeat(np.array([7, 1, 2, 7, 1])) == (3, 0)
+    assert C.find_repeat(np.array([5, 6, 6, 5])) == (2, 1)
+
+
+def test_the_graph_assert_of_example_ids_gets_a_short_message():
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int32)])
+    def checked(ids, n):
+        _, _, asserts = C.check_example_ids(ids, n, eager=False)
+        with tf.control_dependencies(asserts):
+            return tf.identity(ids)
+
+    with pytest.raises(tf.errors.InvalidArgumentError) as repeated:
+        checked(tf.constant([3, 9, 3], tf.int64), tf.constant(3))
+    assert C.example_ids_assert_message(repeated.value) == (
+        "LabelDPLayer: `example_ids` must be unique within a call (one id per example); "
+        "position 2 of a batch repeats an earlier id.")
+    with pytest.raises(tf.errors.InvalidArgumentError) as count:
+        checked(tf.constant([3, 9], tf.int64), tf.constant(4))
+    assert C.example_ids_assert_message(count.value) == (
+        "LabelDPLayer: `example_ids` must hold exactly one id per label; a batch has 2 ids for "
+        "4 labels.")
+    assert C.example_ids_assert_message(ValueError("something else")) is None
+
+
+def test_docs_quote_the_graph_error_of_a_repeated_id():
+    """docs/bad_inputs.md quotes what a traced call with a repeated id raises."""
+    import os
+    import re
+
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "bad_inputs.md")
+    text = open(path, encoding="utf-8").read()
+    (quote,) = re.findall(r"``(assertion failed: \[LabelDPLayer: [^\n]*?)``", text)
+    layer = kf.LabelDPLayer(1.0, seed=1)
+    call = tf.function(lambda y, i: layer(y, example_ids=i, training=True),
+                       input_signature=[tf.TensorSpec([None]), tf.TensorSpec([None], tf.int64)])
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        call(np.array([0, 1, 1, 0], "float32"), np.array([4, 5, 4, 6]))
+    assert quote in str(caught.value)

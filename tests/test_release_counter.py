@@ -110,3 +110,16 @@ def test_counts_travel_through_save_own_variables(with_ids):
     assert ours == theirs
     np.testing.assert_array_equal(clone._release_id_counts_nonzero()[1],
                                   layer._release_id_counts_nonzero()[1])
+
+
+def test_release_calls_names_the_release_slots():
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    assert layer.release_calls() == {name: 0 for name in ("fresh_with_ids", "fresh_without_ids",
+                                                          "keyed_once", "non_private", "prior",
+                                                          "key_generations")}
+    layer(X, training=True, example_ids=np.arange(4))
+    layer(X, training=True)
+    layer(X, training=True)
+    calls = layer.release_calls()
+    assert (calls["fresh_with_ids"], calls["fresh_without_ids"]) == (1, 2)
+    assert "max_coordinates" not in calls and "lineage" not in calls

@@ -304,7 +304,9 @@ def test_bad_arguments_raise_clear_errors():
     model = VerticalModel({"party_a": a, "party_b": b}, head, leader="party_b")
     with pytest.raises(ValueError, match=r"missing \['party_b'\], unknown \['party_c'\]"):
         model({"party_a": np.zeros((2, 3)), "party_c": np.zeros((2, 3))})
-    with pytest.raises(TypeError, match="dict keyed by party name"):
+    with pytest.raises(TypeError, match=r"takes its inputs as a dict \{party name: array\} "
+                                        r"with the keys \['party_a', 'party_b'\].*got a tensor of "
+                                        r"shape \(2, 3\)"):
         model(np.zeros((2, 3)))
     with pytest.raises(ValueError, match="unknown party 'party_q'"):
         model.party_embeddings("party_q", np.zeros((2, 3)))
@@ -362,3 +364,46 @@ def test_vertical_guide_quick_start_runs():
     history, recorder = namespace["history"], namespace["recorder"]
     assert history.history["bytes_up"][0] > 0
     assert recorder.cut_gradients("party_a").shape[1] == 8
+
+
+def test_vertical_guide_evaluation_charges_only_the_test_rows():
+    """docs/vertical.md's evaluation snippet (after the quick start): test ids from a fresh
+    range charge the test rows once and leave the training rows' count as it was; without
+    ids the same evaluate warns once and is recorded for every example."""
+    import warnings
+
+    from keras_fedpriv.privacy import privacy_report
+
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "vertical.md")
+    text = open(path, encoding="utf-8").read()
+    quick = re.findall(r"<!-- quick-start -->\s*```python\n(.*?)```", text, flags=re.S)
+    evaluation = re.findall(r"<!-- evaluation -->\s*```python\n(.*?)```", text, flags=re.S)
+    assert len(quick) == 1 and len(evaluation) == 1 and "start=n_train" in evaluation[0]
+    namespace = {}
+    exec(compile(quick[0], "docs/vertical.md", "exec"), namespace)  # noqa: S102
+    model = namespace["model"]
+    protection = model.protections["party_a"]
+
+    def count():
+        ledger = protection.privacy_ledger()
+        (kind,) = ledger.kinds
+        return ledger.units_seen(kind), ledger.total(kind)
+
+    assert count() == (256, 3)  # 3 epochs, ids 0 .. 255
+    eps = privacy_report(model, protects="features").epsilon
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning with ids
+        exec(compile(evaluation[0], "docs/vertical.md", "exec"), namespace)  # noqa: S102
+    assert count() == (256 + 64, 3)  # the 64 test rows are charged once; nobody else
+    assert privacy_report(model, protects="features").epsilon == pytest.approx(eps)
+    # Without ids (the honest over-count): one warning per call, every example charged.
+    features = {"party_a": namespace["xa_test"], "party_b": namespace["xb_test"]}
+    with pytest.warns(UserWarning, match=r"evaluate ran without example ids, so each of its 2 "
+                                         r"batch\(es\).*EVERY example.*start=N") as caught:
+        model.evaluate(features, namespace["y_test"], batch_size=32, verbose=0)
+    assert len(caught) == 1
+    assert count() == (320, 3 + 2)
+    assert privacy_report(model, protects="features").epsilon > eps + 1.0
+    with pytest.warns(UserWarning, match="predict ran without example ids, so each of its 1 "):
+        model.predict(features, batch_size=64, verbose=0)
+    assert count() == (320, 3 + 2 + 1)

@@ -9,6 +9,7 @@ received, and each party updates its own bottom from that gradient alone.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Mapping
 
 import keras
@@ -41,8 +42,13 @@ from keras_fedpriv.federated.vertical_parties.party import (
     validate_party_name,
 )
 from keras_fedpriv.federated.vertical_parties.wire import up_bytes
-from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
+from keras_fedpriv.layers.input_checks import (
+    InputErrorFlagMixin,
+    example_ids_assert_message,
+    find_repeat,
+)
 from keras_fedpriv.layers.label_dp import LabelDPLayer
+from keras_fedpriv.layers.release_counter import ReleaseCounterMixin
 from keras_fedpriv.layers.secret_rng import _MonotoneVariable
 from keras_fedpriv.mechanisms.ledger import ReleaseLedger
 
@@ -58,6 +64,38 @@ _SAMPLE_WEIGHT_REFUSAL = (
 
 def _rows(t):
     return tf.shape(t)[0]
+
+
+def _dims(value):
+    """The shape of an array, tensor or `tf.TensorSpec` as a tuple, or None (unknown rank)."""
+    shape = value.shape if hasattr(value, "shape") else np.shape(value)
+    if isinstance(shape, tf.TensorShape):
+        return None if shape.rank is None else tuple(shape.as_list())
+    return tuple(shape)
+
+
+def _shape_text(dims, batch=False):
+    dims = list(dims)
+    if batch and dims:
+        dims[0] = "batch"
+    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def _fits(given, expected):
+    """Whether ``given`` (dims or None) can be a batch of ``expected`` (dims; None = any)."""
+    return given is None or (len(given) == len(expected) and all(
+        g is None or e is None or g == e for g, e in zip(given[1:], expected[1:])))
+
+
+def _describe(value):
+    """What ``value`` is, for an error message: its kind and shape, never its values."""
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)} items"
+    kind = ("numpy array" if isinstance(value, np.ndarray)
+            else "tensor" if tf.is_tensor(value) or isinstance(value, tf.TensorSpec)
+            else type(value).__name__)
+    dims = _dims(value) if hasattr(value, "shape") else None
+    return f"a {kind} of shape {_shape_text(dims)}" if dims is not None else f"a {kind}"
 
 
 def _coords(t):
@@ -333,17 +371,99 @@ class VerticalModel(keras.Model):
     # --- the protocol ------------------------------------------------------------------
 
     def _split_inputs(self, inputs):
-        if not isinstance(inputs, dict):
-            raise TypeError("VerticalModel: inputs must be a dict keyed by party name "
-                            f"{list(self._parties)} (plus optional {EXAMPLE_IDS_KEY!r}); got "
-                            f"{type(inputs).__name__}.")
-        missing = [p for p in self._parties if p not in inputs]
-        unknown = sorted(k for k in inputs if k not in self._parties and k != EXAMPLE_IDS_KEY)
-        if missing or unknown:
-            raise ValueError(f"VerticalModel: the input dict must have the keys "
-                             f"{list(self._parties)} (plus optional {EXAMPLE_IDS_KEY!r}); missing "
-                             f"{missing}, unknown {unknown}.")
+        self._check_features(inputs, "VerticalModel")  # static shapes when traced
         return {p: inputs[p] for p in self._parties}, inputs.get(EXAMPLE_IDS_KEY)
+
+    def _dict_rule(self):
+        return (f"a dict {{party name: array}} with the keys {list(self._parties)} (plus optional "
+                f"{EXAMPLE_IDS_KEY!r}, see with_example_ids)")
+
+    def _check_features(self, features, where):
+        """The party dict's keys, and each party's arrays (or tensors, or `tf.TensorSpec`s)
+        against that party's bottom inputs: ValueError naming the party and both shapes."""
+        if not isinstance(features, dict):
+            raise TypeError(f"{where}: a VerticalModel takes its inputs as {self._dict_rule()}; "
+                            f"got {_describe(features)}.")
+        missing = [p for p in self._parties if p not in features]
+        unknown = sorted(str(k) for k in features
+                         if k not in self._parties and k != EXAMPLE_IDS_KEY)
+        if missing or unknown:
+            raise ValueError(f"{where}: the input dict must have the keys {list(self._parties)} "
+                             f"(plus optional {EXAMPLE_IDS_KEY!r}); missing {missing}, unknown "
+                             f"{unknown}.")
+        expected = {p: [_dims(t) for t in tree.flatten(self._input_specs[p])]
+                    for p in self._parties}
+        for p in self._parties:
+            given = [_dims(t) for t in tree.flatten(features[p])]
+            if len(given) == len(expected[p]) and all(map(_fits, given, expected[p])):
+                continue
+            want = ", ".join(_shape_text(d, batch=True) for d in expected[p])
+            got = ", ".join("unknown" if d is None else _shape_text(d) for d in given)
+            owners = [q for q in self._parties if q != p and len(given) == len(expected[q])
+                      and all(map(_fits, given, expected[q]))]
+            hint = (f" Party {owners[0]!r} takes that shape: are two parties' arrays swapped?"
+                    if owners else "")
+            raise ValueError(f"{where}: the features of party {p!r} must have shape {want} (its "
+                             f"bottom model's input); got shape {got}.{hint}")
+
+    def _check_entry(self, x, method, unique_ids=False):
+        """Check ``x`` of fit / evaluate / predict where that is cheap, before Keras converts
+        or traces anything: a dict of arrays, or a `tf.data.Dataset`'s element spec (other
+        inputs, e.g. generators, are checked when the step is traced)."""
+        where = f"VerticalModel.{method}"
+        if isinstance(x, tf.data.Dataset):
+            spec = x.element_spec
+            features = spec[0] if isinstance(spec, tuple) and spec else spec
+            if not isinstance(features, dict):
+                raise TypeError(f"{where}: a VerticalModel takes a tf.data.Dataset whose elements "
+                                f"are (features, labels[, sample_weight]) or features alone, "
+                                f"with features {self._dict_rule()}; the dataset's features are "
+                                f"{_describe(features)}.")
+            self._check_features(features, where)
+        elif isinstance(x, dict):
+            self._check_features(x, where)
+            if unique_ids and x.get(EXAMPLE_IDS_KEY) is not None:
+                ids = np.asarray(x[EXAMPLE_IDS_KEY]).reshape(-1)
+                repeat = find_repeat(ids) if ids.dtype.kind in "iu" else None
+                if repeat is not None:
+                    raise ValueError(
+                        f"{where}: invalid example_ids: `example_ids` must be unique, one id per "
+                        f"example (label_dp randomizes each example once, keyed by its id); "
+                        f"position {repeat[0]} repeats the id at position {repeat[1]}. "
+                        f"with_example_ids(x) gives the ids 0 .. N-1.")
+        elif x is not None and (hasattr(x, "shape") or isinstance(x, (list, tuple))):
+            raise TypeError(f"{where}: a VerticalModel takes `x` as {self._dict_rule()}, or a "
+                            f"tf.data.Dataset of such dicts; got {_describe(x)}.")
+
+    # --- releases charged to every example ----------------------------------------------
+
+    def _release_calls(self):
+        """Per follower whose protection counts releases: (calls with ids, calls without)."""
+        out = {}
+        for p in self._followers:
+            layer = self.protections.get(p)
+            if isinstance(layer, ReleaseCounterMixin):
+                calls = layer.release_calls()
+                out[p] = (calls["fresh_with_ids"], calls["fresh_without_ids"])
+        return out
+
+    def _warn_if_charged_to_all(self, method, before):
+        """Warn (once per call) if ``method`` released embeddings without example ids from a
+        protection that counts per example id: each such call is recorded as a release of
+        every example, the training rows included."""
+        after = self._release_calls()
+        charged = {p: after[p][1] - before[p][1] for p in before
+                   if before[p][0] > 0 and after[p][1] > before[p][1]}
+        if not charged:
+            return
+        warnings.warn(
+            f"VerticalModel.{method} ran without example ids, so each of its "
+            f"{max(charged.values())} batch(es) released the embeddings of "
+            f"{', '.join(repr(p) for p in charged)} with no example named: the privacy report "
+            f"records each as a release of EVERY example, the training rows included. To charge "
+            f"only the rows you pass, give them ids that the training data does not use, e.g. "
+            f"model.{method}(with_example_ids(x_test, start=N), ...) with N the number of "
+            f"training rows.", UserWarning, stacklevel=3)
 
     def _party_forward(self, party, features, training, example_ids=None):
         """Party's side: (raw embedding, what it sends, its own losses); see `PartyBottom`."""
@@ -550,6 +670,11 @@ class VerticalModel(keras.Model):
         if not isinstance(label_free_sample_weight, bool):
             raise TypeError(f"VerticalModel.fit: `label_free_sample_weight` must be a bool; got "
                             f"{label_free_sample_weight!r}.")
+        self._check_entry(x, "fit", unique_ids=self.label_dp is not None)
+        validation = kwargs.get("validation_data")
+        if isinstance(validation, (tuple, list)) and validation:
+            validation = validation[0]
+        self._check_entry(validation, "fit (validation_data)")
         class_weight = None
         if self.label_dp is not None:
             self._validate_fit_labels(y)
@@ -590,7 +715,7 @@ class VerticalModel(keras.Model):
             return super().fit(x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
                                callbacks=callbacks, **kwargs)
         except tf.errors.InvalidArgumentError as error:
-            short = label_assert_message(error)
+            short = label_assert_message(error) or example_ids_assert_message(error)
             if short is None:
                 raise
             raise ValueError(f"VerticalModel.fit: {short}") from None
@@ -599,6 +724,51 @@ class VerticalModel(keras.Model):
                 listed.remove(dispatcher)
             self._message_callbacks = []
             self._dispatcher = None
+
+    def evaluate(self, x: Any = None, y: Any = None, *args: Any,
+                 **kwargs: Any) -> Any:
+        """`keras.Model.evaluate`, with the inputs checked first.
+
+        Evaluation releases every follower's embedding again (its protection
+        randomizes at inference). Pass example ids that the training data does
+        not use (``with_example_ids(x_test, start=N)``, N = the number of
+        training rows) so only the test rows are charged. Without ids each
+        batch counts as a release of every example; if the protections have
+        per-example counts (the model was trained with ids), a `UserWarning`
+        says so once per call. The release is recorded either way.
+
+        Args:
+            x, y, *args, **kwargs: as in `keras.Model.evaluate`.
+
+        Returns:
+            What `keras.Model.evaluate` returns.
+        """
+        self._check_entry(x, "evaluate")
+        before = self._release_calls()
+        try:
+            return super().evaluate(x, y, *args, **kwargs)
+        finally:
+            self._warn_if_charged_to_all("evaluate", before)
+
+    def predict(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        """`keras.Model.predict`, with the inputs checked first.
+
+        Example ids as in `evaluate`: without them each batch counts as a
+        release of every example, with a `UserWarning` once per call when the
+        protections have per-example counts.
+
+        Args:
+            x, *args, **kwargs: as in `keras.Model.predict`.
+
+        Returns:
+            What `keras.Model.predict` returns.
+        """
+        self._check_entry(x, "predict")
+        before = self._release_calls()
+        try:
+            return super().predict(x, *args, **kwargs)
+        finally:
+            self._warn_if_charged_to_all("predict", before)
 
     def make_train_function(self, force: bool = False) -> Callable[..., Any]:
         if self.train_function is not None and not force:

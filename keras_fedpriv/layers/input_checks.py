@@ -1,6 +1,6 @@
 """Input checks of the protection layers that never put user data in an error.
 
-Three pieces shared by `LabelDPLayer` and `EmbeddingDPLayer`:
+Pieces shared by `LabelDPLayer` and `EmbeddingDPLayer`:
 
 * `private_errors`: a decorator for ``call``. Keras appends every call
   argument to an exception raised inside a layer ("Arguments received by
@@ -12,6 +12,9 @@ Three pieces shared by `LabelDPLayer` and `EmbeddingDPLayer`:
   dtype; eagerly a ValueError, in a graph a `tf.debugging.Assert`, and in
   both cases a boolean that the layer uses to make the output safe where the
   asserts are compiled away (XLA).
+* `example_ids_assert_message`: the short text of a failed graph check of
+  the ids (the rule and the first repeated position), which `VerticalModel`
+  re-raises as a ValueError instead of TensorFlow's graph error.
 * `InputErrorFlagMixin`: a small local (non-Keras, never-trained) counter
   variable per layer. Under XLA (``jit_compile=True``) `tf.debugging`
   asserts are removed, so a layer that receives invalid inputs there outputs
@@ -24,11 +27,18 @@ Three pieces shared by `LabelDPLayer` and `EmbeddingDPLayer`:
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 import tensorflow as tf
 
 from keras_fedpriv.layers.secret_rng import _LocalVariable
+
+_COUNT_RULE = "`example_ids` must hold exactly one id per label"
+_UNIQUE_RULE = "`example_ids` must be unique within a call (one id per example)"
+# What a failed graph assert of `check_example_ids` says inside tf.errors.InvalidArgumentError.
+_ID_ASSERT = re.compile(r"assertion failed: \[(\w+): (" + re.escape(_COUNT_RULE) + "|"
+                        + re.escape(_UNIQUE_RULE) + r"); [\w ,]+:\] \[(\d+)\](?: \[(\d+)\])?")
 
 
 def private_errors(call):
@@ -53,6 +63,25 @@ def private_errors(call):
             raise
 
     return wrapped
+
+
+def find_repeat(values: np.ndarray) -> tuple[int, int] | None:
+    """The first position whose id appeared before, and that earlier position.
+
+    Args:
+        values: a 1-D array of ids.
+
+    Returns:
+        ``(position, earlier)``, or None when every id is unique.
+    """
+    values = np.asarray(values).reshape(-1)
+    _, first = np.unique(values, return_index=True)
+    if first.size == values.size:
+        return None
+    repeated = np.ones(values.size, bool)
+    repeated[first] = False
+    position = int(np.flatnonzero(repeated)[0])
+    return position, int(np.flatnonzero(values[:position] == values[position])[0])
 
 
 def check_example_ids(example_ids, num_labels, eager, owner="LabelDPLayer"):
@@ -91,15 +120,10 @@ def check_example_ids(example_ids, num_labels, eager, owner="LabelDPLayer"):
         if values.size != int(num_labels):
             raise ValueError(f"{owner}: `example_ids` has {values.size} entries but there are "
                              f"{int(num_labels)} labels; give exactly one id per label.")
-        _, first = np.unique(values, return_index=True)
-        if first.size != values.size:
-            repeated = np.ones(values.size, bool)
-            repeated[first] = False
-            position = int(np.flatnonzero(repeated)[0])
-            earlier = int(np.flatnonzero(values[:position] == values[position])[0])
-            raise ValueError(f"{owner}: `example_ids` must be unique within a call (one id per "
-                             f"example); position {position} repeats the id at position "
-                             f"{earlier}.")
+        repeat = find_repeat(values)
+        if repeat is not None:
+            raise ValueError(f"{owner}: {_UNIQUE_RULE}; position {repeat[0]} repeats the id at "
+                             f"position {repeat[1]}.")
         return ids, None, []
     m = tf.size(ids)
     n = tf.cast(num_labels, tf.int32)
@@ -112,13 +136,35 @@ def check_example_ids(example_ids, num_labels, eager, owner="LabelDPLayer"):
     first_repeat = tf.reduce_min(tf.where(repeats, order[1:], tf.fill(tf.shape(order[1:]), n)))
     unique_ok = tf.logical_not(tf.reduce_any(repeats))
     asserts = [
-        tf.debugging.Assert(count_ok, [f"{owner}: `example_ids` must hold exactly one id per "
-                                       "label; ids, labels:", m, n]),
+        tf.debugging.Assert(count_ok, [f"{owner}: {_COUNT_RULE}; ids, labels:", m, n]),
         tf.debugging.Assert(tf.logical_or(unique_ok, tf.logical_not(count_ok)),
-                            [f"{owner}: `example_ids` must be unique within a call (one id per "
-                             "example); first repeated position:", first_repeat]),
+                            [f"{owner}: {_UNIQUE_RULE}; first repeated position:", first_repeat]),
     ]
     return ids, tf.logical_and(count_ok, unique_ok), asserts
+
+
+def example_ids_assert_message(error: BaseException) -> str | None:
+    """The short text of a failed graph check of `check_example_ids`, or None.
+
+    In a traced step the check fails as a `tf.errors.InvalidArgumentError`
+    carrying TensorFlow's whole stack trace; the rule and the first offending
+    position (or the two counts) are all the user needs.
+
+    Args:
+        error: the exception raised by the traced step.
+
+    Returns:
+        ``"<owner>: <rule>; position P of a batch repeats an earlier id."``
+        (or ``"...; a batch has M ids for N labels."``), or None when
+        ``error`` is not such a check.
+    """
+    match = _ID_ASSERT.search(str(getattr(error, "message", error)))
+    if match is None:
+        return None
+    owner, rule, first, second = match.groups()
+    if rule == _UNIQUE_RULE:
+        return f"{owner}: {rule}; position {first} of a batch repeats an earlier id."
+    return f"{owner}: {rule}; a batch has {first} ids for {second} labels."
 
 
 class InputErrorFlagMixin:

@@ -231,6 +231,20 @@ class ReleaseCounterMixin:
     def _release_totals(self):
         return self.release_totals.numpy()
 
+    def release_calls(self) -> dict[str, int]:
+        """The calls counted so far, by kind (the release slots of ``SLOTS``).
+
+        ``fresh_with_ids``: calls with fresh noise counted per example id;
+        ``fresh_without_ids``: calls with fresh noise but no ids, each counted
+        as a release of **every** example; ``keyed_once``, ``non_private``,
+        ``prior`` and ``key_generations`` as in ``SLOTS``.
+
+        Returns:
+            A dict slot name -> count.
+        """
+        totals = self._release_totals()
+        return {SLOTS[slot]: int(totals[slot]) for slot in _RELEASE_SLOTS}
+
     def _release_id_counts_nonzero(self):
         """(ids, counts) of the examples with at least one fresh release."""
         if self._release_id_counts is None:
