@@ -33,7 +33,11 @@ from keras_fedpriv.federated.flower.central_dp import (  # noqa: E402
     check_renamed,
     refuse_dp_mods,
 )
-from keras_fedpriv.federated.uploads import ClientUpload, FedAvgUpload  # noqa: E402
+from keras_fedpriv.federated.uploads import (  # noqa: E402
+    ClientUpload,
+    FedAvgUpload,
+    GaussianUpload,
+)
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
@@ -186,6 +190,17 @@ def test_clipped_sum_bounds_each_client_and_divides_by_clients_per_round():
     np.testing.assert_allclose(clipped.aggregate(uploads), ([0.6, 0.8] + small) / 3, rtol=1e-6)
     np.testing.assert_allclose(clipped.aggregate(uploads, global_lr=0.5),
                                ([0.6, 0.8] + small / 2) / 3, rtol=1e-6)
+    assert clipped.releases == 2 and clipped.noise_std == 0.0
+    with pytest.raises(ValueError, match="3 uploads, more than clients_per_round=2"):
+        ClippedSum(FedAvgUpload(), 1.0, 2).aggregate(uploads + uploads[:1])  # the bound C / n
+
+
+def test_clipped_sum_noise_has_flowers_std_and_each_call_is_one_release():
+    noisy = ClippedSum(FedAvgUpload(), clipping_norm=2.0, clients_per_round=4,
+                       noise_multiplier=3.0)
+    out = noisy.aggregate([ClientUpload(np.zeros(20000, np.float32), 8, 1)])
+    assert noisy.noise_std == pytest.approx(3.0 * 2.0 / 4)
+    assert np.std(out) == pytest.approx(1.5, rel=0.05) and noisy.releases == 1
 
 
 def test_noise_and_accounting_happen_once_per_released_aggregate(in_a_run):
@@ -234,3 +249,96 @@ def test_flowers_dp_mods_and_the_old_magrr_name_are_refused_clearly():
         horizontal_client_app(model_fn, lambda ctx: None, magrr_eps=3.0)
     with pytest.raises(TypeError, match="unexpected keyword argument 'epochs'"):
         check_renamed({"epochs": 3}, "horizontal_client_app")
+
+
+def _one_round(strategy, deltas):
+    """Configure round 1 on the stand-in grid and aggregate the replies of ``deltas``."""
+    inner = strategy.inner
+    list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid()))
+    replies = [_reply(inner, 10 + i, i, d) for i, d in enumerate(deltas)]
+    return strategy.aggregate_train(1, replies)
+
+
+def test_validation_metrics_score_the_noised_model_that_is_released(in_a_run):
+    x = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float32)
+    y = np.arange(64) % 10
+    strategy = central_dp(HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0,
+                                             validation_data=(x, y)),
+                          noise_multiplier=2000.0, clipping_norm=1e-3)  # noise std 1 per weight
+    dim = strategy.inner.server.dim
+    arrays, metrics = _one_round(strategy, [np.zeros(dim, np.float32)] * 2)
+    model = model_fn()
+    model.set_weights(arrays.to_numpy_ndarrays())  # what left the server
+    released = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
+    start = model_fn().evaluate(x, y, verbose=0, return_dict=True)["loss"]
+    assert abs(released - start) > 0.1  # the noise moved the model
+    # the metric that leaves the server scores the released (noised) model, not the aggregate
+    assert metrics["val_loss"] == pytest.approx(released, rel=1e-4)
+    assert strategy.inner.history["val_loss"][-1] == pytest.approx(released, rel=1e-4)
+
+
+def test_central_dp_with_a_gaussian_upload_clips_the_noisy_upload_and_counts_both(in_a_run):
+    accountant = _accountant()
+    upload = GaussianUpload(clip_norm=1.0, noise_multiplier=1.0, seed=3)
+    strategy = central_dp(HorizontalStrategy(model_fn(), upload, clients_per_round=2, seed=0),
+                          noise_multiplier=1.0, clipping_norm=1e-3, accountant=accountant)
+    dim = strategy.inner.server.dim
+    start = np.concatenate([w.ravel() for w in strategy.initial_arrays().to_numpy_ndarrays()])
+    arrays, metrics = _one_round(strategy, [np.full(dim, 10.0, np.float32)] * 2)
+    moved = np.concatenate([w.ravel() for w in arrays.to_numpy_ndarrays()]) - start
+    # each noisy Gaussian upload (norm ~ sqrt(dim)) was clipped to 1e-3 before the central
+    # noise of std 1e-3 * 1 / 2: the step is that noise, nowhere near the uploads' scale
+    assert np.std(moved) == pytest.approx(5e-4, rel=0.2) and np.abs(moved).max() < 0.01
+    assert accountant.num_releases == 1 and metrics["central_noise_std"] == 5e-4
+    report = privacy_report(strategy, delta=DELTA)
+    one = GaussianUpload(clip_norm=1.0, noise_multiplier=1.0, seed=0)
+    one.client_message(np.ones(dim, np.float32), 5, client_id=0)
+    # local: one Gaussian release per client (the upload's own figure); central: one event
+    assert report.epsilon == pytest.approx(privacy_report(one, delta=DELTA).epsilon, rel=1e-9)
+    assert report.central_epsilon == pytest.approx(_hand_epsilon(1.0, 1), rel=1e-9)
+
+
+class _Deep:
+    """A pass-through wrapper that calls the strategy from many frames down."""
+
+    def __init__(self, inner, depth=10):
+        self.inner, self.depth = inner, depth
+
+    def configure_train(self, *args):
+        return self._down(self.depth, args)
+
+    def _down(self, n, args):
+        return self._down(n - 1, args) if n else self.inner.configure_train(*args)
+
+    def summary(self):
+        return self.inner.summary()
+
+
+def test_flowers_wrapper_is_found_however_deep_it_calls_the_strategy(in_a_run):
+    strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0)
+    wrapped = DifferentialPrivacyServerSideFixedClipping(_Deep(strategy), 1.0, 1.0, 2)
+    with pytest.raises(ValueError, match="DifferentialPrivacyServerSideFixedClipping cannot"):
+        wrapped.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid())
+    ledger = strategy.privacy_ledger()
+    assert sum(ledger.total(k) for k in ledger.kinds) == 0  # nobody was asked
+
+
+def test_without_frames_a_wrapper_still_releases_no_update(in_a_run, monkeypatch):
+    import inspect
+
+    monkeypatch.setattr(inspect, "currentframe", lambda: None)
+    strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0)
+    client_side = DifferentialPrivacyClientSideFixedClipping(strategy, 1.0, 1.0, 2)
+    with pytest.raises(ValueError, match="client-side clipping wrapper"):  # by its config key
+        client_side.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid())
+    wrapped = DifferentialPrivacyServerSideFixedClipping(strategy, 1.0, 1.0, 2)
+    start = [w.copy() for w in strategy.initial_arrays().to_numpy_ndarrays()]
+    list(wrapped.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid()))
+    dim = strategy.server.dim
+    replies = [_reply(strategy, 10 + i, i, np.ones(dim, np.float32)) for i in range(2)]
+    with pytest.raises(ValueError):  # Flower clips the flat update against the weights
+        wrapped.aggregate_train(1, replies)
+    for a, b in zip(start, strategy.initial_arrays().to_numpy_ndarrays()):
+        np.testing.assert_array_equal(a, b)  # no update released
+    ledger = strategy.privacy_ledger()
+    assert sum(ledger.total(k) for k in ledger.kinds) > 0  # the clients' uploads are counted

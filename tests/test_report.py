@@ -168,6 +168,12 @@ def test_a_bad_flower_accountant_is_refused_by_name():
     with pytest.raises(ValueError, match="sampling method 'sometimes'"):
         privacy_report(upload, flower_accountant=_flower_state(
             "sometimes", "add-or-remove-one", [(1.0, 1, 1)]))
+    # a pairing Flower refuses: replacing a client doubles the sensitivity, which a plain
+    # Gaussian event under replace-one would not show (its eps is the same as add-or-remove)
+    with pytest.raises(ValueError, match="'no-amplification' with neighboring relation "
+                                         "'replace-one'"):
+        privacy_report(upload, flower_accountant=_flower_state(
+            "no-amplification", "replace-one", [(1.0, 1, 1)]))
 
 
 def test_flowers_own_accountant_without_replacement_matches_its_own_figure():

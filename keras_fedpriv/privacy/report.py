@@ -221,6 +221,9 @@ def privacy_ledger(obj: Any) -> ReleaseLedger:
 # ------------------------------------------------------------- central DP
 _RELATIONS = {"add-or-remove-one": NeighborRel.ADD_OR_REMOVE_ONE,
               "replace-one": NeighborRel.REPLACE_ONE}
+#: the (sampling method, neighboring relation) pairs Flower's PrivacyAccountant accepts
+_FLOWER_MODELS = {"poisson": "add-or-remove-one", "without-replacement": "replace-one",
+                  "no-amplification": "add-or-remove-one"}
 
 
 @dataclasses.dataclass
@@ -293,7 +296,10 @@ def flower_central_release(accountant: Any, source: str = "Flower's PrivacyAccou
         A `CentralRelease`.
 
     Raises:
-        ValueError: the state is not an RDP accountant's state of schema 1.
+        ValueError: the state is not an RDP accountant's state of schema 1, or
+            pairs a sampling method with a neighboring relation Flower's
+            accountant does not (e.g. no amplification under replace-one,
+            where the Gaussian event would understate).
     """
     state = accountant.state_dict() if callable(getattr(accountant, "state_dict", None)) \
         else accountant
@@ -308,6 +314,13 @@ def flower_central_release(accountant: Any, source: str = "Flower's PrivacyAccou
                            config["neighboring_relation"]))
     if relation not in _RELATIONS:
         raise ValueError(f"unknown neighboring relation {relation!r} in the accountant state.")
+    if sampling in _FLOWER_MODELS and _FLOWER_MODELS[sampling] != relation:
+        # e.g. no amplification under replace-one: a Gaussian event's eps is the same under
+        # either relation in dp-accounting, but replacing a client doubles the sensitivity
+        raise ValueError(f"the accountant state pairs sampling method {sampling!r} with "
+                         f"neighboring relation {relation!r}, which Flower's accountant does "
+                         f"not account; it pairs {sampling!r} with "
+                         f"{_FLOWER_MODELS[sampling]!r} only.")
     events = []
     for item in state["compositions"]:
         e, count = item["event"], int(item["count"])
@@ -489,8 +502,11 @@ def privacy_report(obj: Any, delta: float = 1e-5, accountant: str = "pld",
         flower_accountant: None, or Flower's ``PrivacyAccountant`` (or its
             ``state_dict()``) of the same run: its central releases are
             reported beside the local ones (``report.central_epsilon``), not
-            composed with them. A strategy built by
-            `keras_fedpriv.federated.flower.central_dp` brings its own.
+            composed with them. Pass the state after the run's last round
+            (an earlier one under-counts). A strategy built by
+            `keras_fedpriv.federated.flower.central_dp` brings its own; the
+            same accountant object passed again is counted once, its
+            ``state_dict()`` twice (an over-count).
 
     Returns:
         A `PrivacyReport`; ``print(report)`` shows the table and

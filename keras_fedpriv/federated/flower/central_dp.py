@@ -15,10 +15,11 @@ and mods cannot carry it. What works and what is refused:
   (server-scaled) update to ``clipping_norm`` in L2, sums the clipped updates
   and divides by ``clients_per_round`` (a missing reply counts as a zero
   update, so one client moves the aggregate by at most
-  ``clipping_norm / clients_per_round``), and the wrapper, a Flower
-  ``DifferentialPrivacyServerSideFixedClipping``, adds Gaussian noise of std
-  ``noise_multiplier * clipping_norm / clients_per_round`` to the new global
-  weights (Flower's formula) before anyone sees them. Each noised aggregate
+  ``clipping_norm / clients_per_round``) and adds Gaussian noise of std
+  ``noise_multiplier * clipping_norm / clients_per_round`` (Flower's formula)
+  before the new global weights are set, scored (``val_*``) or returned; the
+  wrapper, a Flower ``DifferentialPrivacyServerSideFixedClipping``, counts
+  each noised aggregate in Flower's accountant. Each noised aggregate
   is one Gaussian release per round, user level, add-or-remove-one, without
   amplification by sampling: what Flower's accountant composes
   (`flwr.serverapp.PrivacyAccountant`, ``sampling_method="no-amplification"``)
@@ -130,25 +131,36 @@ def _upload_name(upload: Any) -> str:
 
 
 class ClippedSum:
-    """The server's side of a dense upload with central clipping: what `central_dp` installs.
+    """The server's side of a dense upload with central DP: what `central_dp` installs.
 
     ``aggregate`` clips each client's update (scaled by the server's step)
-    to ``clipping_norm`` in L2 and divides the sum by ``clients_per_round``,
+    to ``clipping_norm`` in L2, divides the sum by ``clients_per_round``,
     however many replies arrived (a missing reply is a zero update), so that
-    one client changes the aggregate by at most
-    ``clipping_norm / clients_per_round``. Everything else (the wire format,
+    one client (added or removed) changes it by at most
+    ``clipping_norm / clients_per_round``, and adds Gaussian noise of std
+    ``noise_multiplier * clipping_norm / clients_per_round`` (Flower's
+    formula) from a fresh OS-entropy secret. The noise is added here, where
+    the aggregate is formed, so the global model, its ``val_*`` scores and
+    everything else the server releases only ever see the noised aggregate;
+    each call is one release (`releases`). Everything else (the wire format,
     the client's message and ledger) is the wrapped upload's.
 
     Args:
         upload: a `FedAvgUpload` or `GaussianUpload` (the server's copy).
         clipping_norm: the L2 bound C of one client's contribution.
         clients_per_round: the fixed denominator n.
+        noise_multiplier: z >= 0 (0: clipping only, no guarantee).
     """
 
-    def __init__(self, upload: Any, clipping_norm: float, clients_per_round: int) -> None:
+    def __init__(self, upload: Any, clipping_norm: float, clients_per_round: int,
+                 noise_multiplier: float = 0.0) -> None:
         self.upload = upload
         self.clipping_norm = float(clipping_norm)
         self.clients_per_round = int(clients_per_round)
+        self.noise_multiplier = float(noise_multiplier)
+        self.noise_std = compute_stdv(self.noise_multiplier, self.clipping_norm,
+                                      self.clients_per_round)
+        self.releases = 0
         self.name = getattr(upload, "name", type(upload).__name__)
 
     def client_message(self, delta: Any, num_examples: int,
@@ -174,7 +186,15 @@ class ClippedSum:
 
     def aggregate(self, uploads: Sequence[ClientUpload],
                   global_lr: float | None = None) -> np.ndarray:
-        """``sum_i clip(lr * update_i, C) / clients_per_round`` (float32)."""
+        """``sum_i clip(lr * update_i, C) / clients_per_round + N(0, noise_std^2)`` (float32).
+
+        Raises:
+            ValueError: more uploads than ``clients_per_round`` (the bound
+                would not hold) or none with finite values.
+        """
+        if len(uploads) > self.clients_per_round:
+            raise ValueError(f"ClippedSum.aggregate: {len(uploads)} uploads, more than "
+                             f"clients_per_round={self.clients_per_round}.")
         lr = 1.0 if global_lr is None else float(global_lr)
         total = None
         for u in uploads:
@@ -186,12 +206,17 @@ class ClippedSum:
             total = step if total is None else total + step
         if total is None:
             raise ValueError("ClippedSum.aggregate: no finite upload to aggregate.")
-        return (total / self.clients_per_round).astype(np.float32)
+        total /= self.clients_per_round
+        if self.noise_std > 0:
+            total += secret_generator(None).normal(0.0, self.noise_std, total.shape)
+        self.releases += 1
+        return total.astype(np.float32)
 
     def describe(self) -> str:
-        """The wrapped upload, clipped centrally."""
+        """The wrapped upload, clipped and noised centrally."""
         inner = self.upload.describe() if hasattr(self.upload, "describe") else self.name
-        return f"{inner}, clipped on the server at {self.clipping_norm:g}"
+        return (f"{inner}, clipped on the server at {self.clipping_norm:g}, central noise "
+                f"z={self.noise_multiplier:g}")
 
 
 class CentralDPStrategy(DifferentialPrivacyServerSideFixedClipping):
@@ -199,8 +224,9 @@ class CentralDPStrategy(DifferentialPrivacyServerSideFixedClipping):
 
     Build it with `central_dp`. It is a Flower
     ``DifferentialPrivacyServerSideFixedClipping`` (``strategy.start(...)``,
-    ``privacy_spent()``, ``summary()`` work as in Flower); the clipping runs in
-    the wrapped strategy (`ClippedSum`), the noise and the accounting here.
+    ``privacy_spent()``, ``summary()`` work as in Flower); the clipping and
+    the noise run in the wrapped strategy (`ClippedSum`, before the new
+    global model is scored or returned), the accounting here.
 
     Args:
         strategy: the `HorizontalStrategy` (a dense upload).
@@ -241,8 +267,7 @@ class CentralDPStrategy(DifferentialPrivacyServerSideFixedClipping):
         super().__init__(strategy, z, c, n, accountant=None)
         self.accountant = accountant
         self.inner = strategy
-        self.releases = 0
-        strategy.clip_uploads(c)
+        self.clipped = strategy.clip_uploads(c, z)
 
     def __repr__(self) -> str:
         """Compute a string representation of the strategy."""
@@ -287,24 +312,29 @@ class CentralDPStrategy(DifferentialPrivacyServerSideFixedClipping):
         self.current_arrays = arrays
         return self.inner.configure_train(server_round, arrays, config, grid)
 
+    @property
+    def releases(self) -> int:
+        """The noised aggregates released so far (`ClippedSum` counts them where it noises)."""
+        return self.clipped.releases
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The strategy's clipped aggregate plus Gaussian noise; one release if it was made."""
-        arrays, metrics = self.inner.aggregate_train(server_round, replies)
-        if arrays is None:
-            return None, metrics
-        std = compute_stdv(self.noise_multiplier, self.clipping_norm, self.num_sampled_clients)
-        rng = secret_generator(None)
-        noisy = [np.asarray(w + rng.normal(0.0, std, np.shape(w))).astype(w.dtype)
-                 for w in arrays.to_numpy_ndarrays()]
-        out = ArrayRecord(numpy_ndarrays=noisy)
-        self.inner.set_global_arrays(out)  # the released model is the noised one
-        self.releases += 1
-        if self.accountant is not None:
-            self.accountant.compose(self._event())
-        if metrics is not None:
-            metrics["central_noise_std"] = float(std)
-        return out, metrics
+        """The strategy's clipped and noised aggregate; each one made is composed in the accountant.
+
+        The noise is added inside the strategy (`ClippedSum`), before the new
+        global model is scored or returned, so ``val_*`` scores the released
+        (noised) model.
+        """
+        before = self.clipped.releases
+        try:
+            arrays, metrics = self.inner.aggregate_train(server_round, replies)
+        finally:  # a noised aggregate counts even if something after it failed
+            if self.accountant is not None:
+                for _ in range(self.clipped.releases - before):
+                    self.accountant.compose(self._event())
+        if arrays is not None and metrics is not None:
+            metrics["central_noise_std"] = float(self.clipped.noise_std)
+        return arrays, metrics
 
 
 def _event(noise_multiplier: float) -> Any:

@@ -13,11 +13,11 @@ round ``r`` is the protocol's round ``r - 1``, the same round as in-process.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import math
 import os
-import sys
 from typing import Any, Iterable, Sequence
 
 import keras
@@ -229,53 +229,59 @@ class HorizontalStrategy(Strategy):
         """The model, per-round history, ledger and dropped replies so far."""
         return FlowerRunResult(self.server.model, self.history, self.ledger, self.rejected)
 
-    def clip_uploads(self, clipping_norm: float) -> None:
-        """Clip each client's update on the server (central DP; what `central_dp` calls).
+    def clip_uploads(self, clipping_norm: float, noise_multiplier: float = 0.0) -> Any:
+        """Clip and noise the aggregate on the server (central DP; what `central_dp` calls).
 
         From now on the aggregate is ``sum_i clip(update_i, clipping_norm) /
-        clients_per_round`` (`keras_fedpriv.federated.flower.central_dp.ClippedSum`).
+        clients_per_round`` plus Gaussian noise of std ``noise_multiplier *
+        clipping_norm / clients_per_round``
+        (`keras_fedpriv.federated.flower.central_dp.ClippedSum`), before the
+        global model is set or scored.
 
         Args:
             clipping_norm: the L2 bound of one client's update.
+            noise_multiplier: the central noise multiplier z (0: none).
 
         Returns:
-            None.
+            The installed `ClippedSum` (it counts the noised aggregates).
+
+        Raises:
+            ValueError: the uploads are clipped already.
         """
         from keras_fedpriv.federated.flower.central_dp import ClippedSum
 
         if isinstance(self.server.upload, ClippedSum):
             raise ValueError("this HorizontalStrategy already clips its uploads (central_dp "
                              "was applied twice).")
-        self.server.upload = ClippedSum(self.upload, clipping_norm, self.clients_per_round)
-
-    def set_global_arrays(self, arrays: ArrayRecord) -> None:
-        """Make ``arrays`` (the trainable weights) the global model, e.g. a noised aggregate.
-
-        Args:
-            arrays: the model's trainable weights, in order.
-
-        Returns:
-            None.
-        """
-        self._set_weights(arrays)
+        self.server.upload = ClippedSum(self.upload, clipping_norm, self.clients_per_round,
+                                        noise_multiplier)
+        return self.server.upload
 
     def _refuse_flower_dp(self, config: ConfigRecord | None = None) -> None:
         """Refuse Flower's DP wrappers around this strategy: they cannot read its replies.
 
-        They are found where they call this strategy (the calling frames) or by
-        the clipping norm Flower's client-side wrappers put in the train config.
+        Flower's server-side wrappers pass this strategy nothing of their own
+        (the same arrays, config and grid), so they are found where they call
+        it: any Flower DP wrapper among the callers on the stack (however deep,
+        e.g. around another wrapper), except `central_dp`'s own. The
+        client-side wrappers are also found by the clipping norm they put in
+        the train config. Where the interpreter gives no frames
+        (``inspect.currentframe()`` is None), only the config check runs, and
+        a server-side wrapper breaks the first replies when it clips them as
+        model weights (Flower raises, or this strategy drops them as
+        malformed): the clients' releases are counted, no update is released.
         """
-        frame, wrapper = sys._getframe(1), None
-        for _ in range(6):
-            frame = frame.f_back
-            if frame is None:
-                break
+        wrapper = None
+        frame = inspect.currentframe()
+        frame = frame.f_back if frame is not None else None
+        while frame is not None and wrapper is None:
             caller = frame.f_locals.get("self")
             if (isinstance(caller, (DifferentialPrivacyFixedClippingBase,
                                     DifferentialPrivacyAdaptiveBase))
                     and not callable(getattr(caller, "central_privacy", None))):
                 wrapper = type(caller).__name__
-                break
+            frame = frame.f_back
+        del frame  # no reference cycle through the frames
         if wrapper is None and config is not None and KEY_CLIPPING_NORM in config:
             wrapper = f"a client-side clipping wrapper (config key {KEY_CLIPPING_NORM!r})"
         if wrapper is None:
