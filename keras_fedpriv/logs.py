@@ -18,8 +18,9 @@ TensorFlow's start-up log lines unless ``KERAS_FEDPRIV_TF_LOGS=1`` is set.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import importlib.abc
-import importlib.machinery
+import importlib.util
 import logging
 import os
 import re
@@ -93,7 +94,12 @@ def _hidden(line: bytes, level: int) -> bool:
 
 
 class _QuietLoader(importlib.abc.Loader):
-    """Runs TensorFlow's own loader with file descriptor 2 captured; replays what is kept."""
+    """Runs TensorFlow's own loader with file descriptor 2 captured; replays what is kept.
+
+    A crash inside the import (a FATAL log line aborts the process) would lose
+    the captured text: meanwhile `faulthandler` writes to the real stderr, so
+    the process at least says that it died in ``import tensorflow``.
+    """
 
     def __init__(self, loader, level):
         self.loader, self.level = loader, level
@@ -103,25 +109,42 @@ class _QuietLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         module.__spec__.loader = module.__loader__ = self.loader  # as after a plain import
-        sys.stderr.flush()
-        saved = os.dup(2)
+        _flush_stderr()
+        try:
+            saved = os.dup(2)
+        except OSError:  # no stderr to capture (closed): nothing to hide
+            self.loader.exec_module(module)
+            return
+        handler_was_on = faulthandler.is_enabled()
         with tempfile.TemporaryFile() as captured:
             os.dup2(captured.fileno(), 2)
+            faulthandler.enable(saved)
             try:
                 self.loader.exec_module(module)
             finally:
-                sys.stderr.flush()
+                _flush_stderr()
                 os.dup2(saved, 2)
+                faulthandler.disable()
+                if handler_was_on:  # back where -X faulthandler writes, where it can
+                    with contextlib.suppress(AttributeError, OSError, ValueError, RuntimeError):
+                        faulthandler.enable()
                 os.close(saved)
                 captured.seek(0)
                 kept = [line for line in captured.read().splitlines(keepends=True)
                         if not _hidden(line, self.level)]
-                with os.fdopen(os.dup(2), "wb") as stderr:
-                    stderr.write(b"".join(kept))
+                if kept:
+                    with os.fdopen(os.dup(2), "wb") as stderr:
+                        stderr.write(b"".join(kept))
+
+
+def _flush_stderr():
+    if sys.stderr is not None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
 
 
 class _QuietFinder(importlib.abc.MetaPathFinder):
-    """Finds ``tensorflow`` as usual and gives it `_QuietLoader` (once)."""
+    """Finds ``tensorflow`` as the other finders do and gives it `_QuietLoader` (once)."""
 
     def __init__(self, level):
         self.level = level
@@ -129,15 +152,16 @@ class _QuietFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "tensorflow":
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is not None and spec.loader is not None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _QuietLoader(spec.loader, self.level)
         return spec
 
 
 def quiet_tensorflow(environ: dict | None = None) -> bool:
-    """Hide TensorFlow's start-up logs in this process and the processes it starts.
+    """Hide TensorFlow's start-up logs in this process.
 
     Call it first thing in a program, before anything imports TensorFlow; it
     imports no TensorFlow itself. TensorFlow 2.21 prints lines such as "All
@@ -148,15 +172,17 @@ def quiet_tensorflow(environ: dict | None = None) -> bool:
     lines while they load whatever that variable says, drops the lines of
     ``import tensorflow`` that the level hides (INFO at level 1, also WARNING
     at 2, also ERROR at 3); other output of the import is passed through
-    once the import is done.
+    once the import is done (a crash during the import loses them; `faulthandler`
+    then says where the process died). Processes started later inherit the
+    variable but not that filter: a program they run calls this itself.
     With ``KERAS_FEDPRIV_TF_LOGS=1`` in the environment it changes nothing.
 
     Args:
         environ: the environment to read and change (default ``os.environ``).
 
     Returns:
-        True if it quieted TensorFlow, False if ``KERAS_FEDPRIV_TF_LOGS=1``
-        asked for the logs.
+        False if ``KERAS_FEDPRIV_TF_LOGS=1`` asked for the logs, else True
+        (also when TensorFlow was imported already and has printed them).
     """
     environ = os.environ if environ is None else environ
     if environ.get(TF_LOGS_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on"):
@@ -166,7 +192,7 @@ def quiet_tensorflow(environ: dict | None = None) -> bool:
         level = int(environ["TF_CPP_MIN_LOG_LEVEL"])
     except ValueError:
         level = 0
-    if "tensorflow" not in sys.modules and not any(
+    if level >= 1 and "tensorflow" not in sys.modules and not any(
             isinstance(finder, _QuietFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _QuietFinder(level))
     return True

@@ -318,3 +318,18 @@ def test_the_right_inputs_still_train_evaluate_and_predict_without_a_warning():
         warnings.simplefilter("error")
         model.evaluate(test, y, batch_size=16, verbose=0)
         assert model.predict(test, batch_size=16, verbose=0).shape == (48, 1)
+
+
+def test_validation_without_ids_names_fit_and_its_fix():
+    """fit's validation runs through evaluate: the warning names fit's validation_data and
+    how to give it ids, not a model.evaluate call the user never made."""
+    model = _vertical()
+    x, y = _binary()
+    features = {p: x[p] for p in ("party_a", "party_b")}
+    with pytest.warns(UserWarning) as caught:
+        model.fit(x, y, epochs=1, batch_size=16, verbose=0, validation_data=(features, y))
+    (message,) = [str(w.message) for w in caught if "without example ids" in str(w.message)]
+    assert message.startswith("VerticalModel.fit (validation_data) ran without example ids")
+    assert "validation_data=(with_example_ids(x_val, start=N), y_val)" in message
+    with pytest.warns(UserWarning, match=r"^VerticalModel.evaluate ran .*model.evaluate\("):
+        model.evaluate(features, y, batch_size=16, verbose=0)  # the flag is reset after fit

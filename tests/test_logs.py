@@ -94,3 +94,50 @@ def test_the_import_filter_follows_tensorflows_levels():
             bytes([c]) for c in hidden]
         assert _hidden(pre_init, level) == (level >= 1)
         assert not _hidden(b"Traceback (most recent call last):\n", level)
+
+
+_FAKE_TENSORFLOW = '''import os
+for line in (b"I0000 00:00:1795668046.134050   32696 port.cc:153] oneDNN custom operations\\n",
+             b"F0000 00:00:1795668046.134050   32696 cpu_feature_guard.cc:1] compiled to use AVX\\n"):
+    os.write(2, line)
+mode = os.environ.get("FAKE_TF_MODE")
+if mode == "raise":
+    raise ImportError("broken install")
+if mode == "abort":
+    os.abort()
+'''
+
+
+@pytest.mark.parametrize("mode", ["ok", "raise", "abort", "no_sys_stderr"])
+def test_the_import_hook_on_a_stand_in_tensorflow(tmp_path, mode):
+    """A stand-in ``tensorflow`` package prints an INFO and a FATAL line: the INFO line is
+    dropped, the FATAL line and a failing import's traceback are shown, fd 2 is restored;
+    a crash inside the import still says where it died; no sys.stderr is no failure."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(_FAKE_TENSORFLOW)
+    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+            + ("sys.stderr = None\n" if mode == "no_sys_stderr" else "")
+            + "from keras_fedpriv.logs import quiet_tensorflow\nquiet_tensorflow()\n"
+            "import tensorflow, os\nos.write(2, b'after the import\\n')\n"
+            "print(type(tensorflow.__loader__).__name__)\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CPP_MIN_LOG_LEVEL", TF_LOGS_VARIABLE)}
+    env["FAKE_TF_MODE"] = mode
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert "oneDNN" not in out.stderr
+    if mode == "abort":
+        assert out.returncode != 0
+        assert "Fatal Python error: Aborted" in out.stderr and "exec_module" in out.stderr
+        return
+    assert "compiled to use AVX" in out.stderr
+    if mode == "raise":
+        assert out.returncode == 1 and out.stderr.rstrip().endswith("broken install")
+        return
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["SourceFileLoader"]  # the hook is gone from the module
+    assert out.stderr.index("compiled to use AVX") < out.stderr.index("after the import")

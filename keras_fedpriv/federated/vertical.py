@@ -232,6 +232,7 @@ class VerticalModel(keras.Model):
         self._capture_messages = False
         self._message_callbacks = []
         self._dispatcher = None
+        self._fitting = False  # fit's validation runs through evaluate
         # What leaves a party without a DP mechanism, counted where it is sent:
         # one slot per follower (embedding calls), the last for training steps
         # whose cut gradients come from unprotected labels.
@@ -456,14 +457,16 @@ class VerticalModel(keras.Model):
                    if before[p][0] > 0 and after[p][1] > before[p][1]}
         if not charged:
             return
+        fix = (f"model.{method}(with_example_ids(x_test, start=N), ...)" if not self._fitting
+               else "fit(..., validation_data=(with_example_ids(x_val, start=N), y_val))")
+        method = "fit (validation_data)" if self._fitting else method
         warnings.warn(
             f"VerticalModel.{method} ran without example ids, so each of its "
             f"{max(charged.values())} batch(es) released the embeddings of "
             f"{', '.join(repr(p) for p in charged)} with no example named: the privacy report "
             f"records each as a release of EVERY example, the training rows included. To charge "
             f"only the rows you pass, give them ids that the training data does not use, e.g. "
-            f"model.{method}(with_example_ids(x_test, start=N), ...) with N the number of "
-            f"training rows.", UserWarning, stacklevel=3)
+            f"{fix} with N the number of training rows.", UserWarning, stacklevel=3)
 
     def _party_forward(self, party, features, training, example_ids=None):
         """Party's side: (raw embedding, what it sends, its own losses); see `PartyBottom`."""
@@ -711,6 +714,7 @@ class VerticalModel(keras.Model):
                 dispatcher.set_model(self)
         self._message_callbacks = watchers
         self._dispatcher = dispatcher
+        self._fitting = True
         try:
             return super().fit(x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
                                callbacks=callbacks, **kwargs)
@@ -724,6 +728,7 @@ class VerticalModel(keras.Model):
                 listed.remove(dispatcher)
             self._message_callbacks = []
             self._dispatcher = None
+            self._fitting = False
 
     def evaluate(self, x: Any = None, y: Any = None, *args: Any,
                  **kwargs: Any) -> Any:
