@@ -22,6 +22,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 #: pdoc's module page with re-exported names as links and every submodule listed
 TEMPLATES = Path(__file__).resolve().parent / "api_templates"
+#: what our template overrides or calls in pdoc's default module template (pdoc 16)
+PDOC_HOOKS = ("{% block nav_submodules %}", "{% block module_contents %}",
+              "{% defaultmacro is_public(doc) %}")
 
 
 def public_modules(package="keras_fedpriv"):
@@ -44,8 +47,33 @@ def build(output_dir="build/api"):
     warnings.filterwarnings("ignore", message="The module specification .* has already been")
     pdoc.render.configure(docformat="google", footer_text="keras-fedpriv API reference",
                           search=True, show_source=True, template_directory=TEMPLATES)
+    check_pdoc_template(Path(pdoc.__file__).parent / "templates" / "default" / "module.html.jinja2",
+                        pdoc.__version__)
     pdoc.pdoc(*modules, output_directory=Path(output_dir))
+    check_root_links(Path(output_dir), modules)
     return modules
+
+
+def check_pdoc_template(default, version):
+    """Exit if pdoc's default module page no longer has what our template extends.
+
+    Jinja ignores a block that the parent template lacks, so a renamed block in a
+    new pdoc would silently drop the module list or the re-export links.
+    """
+    text = default.read_text() if default.exists() else ""
+    missing = [hook for hook in PDOC_HOOKS if hook not in text]
+    if missing:
+        sys.exit(f"pdoc {version}'s default module template lacks {missing}, which "
+                 f"{TEMPLATES / 'module.html.jinja2'} extends: adapt it or install pdoc 16.")
+
+
+def check_root_links(site, modules):
+    """Exit unless the root page links the page of every other public module."""
+    root = (site / f"{modules[0]}.html").read_text()
+    unlinked = [m for m in modules[1:] if f'href="{m.replace(".", "/")}.html' not in root]
+    if unlinked:
+        sys.exit(f"the API reference's root page does not link {unlinked}: check "
+                 f"{TEMPLATES / 'module.html.jinja2'} against this pdoc version.")
 
 
 if __name__ == "__main__":

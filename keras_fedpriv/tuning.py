@@ -15,11 +15,13 @@ The pieces:
   `RandomSearch`, `BayesianOptimization` and `Hyperband` alike.
 
 A run that cannot be scored (its scored eps is inf, e.g. ``protects=None``
-when only the labels are protected) and this package's bad-input errors in
-a tracked trial stop the search at once with their own message
-(keras-tuner's fatal errors, still `ValueError` / `TypeError`), instead of
-a penalty in every trial or keras-tuner's retries and "consecutive
-failures exceeded".
+when only the labels are protected) raises a `ValueError`; that and this
+package's other bad-input errors stop a tracked search (`track_search`) at
+its first trial with their own message (keras-tuner's fatal errors, still
+`ValueError` / `TypeError`), instead of a penalty in every trial or
+keras-tuner's retries and "consecutive failures exceeded". Once a trial of
+the search has completed, such an error depends on the failing trial's
+hyperparameters: that trial fails alone, as keras-tuner decides.
 
 Hyperparameter search on private data leaks too. Every trial trains on the
 same private data, every execution of a trial (``executions_per_trial``)
@@ -95,7 +97,8 @@ def _stop_search(error: Exception) -> Exception:
     failures exceeded the limit"; an error that every trial would hit the same
     way (bad inputs, an objective that cannot be scored) should stop the search
     at the first one, with its own message. The fatal error is still a
-    `ValueError` / `TypeError`; without keras-tuner, ``error`` is returned.
+    `ValueError` / `TypeError` (not ``error``'s own subclass; ``error`` is its
+    ``__cause__``); without keras-tuner, ``error`` is returned.
     """
     try:
         from keras_tuner import errors
@@ -113,7 +116,13 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _raised_here(error: BaseException) -> bool:
-    """Whether ``error`` was raised by this package's code (its innermost frame is ours)."""
+    """Whether ``error`` was raised by this package's code (its innermost frame is ours).
+
+    Keras drops its own and TensorFlow's frames from a traceback by default, so
+    an error that Keras or TensorFlow raised in a call from this package's code
+    counts as ours too (the same for every trial, unless it depends on a
+    hyperparameter: see `SearchLedger`).
+    """
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -175,8 +184,10 @@ class PrivacyUtility(keras.callbacks.Callback):
         ValueError: at an epoch's end, when the scored eps is inf (something
             it scores was released without DP, e.g. ``protects=None`` when
             only the labels are protected): no trial could be told from
-            another. The message gives each secret's eps. It is keras-tuner's
-            ``FatalValueError``, which stops a search at once.
+            another. The message gives each secret's eps. A tracked search
+            (`track_search`) stops there if no trial has completed yet;
+            after one has, only this trial fails (its eps then depends on
+            its hyperparameters, e.g. a choice without DP).
     """
 
     def __init__(self, utility: str = "val_accuracy", budget: float | None = None,
@@ -218,7 +229,7 @@ class PrivacyUtility(keras.callbacks.Callback):
         eps = privacy_report(self.model, delta=self.delta, accountant=self.accountant,
                              protects=self.protects).epsilon
         if math.isinf(eps):
-            raise _stop_search(ValueError(self._unscorable()))
+            raise ValueError(self._unscorable())
         logs["epsilon"] = eps
         logs[OBJECTIVE_NAME] = self.score(logs[self.utility], eps)
 
@@ -315,6 +326,13 @@ class SearchLedger:
     ``callbacks`` and returns no `History`, or trains in a custom loop)
     counts as released without DP (inf).
 
+    A trial that fails with one of this package's `ValueError`/`TypeError`s
+    (bad inputs, a run that cannot be scored) stops the search there with that
+    message, as long as no trial has completed: every trial would fail alike.
+    After a completed trial the error depends on the failing trial's
+    hyperparameters, and only that trial fails. Either way, what it released
+    is counted.
+
     The ledgers are also saved in the tuner's project folder
     (``fedpriv_ledgers/trial_<id>.json``: when a trial starts, after every
     epoch and when it ends), so a search resumed with ``overwrite=False``
@@ -365,10 +383,12 @@ class SearchLedger:
             try:
                 result = run_trial(trial, *args, **kwargs)
             except (ValueError, TypeError) as err:
-                stopped = _stop_search(err) if _raised_here(err) else err
+                # this package's bad-input errors fail every trial alike: stop at the first;
+                # after a completed trial such an error depends on this trial's hyperparameters
+                stopped = err if self._any_completed() or not _raised_here(err) else (
+                    _stop_search(err))
                 if stopped is err:
                     raise
-                # this package's bad-input errors fail every trial alike: stop at the first
                 raise stopped from err
             finally:
                 results = result if isinstance(result, (list, tuple)) else [result]
@@ -386,6 +406,11 @@ class SearchLedger:
         tuner.run_trial = tracked_run_trial
         object.__setattr__(tuner, _SEARCH, self)
         object.__setattr__(tuner.oracle, _SEARCH, self)
+
+    def _any_completed(self):
+        """Whether a trial of the search has completed (this process's or a resumed one)."""
+        trials = getattr(self.tuner.oracle, "trials", {})
+        return any(getattr(t, "status", None) == "COMPLETED" for t in trials.values())
 
     # -- the saved ledgers -----------------------------------------------------------------
     def _path(self, trial_id):

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs"))
-from build_api import public_modules  # noqa: E402
+from build_api import check_pdoc_template, check_root_links, public_modules  # noqa: E402
 
 MB = 1024 * 1024
 
@@ -88,3 +88,23 @@ def test_reexports_are_documented_once_and_the_root_page_is_small(site):
     assert 'id="LabelDPLayer"' in defining
     # the search index indexes each object once (it was 9.3 MB with every re-export copied)
     assert (site / "search.js").stat().st_size < 7 * MB
+
+
+def test_a_pdoc_whose_default_template_changed_fails_the_build_by_name(tmp_path):
+    """Jinja ignores an overridden block that the parent lacks: without this check a new pdoc
+    could drop the module list silently. The installed pdoc's template has every hook."""
+    import pdoc
+
+    default = Path(pdoc.__file__).parent / "templates" / "default" / "module.html.jinja2"
+    check_pdoc_template(default, pdoc.__version__)
+    renamed = tmp_path / "module.html.jinja2"
+    renamed.write_text(default.read_text().replace("block nav_submodules", "block submodules"))
+    with pytest.raises(SystemExit, match=r"pdoc 99\.0.*nav_submodules"):
+        check_pdoc_template(renamed, "99.0")
+
+
+def test_a_root_page_missing_a_module_link_fails_the_build(tmp_path):
+    (tmp_path / "pkg.html").write_text('<a href="pkg/a.html">a</a>')
+    check_root_links(tmp_path, ["pkg", "pkg.a"])
+    with pytest.raises(SystemExit, match=r"does not link \['pkg.b'\]"):
+        check_root_links(tmp_path, ["pkg", "pkg.a", "pkg.b"])

@@ -128,6 +128,30 @@ def test_a_run_that_cannot_be_scored_stops_the_search_at_its_first_epoch(tmp_pat
                   callbacks=[PrivacyUtility(weight=0.1, protects="labels")])
 
 
+def test_after_a_completed_trial_a_failing_trial_fails_alone_and_still_counts(tmp_path):
+    """Once a trial completed, our error in a later trial depends on that trial's
+    hyperparameters (here: a choice without label DP, which scores eps = inf): keras-tuner
+    goes on with the next trials instead of stopping, and the failed trials' releases count."""
+    (x, y), val = _data()
+    built = []
+
+    def build(hp):  # the first trial protects the labels, the later ones (by "choice") do not
+        eps = eps_hyperparameter(hp, min_value=0.25, max_value=8.0)
+        built.append(eps)
+        return vertical_trial_model(kf.LabelDPLayer(eps=eps) if len(built) == 1 else None)
+
+    tuner = kt.RandomSearch(build, objective=privacy_objective(), max_trials=3,
+                            directory=str(tmp_path), project_name="c", overwrite=True, seed=0)
+    built.clear()  # keras-tuner builds once to read the search space
+    track_search(tuner)
+    tuner.search(x, y, validation_data=val, epochs=1, batch_size=64, verbose=0,
+                 callbacks=[PrivacyUtility(budget=2.0, protects="labels")])
+    statuses = [t.status for t in tuner.oracle.trials.values()]
+    assert len(built) == 3 and statuses[0] == "COMPLETED"
+    assert [s for s in statuses[1:] if s == "COMPLETED"] == []
+    assert search_epsilon(tuner, protects="labels") == float("inf")  # labels without DP
+
+
 # ------------------------------------------------------------ what a search spent
 class _BlackBox(kt.RandomSearch):
     """A tuner whose trials train nothing the search can see (no fit with its callbacks)."""
