@@ -103,6 +103,34 @@ def test_weights_split_the_per_release_eps_within_a_group(horizontal):
     assert even["signds"].value < horizontal["signds"].value  # a bigger share for MagRR costs
 
 
+@pytest.mark.parametrize("kwargs", [
+    dict(HORIZONTAL, mechanisms=("signds", "magrr", "laplace_eval"), rounds=100,
+         clients_per_round=20, num_clients=100),
+    dict(mechanisms=("label_dp", "embedding_dp"), epochs=10, num_coordinates=16),
+    dict(mechanisms=("gaussian",), rounds=10, clients_per_round=2, num_clients=4),
+])
+def test_a_plan_composes_few_candidates_and_keeps_only_those_within_the_target(kwargs,
+                                                                               monkeypatch):
+    """Each composition is a PLD (the cost of a plan): the search brackets from an upper
+    bound's guess and interpolates, so a plan composes a handful of candidates per group, not
+    a bisection's dozen or more; the scale it returns is one it composed within the target."""
+    from keras_fedpriv.privacy import run_plan
+
+    composed = []
+    real = run_plan.planned_epsilon
+
+    def counting(event, releases, delta):
+        composed.append(real(event, releases, delta))
+        return composed[-1]
+
+    monkeypatch.setattr(run_plan, "planned_epsilon", counting)
+    p = plan(8.0, DELTA, warn=False, **kwargs)
+    assert len(composed) <= 5 * len(p.totals) + len(p.mechanisms)  # was 15, 32 and 15
+    for total in p.totals.values():
+        assert 8.0 - 0.1 <= total <= 8.0
+        assert total in composed  # the group's total is a composition the search made
+
+
 def test_a_vertical_plan_meets_the_target_per_secret():
     p = plan(4.0, DELTA, mechanisms=("label_dp", "embedding_dp"), epochs=10,
              num_coordinates=16, warn=False)
@@ -201,15 +229,16 @@ def test_embedding_needs_its_size_and_epochs():
 def test_a_horizontal_run_configured_from_the_plan_reports_at_most_the_target():
     import keras
 
-    from keras_fedpriv.callbacks import MagRR
+    from keras_fedpriv.callbacks import LaplaceEvaluation, MagRR
     from keras_fedpriv.federated import HorizontalFL, SignDSUpload, partition
     from keras_fedpriv.optimizers import SignDSEncoder
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(120, 8)).astype("float32")
     y = (x[:, 0] > 0).astype("int32")
-    p = plan(6.0, DELTA, mechanisms=("signds", "magrr"), rounds=3, clients_per_round=4,
-             num_clients=4, warn=False)
+    p = plan(6.0, DELTA, mechanisms=("signds", "magrr", "laplace_eval"), rounds=3,
+             clients_per_round=4, num_clients=4, evaluate_every=2, warn=False)
+    assert p["laplace_eval"].releases == 1  # after round 1 (0-based): not round 0, not the last
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
     model.compile(keras.optimizers.SGD(0.05),
@@ -217,8 +246,14 @@ def test_a_horizontal_run_configured_from_the_plan_reports_at_most_the_target():
     fl = HorizontalFL(model, partition(x, y, 4, seed=0), seed=0,
                       upload=SignDSUpload(SignDSEncoder(k=0.2, eps=p["signds"].value, seed=0)))
     magrr = MagRR(eps_rr=p["magrr"].value, seed=0)
-    fl.fit(rounds=3, clients_per_round=4, callbacks=[magrr, *p.callbacks([magrr])], verbose=0)
-    spent = privacy_report(fl, protects="client data").epsilon
+    laplace = LaplaceEvaluation(eps=p["laplace_eval"].value, seed=0, from_logits=True,
+                                every_n_epochs=2)
+    fl.fit(rounds=3, clients_per_round=4, callbacks=[magrr, laplace,
+                                                     *p.callbacks([magrr, laplace])], verbose=0)
+    report = privacy_report(fl, protects="client data")
+    assert {r.mechanism: r.count for r in report.releases} == {
+        "SignDS upload": 3, "MagRR": 3, "LaplaceEvaluation": 1}  # the plan's counts
+    spent = report.epsilon
     assert 6.0 - 0.1 <= spent <= 6.0 + 1e-6  # every client in every round: the plan's count
     assert spent == pytest.approx(p.totals["client data"], rel=1e-3)
     assert p.check(fl)["client data"].epsilon == pytest.approx(spent)

@@ -13,7 +13,7 @@ each group meets the target on its own. Within a group the releases compose
 (the busiest unit's releases of every mechanism, in one accountant), and the
 target is split by **relative weights**: every mechanism's per-release eps is
 ``weight x s`` (a Gaussian upload's noise multiplier is ``1 / (weight x s)``)
-for one common scale ``s``, the largest (found by bisection) whose composition
+for one common scale ``s``, the largest (found by a bracketing search) whose composition
 stays at or below the target.
 
 **Counting.** `HorizontalFL` (and the Flower strategy's `HorizontalLoop`)
@@ -49,6 +49,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import dp_accounting
 
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
+from keras_fedpriv.mechanisms.events import pure_epsilon
 from keras_fedpriv.mechanisms.laplace import laplace_dp_event
 from keras_fedpriv.mechanisms.ledger import CLIENT_DATA, FEATURES, LABELS
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
@@ -363,7 +364,11 @@ def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Seque
             exceed); a smaller one is an assumption `PlanCheck` enforces.
         evaluate_every: a `LaplaceEvaluation`'s ``every_n_epochs``.
         epochs: training epochs (``"embedding_dp"``: one release per epoch
-            with example ids; add inference passes through ``releases``).
+            with example ids, of one protected follower; add through
+            ``releases`` the inference passes (over the training rows with
+            their ids: one each; without ids, `fit`'s ``validation_data``
+            included: one per batch) and every other protected follower's
+            releases (the report composes them as one secret)).
         label_releases: releases per label (1: randomized once, keyed by
             example ids; the epochs for ``per_batch=True``).
         releases: ``{mechanism: count}`` raising a count above (e.g. epochs
@@ -407,19 +412,18 @@ def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Seque
     values, totals = {}, {}
     for secret in dict.fromkeys(RUN_MECHANISMS[m] for m in mechanisms):
         group = [m for m in mechanisms if RUN_MECHANISMS[m] == secret]
-        scale = _calibrate(group, weights, counts, event, target_epsilon, target_delta,
-                           tolerance)
+        scale, totals[secret] = _calibrate(group, weights, counts, event, target_epsilon,
+                                           target_delta, tolerance)
         for m in group:
             values[m] = min(weights[m] * scale, _MAX_EPS[m])
-        totals[secret] = planned_epsilon(
-            _group_event([(event(m, values[m]), counts[m]) for m in group]), 1, target_delta)
     rows = []
     for m in mechanisms:
         group_weight = sum(weights[g] for g in mechanisms if RUN_MECHANISMS[g] == RUN_MECHANISMS[m])
+        alone = totals[RUN_MECHANISMS[m]] if weights[m] == group_weight else planned_epsilon(
+            event(m, values[m]), counts[m], target_delta)  # alone in its group: its total
         rows.append(MechanismPlan(
             m, 1.0 / values[m] if m == "gaussian" else values[m], counts[m],
-            weights[m] / group_weight, planned_epsilon(event(m, values[m]), counts[m],
-                                                       target_delta), RUN_MECHANISMS[m]))
+            weights[m] / group_weight, alone, RUN_MECHANISMS[m]))
     result = RunPlan(tuple(rows), totals, target_epsilon, target_delta, assumption,
                      num_classes, num_coordinates)
     if warn:
@@ -428,27 +432,55 @@ def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Seque
 
 
 def _calibrate(group, weights, counts, event, target, delta, tolerance):
-    """The largest common scale s whose group composes to at most ``target``."""
+    """The largest common scale s whose group composes to at most ``target``, and its eps.
+
+    Every returned scale was composed and found at or below ``target``; the
+    search only chooses which scales to compose. Each composition is a PLD
+    (the costly part), so the bracket is closed by interpolation: the
+    composition is smooth and increasing in s, and a probe just past the
+    interpolated crossing, on the side that did not move last, usually
+    closes it to ``step`` in two or three compositions (bisection where the
+    interpolation stalls).
+    """
+    # the report composes the same events in its own order: its float sum may differ
+    # in the last digits, so the search keeps a hair below the target
+    limit = target * (1 - 1e-9)
+    cache = {}
+
+    def composed(s):
+        return _group_event([(event(m, min(weights[m] * s, _MAX_EPS[m])), counts[m])
+                             for m in group])
+
     def spent(s):
-        return planned_epsilon(_group_event(
-            [(event(m, min(weights[m] * s, _MAX_EPS[m])), counts[m]) for m in group]), 1, delta)
+        if s not in cache:
+            cache[s] = planned_epsilon(composed(s), 1, delta)
+        return cache[s]
 
     top = max(_MAX_EPS[m] / weights[m] for m in group)
     floor = max(_MIN_EPS / weights[m] for m in group)  # every mechanism at >= _MIN_EPS
-    # Bracket from the basic-composition guess (the sum of per-release eps is
-    # near the target) by doubling or halving: large scales make large PLDs.
-    low = min(top, max(floor, target / sum(weights[m] * counts[m] for m in group)))
-    if spent(low) <= target:
-        high = min(2 * low, top)
-        while high < top and spent(high) <= target:
-            low, high = high, min(2 * high, top)
-        if high == top and spent(top) <= target:
-            return top
+    # Bracket from an upper bound's guess (basic composition of the releases'
+    # pure eps; for the Gaussian upload the classic sqrt(2 ln(1.25 / delta)) / sigma
+    # of its composed noise): both are linear in s, and at their target the
+    # group spends at most about the target. Then grow (`grown`) or halve:
+    # large scales make large PLDs.
+    per_scale = sum(
+        pure_epsilon(event(m, weights[m])) * counts[m] if m != "gaussian"
+        else 2 * weights[m] * math.sqrt(2 * counts[m] * math.log(1.25 / delta)) for m in group)
+    low = min(top, max(floor, target / per_scale))
+    def grown(s):  # past the crossing if eps is about linear in s; at most doubled
+        return min(top, s * min(2.0, 1.25 * limit / max(spent(s), limit / 2)))
+
+    if spent(low) <= limit:
+        high = grown(low)
+        while high < top and spent(high) <= limit:
+            low, high = high, grown(high)
+        if high == top and spent(top) <= limit:
+            return top, spent(top)
     else:
         high = low
-        while low > floor and spent(low) > target:
+        while low > floor and spent(low) > limit:
             high, low = low, max(low / 2, floor)
-        if spent(low) > target:
+        if spent(low) > limit:
             raise ValueError(
                 f"the target eps {target:g} cannot be met by {group} with `weights` "
                 f"{ {m: weights[m] for m in group} }: where every per-release eps is at least "
@@ -456,13 +488,25 @@ def _calibrate(group, weights, counts, event, target, delta, tolerance):
                 f"{spent(low):.4g}. Raise the smallest weights, the target, or plan fewer "
                 f"releases.")
     step = tolerance / max(weights[m] for m in group)
+    nudge, last_half, misses = 0.0, high - low, 0
     while high - low > step:
-        mid = (low + high) / 2
-        if spent(mid) <= target:
-            low = mid
+        if misses >= 2:  # the interpolation stalls: bisect
+            probe = (low + high) / 2
+        else:  # eps grows about as a power of s: interpolate in log-log, aim past the crossing
+            guess = low + (high - low) * (limit - spent(low)) / (spent(high) - spent(low))
+            if spent(low) > 0:
+                guess = low * (high / low) ** (math.log(limit / spent(low))
+                                               / math.log(spent(high) / spent(low)))
+            probe = min(max(guess + nudge, low + step / 4), high - step / 4)
+        if spent(probe) <= limit:
+            low, nudge = probe, step / 2  # next aim above: close the bracket from both ends
         else:
-            high = mid
-    return low
+            high, nudge = probe, -step / 2
+        if high - low <= last_half / 2:
+            last_half, misses = high - low, 0
+        else:
+            misses += 1
+    return low, spent(low)
 
 
 def _warn_too_small(result, num_classes, k):
