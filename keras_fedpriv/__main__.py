@@ -1,4 +1,4 @@
-"""Command line: ``keras-fedpriv demo|audit|plan|worker`` (or ``python -m keras_fedpriv ...``).
+"""Command line: ``keras-fedpriv demo|audit|plan|plan-run|worker`` (or ``python -m keras_fedpriv ...``).
 
 Each subcommand imports its code when it runs: ``--help`` and argument errors
 import no TensorFlow. TensorFlow's start-up logs are hidden unless
@@ -123,7 +123,9 @@ def build_parser():
         epilog="examples:\n"
                "  keras-fedpriv demo --quick\n"
                "  keras-fedpriv audit binary_rr --eps 1\n"
-               "  keras-fedpriv plan --target-eps 8 --releases 20 --mechanism label_dp\n\n"
+               "  keras-fedpriv plan --target-eps 8 --releases 20 --mechanism label_dp\n"
+               "  keras-fedpriv plan-run --target-eps 8 --mechanisms signds,magrr --rounds 50 \\\n"
+               "      --clients-per-round 10 --num-clients 100\n\n"
                "Run 'keras-fedpriv COMMAND --help' for a command's options.\n\n"
                "TensorFlow's start-up logs (oneDNN, CUDA drivers, cuInit) are hidden;\n"
                "KERAS_FEDPRIV_TF_LOGS=1 shows them (a TF_CPP_MIN_LOG_LEVEL you set is kept).",
@@ -203,8 +205,107 @@ def build_parser():
                       default=None,
                       help="release pattern --releases counts in (default: per_example for "
                            "label_dp and embedding_dp, per_client otherwise)")
+    _add_plan_run_parser(sub)
     _add_worker_parser(sub)
     return parser
+
+
+#: ``keras-fedpriv plan-run`` mechanisms (keras_fedpriv.privacy.run_plan.RUN_MECHANISMS).
+RUN_MECHANISMS = ("signds", "gaussian", "magrr", "laplace_eval", "label_dp", "embedding_dp")
+
+_PLAN_RUN_EPILOG = """examples:
+  keras-fedpriv plan-run --target-eps 8 --mechanisms signds,magrr,laplace_eval \\
+      --rounds 100 --clients-per-round 20 --num-clients 100 --evaluate-every 10 \\
+      --num-classes 10
+  keras-fedpriv plan-run --target-eps 4 --mechanisms label_dp,embedding_dp --epochs 5 \\
+      --num-classes 2 --num-coordinates 16
+
+Each secret (client data; labels; features) meets the target on its own, as
+privacy_report(..., protects=...) reports it. Within a secret the releases
+compose, split by --weight (default: signds/gaussian 1, magrr and
+laplace_eval 0.1). Client releases are counted for the busiest client: with
+random sampling that is every round unless --max-rounds-per-client states a
+smaller bound (an assumption keras_fedpriv.privacy.PlanCheck enforces). A
+warning says when a setting is too small to learn.
+In Python: keras_fedpriv.privacy.plan(...) returns the plan and its checks.
+"""
+
+
+def _add_plan_run_parser(sub):
+    run = sub.add_parser(
+        "plan-run", help="every mechanism's setting for a whole run (one target per secret)",
+        description=_wrap("Given the (eps, delta) each secret may spend over a whole run and "
+                          "the run's shape (mechanisms, rounds, clients per round, epochs), "
+                          "print each mechanism's per-release eps (or noise multiplier), "
+                          "composed with dp-accounting as the privacy report composes it."),
+        epilog=_PLAN_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--target-eps", type=_positive_float, required=True,
+                     help="eps each secret may spend over the run (> 0)")
+    run.add_argument("--delta", type=_delta, default=1e-5,
+                     help="delta of the target, in [0, 1) (default 1e-5)")
+    run.add_argument("--mechanisms", required=True, metavar="M1,M2,...",
+                     help=f"comma-separated, from: {', '.join(RUN_MECHANISMS)}")
+    for flag, what in (("--rounds", "federated rounds"),
+                       ("--clients-per-round", "clients sampled per round"),
+                       ("--num-clients", "clients in the run"),
+                       ("--max-rounds-per-client", "an assumed bound on the rounds the busiest "
+                                                   "client takes part in (default: every round)"),
+                       ("--epochs", "training epochs (embedding_dp: one release per epoch)"),
+                       ("--num-coordinates", "embedding size d (embedding_dp)")):
+        run.add_argument(flag, type=_positive_int, default=None, help=what)
+    run.add_argument("--evaluate-every", type=_positive_int, default=1,
+                     help="rounds between Laplace evaluations (default 1)")
+    run.add_argument("--label-releases", type=_positive_int, default=1,
+                     help="releases per label (1: randomized once; epochs for per_batch)")
+    run.add_argument("--num-classes", type=_int_at_least(2), default=2,
+                     help="K of the labels (label_dp, laplace_eval; default 2)")
+    run.add_argument("--k", type=_positive_float, default=0.2,
+                     help="SignDS's top-k fraction, for the too-small-to-learn check "
+                          "(default 0.2)")
+    run.add_argument("--weight", action="append", default=[], metavar="MECHANISM=W",
+                     help="relative per-release eps within a secret (repeatable)")
+
+
+def _run_plan_run(parser, args, out, err):
+    import warnings
+
+    from keras_fedpriv.privacy import plan
+
+    mechanisms = tuple(m.strip() for m in args.mechanisms.split(",") if m.strip())
+    unknown = [m for m in mechanisms if m not in RUN_MECHANISMS]
+    if unknown or not mechanisms:
+        parser.error(f"argument --mechanisms: expected names from {', '.join(RUN_MECHANISMS)}; "
+                     f"got {args.mechanisms!r}")
+    weights = {}
+    for item in args.weight:
+        name, _, value = item.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            parser.error(f"argument --weight: expected MECHANISM=NUMBER; got {item!r}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = plan(args.target_eps, args.delta, mechanisms=mechanisms, rounds=args.rounds,
+                          clients_per_round=args.clients_per_round, num_clients=args.num_clients,
+                          max_rounds_per_client=args.max_rounds_per_client,
+                          evaluate_every=args.evaluate_every, epochs=args.epochs,
+                          label_releases=args.label_releases, weights=weights or None,
+                          num_classes=args.num_classes, num_coordinates=args.num_coordinates,
+                          k=args.k)
+        except (TypeError, ValueError) as error:
+            parser.error(_as_options(str(error), args))
+    print(result, file=out)
+    for warning in caught:
+        print(f"warning: {_as_options(str(warning.message), args)}", file=err)
+    return 0
+
+
+def _as_options(message, args):
+    """``message`` with each Python argument name (`` `num_clients` ``) as its option."""
+    for dest in vars(args):
+        message = message.replace(f"`{dest}`", f"--{dest.replace('_', '-')}")
+    return message
 
 
 _WORKER_EPILOG = """examples:
@@ -361,6 +462,8 @@ def main(argv=None):
         return _run_audit(sub_parser(parser, "audit"), args, sys.stdout)
     if args.command == "plan":
         return _run_plan(sub_parser(parser, "plan"), args, sys.stdout)
+    if args.command == "plan-run":
+        return _run_plan_run(sub_parser(parser, "plan-run"), args, sys.stdout, sys.stderr)
     if args.command == "worker":
         return _run_worker(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover

@@ -195,6 +195,51 @@ def test_plan_bad_arguments(argv, expected, capsys):
     assert "usage: keras-fedpriv plan" in err
 
 
+# --------------------------------------------------------------------------- plan-run
+
+def test_plan_run_prints_the_whole_runs_table_and_warns_on_stderr(capsys):
+    argv = ["plan-run", "--target-eps", "8", "--mechanisms", "signds,magrr", "--rounds", "20",
+            "--clients-per-round", "5", "--num-clients", "10", "--weight", "magrr=0.5"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    expected = privacy.plan(8.0, 1e-5, mechanisms=("signds", "magrr"), rounds=20,
+                            clients_per_round=5, num_clients=10, weights={"magrr": 0.5},
+                            warn=False)
+    assert str(expected) in captured.out
+    signds = next(m for m in expected.mechanisms if m.mechanism == "signds")
+    assert f"eps {signds.value:.4g}" in captured.out
+    # per-release eps ~0.6 over 20 rounds: too small to learn; the advice names the option
+    assert "warning: signds at a per-release eps" in captured.err
+    assert "--max-rounds-per-client" in captured.err
+
+
+def test_plan_run_vertical_gives_each_secret_the_target(capsys):
+    argv = ["plan-run", "--target-eps", "4", "--mechanisms", "label_dp,embedding_dp",
+            "--epochs", "2", "--num-classes", "2", "--num-coordinates", "4"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "labels" in out and "features" in out
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["plan-run", "--target-eps", "8", "--mechanisms", "signds", "--rounds", "5"],
+     "--num-clients is required to plan 'signds'"),
+    (["plan-run", "--target-eps", "8", "--mechanisms", "signds,foo", "--rounds", "5"],
+     "argument --mechanisms: expected names from"),
+    (["plan-run", "--target-eps", "8", "--mechanisms", "embedding_dp"],
+     "--epochs is required to plan 'embedding_dp'"),
+    (["plan-run", "--target-eps", "8", "--mechanisms", "signds", "--rounds", "5",
+      "--clients-per-round", "3", "--num-clients", "2"],
+     "--clients-per-round=3 is more than the --num-clients=2 clients"),
+    (["plan-run", "--target-eps", "8", "--mechanisms", "signds", "--weight", "signds=x"],
+     "argument --weight: expected MECHANISM=NUMBER; got 'signds=x'"),
+])
+def test_plan_run_bad_arguments_name_the_option(argv, expected, capsys):
+    err = _error(argv, capsys)
+    assert expected in err
+    assert "usage: keras-fedpriv plan-run" in err
+
+
 # --------------------------------------------------------------------------- packaging
 
 def test_py_typed_marker_ships():

@@ -204,7 +204,8 @@ def test_a_labels_plan_warns_only_below_the_measured_threshold():
     (dict(weights={"magrr": -1.0}), ValueError, r"`weights\['magrr'\]`"),
     (dict(weights={"label_dp": 1.0}), ValueError, "`weights` names 'label_dp'"),
     (dict(clients_per_round=20), ValueError, "`clients_per_round`=20 is more than"),
-    (dict(rounds=None), TypeError, "rounds"),
+    (dict(rounds=None), TypeError, "`rounds` is required to plan .signds., .magrr."),
+    (dict(num_clients=None), TypeError, "`num_clients` is required to plan"),
     (dict(evaluate_every=50), ValueError, "`evaluate_every`=50 is more than the `rounds`=20"),
     (dict(releases={"signds": 3}), ValueError, r"`releases\['signds'\]`=3 is fewer than"),
     (dict(max_rounds_per_client=30), ValueError, "`max_rounds_per_client`=30 is more than"),
@@ -220,7 +221,7 @@ def test_bad_run_plans_are_refused_by_name(kwargs, error, match):
 
 def test_embedding_needs_its_size_and_epochs():
     with pytest.raises(TypeError, match="epochs"):
-        plan(4.0, mechanisms=("embedding_dp",), num_coordinates=8)
+        plan(4.0, mechanisms=("embedding_dp",), num_coordinates=8)  # `epochs` is required
     with pytest.raises(TypeError, match="num_coordinates"):
         plan(4.0, mechanisms=("embedding_dp",), epochs=3)
 

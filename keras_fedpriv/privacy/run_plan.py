@@ -278,15 +278,23 @@ def _validate_weights(weights, mechanisms):
     return {m: float(weights.get(m, DEFAULT_WEIGHTS[m])) for m in mechanisms}
 
 
+def _required(value, name, mechanisms):
+    """``value`` as a positive int; a clear TypeError when it was not given."""
+    if value is None:
+        raise TypeError(f"`{name}` is required to plan {', '.join(map(repr, mechanisms))}; "
+                        f"got None.")
+    return validate_positive_int(value, name)
+
+
 def _releases(mechanisms, rounds, clients_per_round, num_clients, max_rounds_per_client,
               evaluate_every, epochs, label_releases, releases):
     """{mechanism: releases of the busiest unit}, and the assumption in words."""
     client = [m for m in mechanisms if RUN_MECHANISMS[m] == CLIENT_DATA]
     out, words = {}, []
     if client:
-        rounds = validate_positive_int(rounds, "rounds")
-        num_clients = validate_positive_int(num_clients, "num_clients")
-        clients_per_round = validate_positive_int(clients_per_round, "clients_per_round")
+        rounds = _required(rounds, "rounds", client)
+        num_clients = _required(num_clients, "num_clients", client)
+        clients_per_round = _required(clients_per_round, "clients_per_round", client)
         if clients_per_round > num_clients:
             raise ValueError(f"`clients_per_round`={clients_per_round} is more than the "
                              f"`num_clients`={num_clients} clients.")
@@ -316,7 +324,7 @@ def _releases(mechanisms, rounds, clients_per_round, num_clients, max_rounds_per
                                  f"no evaluation would run.")
             words.append(f"a Laplace evaluation every {every} round(s), of every client")
     if "embedding_dp" in mechanisms:
-        out["embedding_dp"] = validate_positive_int(epochs, "epochs")
+        out["embedding_dp"] = _required(epochs, "epochs", ["embedding_dp"])
         words.append(f"features released once per epoch ({out['embedding_dp']}) with example ids")
     if "label_dp" in mechanisms:
         out["label_dp"] = validate_positive_int(label_releases, "label_releases")
@@ -427,7 +435,9 @@ def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Seque
     result = RunPlan(tuple(rows), totals, target_epsilon, target_delta, assumption,
                      num_classes, num_coordinates)
     if warn:
-        _warn_too_small(result, num_classes, k)
+        sampled = (max_rounds_per_client is None and clients_per_round is not None
+                   and num_clients is not None and clients_per_round < num_clients)
+        _warn_too_small(result, num_classes, k, sampled)
     return result
 
 
@@ -509,13 +519,16 @@ def _calibrate(group, weights, counts, event, target, delta, tolerance):
     return low, spent(low)
 
 
-def _warn_too_small(result, num_classes, k):
+def _warn_too_small(result, num_classes, k, sampled=False):
     for m in result.mechanisms:
         if m.mechanism not in TOO_SMALL_SIGNAL:
             continue
         have = signal(m.mechanism, m.value, num_classes=num_classes, k=k)
         if have <= TOO_SMALL_SIGNAL[m.mechanism]:
             weight = f" or give {m.mechanism!r} a larger weight" if m.share < 1 else ""
+            if sampled and m.protects == CLIENT_DATA:
+                weight += (" (the plan counts every round for the busiest client: a smaller "
+                           "`max_rounds_per_client` is an assumption PlanCheck enforces)")
             warnings.warn(TooSmallToLearnWarning(
                 f"{m.mechanism} at a per-release eps of {m.value:.3g} carries a signal of "
                 f"{have:.3g}, at or below {TOO_SMALL_SIGNAL[m.mechanism]:.3g}, where training "
