@@ -1,4 +1,4 @@
-"""Command line: ``keras-fedpriv demo|audit|plan|plan-run|worker`` (or ``python -m keras_fedpriv ...``).
+"""Command line: ``keras-fedpriv demo|audit|plan|worker`` (or ``python -m keras_fedpriv ...``).
 
 Each subcommand imports its code when it runs: ``--help`` and argument errors
 import no TensorFlow. TensorFlow's start-up logs are hidden unless
@@ -97,17 +97,32 @@ _PLAN_EPILOG = """examples:
   keras-fedpriv plan --target-eps 8 --releases 20 --mechanism label_dp --num-classes 10
   keras-fedpriv plan --target-eps 8 --releases 10 --mechanism embedding_dp --num-coordinates 16
   keras-fedpriv plan --target-eps 4 --delta 1e-6 --releases 50 --mechanism gaussian
+  keras-fedpriv plan --target-eps 8 --mechanisms signds,magrr,laplace_eval \\
+      --rounds 100 --clients-per-round 20 --num-clients 100 --evaluate-every 10 \\
+      --num-classes 10
+  keras-fedpriv plan --target-eps 4 --mechanisms label_dp,embedding_dp --epochs 5 \\
+      --num-coordinates 16
 
---releases counts the releases of the busiest unit, in the release pattern
---pattern names (printed with the plan):
+One mechanism: --releases counts the releases of the busiest unit, in the
+release pattern --pattern names (printed with the plan):
   per_example    (label_dp, embedding_dp default) the layer sees example ids:
                  1 for labels privatized once, the epochs (plus inference
                  passes) for EmbeddingDPLayer or a per-batch LabelDPLayer
   every_example  no example ids (e.g. a plain model.fit): every call counts
                  for every example, so releases = batches per epoch x epochs
   per_client     (signds, magrr, gaussian) the rounds a client takes part in
-In Python, keras_fedpriv.privacy.plan_run returns the plan, and its PlanCheck
-callback stops a fit whose releases do not match it.
+In Python: keras_fedpriv.privacy.plan_run (its PlanCheck callback stops a fit
+whose releases do not match the plan).
+
+A whole run (--mechanisms): each secret (client data; labels; features) meets
+the target on its own, as privacy_report(..., protects=...) reports it;
+within a secret the releases compose, split by --weight (default:
+signds/gaussian 1, magrr and laplace_eval 0.1). Client releases are counted
+for the busiest client: with random sampling that is every round unless
+--max-rounds-per-client states a smaller bound (an assumption PlanCheck
+enforces). In Python: keras_fedpriv.privacy.plan.
+
+A warning (stderr) says when a per-release setting is too small to learn.
 """
 
 
@@ -124,7 +139,7 @@ def build_parser():
                "  keras-fedpriv demo --quick\n"
                "  keras-fedpriv audit binary_rr --eps 1\n"
                "  keras-fedpriv plan --target-eps 8 --releases 20 --mechanism label_dp\n"
-               "  keras-fedpriv plan-run --target-eps 8 --mechanisms signds,magrr --rounds 50 \\\n"
+               "  keras-fedpriv plan --target-eps 8 --mechanisms signds,magrr --rounds 50 \\\n"
                "      --clients-per-round 10 --num-clients 100\n\n"
                "Run 'keras-fedpriv COMMAND --help' for a command's options.\n\n"
                "TensorFlow's start-up logs (oneDNN, CUDA drivers, cuInit) are hidden;\n"
@@ -182,91 +197,68 @@ def build_parser():
                        help="embedding size for embedding_dp_layer (default 1)")
 
     plan = sub.add_parser(
-        "plan", help="per-release eps (or Gaussian noise) that meets a total budget",
-        description=_wrap("Given the (eps, delta) the whole run may spend and the number of "
-                    "releases, print the eps to give each release (or, for the Gaussian "
-                    "upload, the noise multiplier), calibrated with dp-accounting's PLD "
-                    "accountant so the run's privacy report comes out at or below the target."),
+        "plan", help="per-release eps (or Gaussian noise) that meets a total budget, for one "
+                     "mechanism or a whole run",
+        description=_wrap("Given the (eps, delta) a run may spend, print the eps to give each "
+                    "release (or, for the Gaussian upload, the noise multiplier), calibrated "
+                    "with dp-accounting's PLD accountant so the run's privacy report comes out "
+                    "at or below the target: for one mechanism and its number of releases "
+                    "(--mechanism, --releases), or for a whole run (--mechanisms and the run's "
+                    "shape: every mechanism's setting, each secret within the target)."),
         epilog=_PLAN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     plan.add_argument("--target-eps", type=_positive_float, required=True,
-                      help="eps the whole run may spend (> 0)")
+                      help="eps the whole run may spend (> 0; per secret with --mechanisms)")
     plan.add_argument("--delta", type=_delta, default=1e-5,
                       help="delta of the target, in [0, 1) (default 1e-5)")
-    plan.add_argument("--releases", type=_positive_int, required=True,
-                      help="releases of the busiest unit (example or client)")
-    plan.add_argument("--mechanism", choices=PLAN_MECHANISMS, required=True,
-                      help="label_dp (K-ary RR), embedding_dp (EmbeddingDPLayer), signds, "
-                           "magrr (its eps_rr) or gaussian (GaussianUpload's noise multiplier)")
     plan.add_argument("--num-classes", type=_int_at_least(2), default=None,
-                      help="K for label_dp (default 2)")
+                      help="K for label_dp (and laplace_eval; default 2)")
     plan.add_argument("--num-coordinates", type=_positive_int, default=None,
                       help="embedding size d for embedding_dp (required there)")
-    plan.add_argument("--pattern", choices=("per_example", "every_example", "per_client"),
-                      default=None,
-                      help="release pattern --releases counts in (default: per_example for "
-                           "label_dp and embedding_dp, per_client otherwise)")
-    _add_plan_run_parser(sub)
+    one = plan.add_argument_group("one mechanism")
+    one.add_argument("--releases", type=_positive_int, default=None,
+                     help="releases of the busiest unit (example or client)")
+    one.add_argument("--mechanism", choices=PLAN_MECHANISMS, default=None,
+                     help="label_dp (K-ary RR), embedding_dp (EmbeddingDPLayer), signds, "
+                          "magrr (its eps_rr) or gaussian (GaussianUpload's noise multiplier)")
+    one.add_argument("--pattern", choices=("per_example", "every_example", "per_client"),
+                     default=None,
+                     help="release pattern --releases counts in (default: per_example for "
+                          "label_dp and embedding_dp, per_client otherwise)")
+    _add_whole_run_arguments(plan.add_argument_group(
+        "a whole run (keras_fedpriv.privacy.plan)"))
     _add_worker_parser(sub)
     return parser
 
 
-#: ``keras-fedpriv plan-run`` mechanisms (keras_fedpriv.privacy.run_plan.RUN_MECHANISMS).
+#: ``keras-fedpriv plan --mechanisms`` names (keras_fedpriv.privacy.run_plan.RUN_MECHANISMS).
 RUN_MECHANISMS = ("signds", "gaussian", "magrr", "laplace_eval", "label_dp", "embedding_dp")
-
-_PLAN_RUN_EPILOG = """examples:
-  keras-fedpriv plan-run --target-eps 8 --mechanisms signds,magrr,laplace_eval \\
-      --rounds 100 --clients-per-round 20 --num-clients 100 --evaluate-every 10 \\
-      --num-classes 10
-  keras-fedpriv plan-run --target-eps 4 --mechanisms label_dp,embedding_dp --epochs 5 \\
-      --num-classes 2 --num-coordinates 16
-
-Each secret (client data; labels; features) meets the target on its own, as
-privacy_report(..., protects=...) reports it. Within a secret the releases
-compose, split by --weight (default: signds/gaussian 1, magrr and
-laplace_eval 0.1). Client releases are counted for the busiest client: with
-random sampling that is every round unless --max-rounds-per-client states a
-smaller bound (an assumption keras_fedpriv.privacy.PlanCheck enforces). A
-warning says when a setting is too small to learn.
-In Python: keras_fedpriv.privacy.plan(...) returns the plan and its checks.
-"""
+#: The whole-run options, and their defaults when --mechanisms is given.
+_WHOLE_RUN = {"mechanisms": None, "rounds": None, "clients_per_round": None, "num_clients": None,
+              "max_rounds_per_client": None, "epochs": None, "evaluate_every": 1,
+              "label_releases": 1, "k": 0.2, "weight": []}
 
 
-def _add_plan_run_parser(sub):
-    run = sub.add_parser(
-        "plan-run", help="every mechanism's setting for a whole run (one target per secret)",
-        description=_wrap("Given the (eps, delta) each secret may spend over a whole run and "
-                          "the run's shape (mechanisms, rounds, clients per round, epochs), "
-                          "print each mechanism's per-release eps (or noise multiplier), "
-                          "composed with dp-accounting as the privacy report composes it."),
-        epilog=_PLAN_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("--target-eps", type=_positive_float, required=True,
-                     help="eps each secret may spend over the run (> 0)")
-    run.add_argument("--delta", type=_delta, default=1e-5,
-                     help="delta of the target, in [0, 1) (default 1e-5)")
-    run.add_argument("--mechanisms", required=True, metavar="M1,M2,...",
-                     help=f"comma-separated, from: {', '.join(RUN_MECHANISMS)}")
+def _add_whole_run_arguments(run):
+    run.add_argument("--mechanisms", default=None, metavar="M1,M2,...",
+                     help=f"plan a whole run: comma-separated, from {', '.join(RUN_MECHANISMS)}")
     for flag, what in (("--rounds", "federated rounds"),
                        ("--clients-per-round", "clients sampled per round"),
                        ("--num-clients", "clients in the run"),
                        ("--max-rounds-per-client", "an assumed bound on the rounds the busiest "
                                                    "client takes part in (default: every round)"),
                        ("--epochs", "training epochs (embedding_dp: one release per epoch)"),
-                       ("--num-coordinates", "embedding size d (embedding_dp)")):
+                       ("--evaluate-every", "rounds between Laplace evaluations (default 1)"),
+                       ("--label-releases", "releases per label (default 1: randomized once; "
+                                            "the epochs for per_batch)")):
         run.add_argument(flag, type=_positive_int, default=None, help=what)
-    run.add_argument("--evaluate-every", type=_positive_int, default=1,
-                     help="rounds between Laplace evaluations (default 1)")
-    run.add_argument("--label-releases", type=_positive_int, default=1,
-                     help="releases per label (1: randomized once; epochs for per_batch)")
-    run.add_argument("--num-classes", type=_int_at_least(2), default=2,
-                     help="K of the labels (label_dp, laplace_eval; default 2)")
-    run.add_argument("--k", type=_positive_float, default=0.2,
+    run.add_argument("--k", type=_positive_float, default=None,
                      help="SignDS's top-k fraction, for the too-small-to-learn check "
                           "(default 0.2)")
-    run.add_argument("--weight", action="append", default=[], metavar="MECHANISM=W",
+    run.add_argument("--weight", action="append", default=None, metavar="MECHANISM=W",
                      help="relative per-release eps within a secret (repeatable)")
 
 
-def _run_plan_run(parser, args, out, err):
+def _run_whole_plan(parser, args, out, err):
     import warnings
 
     from keras_fedpriv.privacy import plan
@@ -277,7 +269,7 @@ def _run_plan_run(parser, args, out, err):
         parser.error(f"argument --mechanisms: expected names from {', '.join(RUN_MECHANISMS)}; "
                      f"got {args.mechanisms!r}")
     weights = {}
-    for item in args.weight:
+    for item in args.weight or ():
         name, _, value = item.partition("=")
         try:
             weights[name.strip()] = float(value)
@@ -289,10 +281,10 @@ def _run_plan_run(parser, args, out, err):
             result = plan(args.target_eps, args.delta, mechanisms=mechanisms, rounds=args.rounds,
                           clients_per_round=args.clients_per_round, num_clients=args.num_clients,
                           max_rounds_per_client=args.max_rounds_per_client,
-                          evaluate_every=args.evaluate_every, epochs=args.epochs,
-                          label_releases=args.label_releases, weights=weights or None,
-                          num_classes=args.num_classes, num_coordinates=args.num_coordinates,
-                          k=args.k)
+                          evaluate_every=args.evaluate_every or 1, epochs=args.epochs,
+                          label_releases=args.label_releases or 1, weights=weights or None,
+                          num_classes=args.num_classes or 2,
+                          num_coordinates=args.num_coordinates, k=args.k or 0.2)
         except (TypeError, ValueError) as error:
             parser.error(_as_options(str(error), args))
     print(result, file=out)
@@ -376,7 +368,24 @@ def _run_audit(parser, args, out):
     return 1 if result.violates_claim else 0
 
 
-def _run_plan(parser, args, out):
+def _run_plan(parser, args, out, err):
+    if args.mechanisms is not None:
+        for name in ("mechanism", "releases", "pattern"):
+            if getattr(args, name) is not None:
+                parser.error(f"argument --{name}: not used with --mechanisms (a whole run)")
+        return _run_whole_plan(parser, args, out, err)
+    for name in _WHOLE_RUN:
+        if name != "mechanisms" and getattr(args, name) is not None:
+            parser.error(f"argument --{name.replace('_', '-')}: only used with --mechanisms "
+                         f"(a whole run)")
+    missing = [f"--{n}" for n in ("releases", "mechanism") if getattr(args, n) is None]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)} (or "
+                     f"--mechanisms for a whole run)")
+    return _run_one_plan(parser, args, out, err)
+
+
+def _run_one_plan(parser, args, out, err):
     from keras_fedpriv.privacy import plan_epsilon, plan_noise_multiplier
     from keras_fedpriv.privacy.planning import PATTERNS, release_pattern
 
@@ -412,7 +421,22 @@ def _run_plan(parser, args, out):
     print(f"{args.mechanism}: {budget}", file=out)
     print(f"  per-release eps: {eps:.4f}", file=out)
     print(assumes, file=out)
+    _warn_too_small(args.mechanism, eps, args.num_classes or 2, err)
     return 0
+
+
+def _warn_too_small(mechanism, eps, num_classes, err):
+    """Print the whole-run planner's too-small-to-learn warning for one mechanism's eps."""
+    from keras_fedpriv.privacy.run_plan import TOO_SMALL_SIGNAL, signal
+
+    if mechanism not in TOO_SMALL_SIGNAL:
+        return
+    have = signal(mechanism, eps, num_classes=num_classes)
+    if have <= TOO_SMALL_SIGNAL[mechanism]:
+        print(f"warning: {mechanism} at a per-release eps of {eps:.3g} carries a signal of "
+              f"{have:.3g}, at or below {TOO_SMALL_SIGNAL[mechanism]:.3g}, where training on "
+              f"digits stayed within 5 points of chance (bench/learnability.py). Raise the "
+              f"target or plan fewer releases.", file=err)
 
 
 def sub_parser(parser, name):
@@ -461,9 +485,7 @@ def main(argv=None):
     if args.command == "audit":
         return _run_audit(sub_parser(parser, "audit"), args, sys.stdout)
     if args.command == "plan":
-        return _run_plan(sub_parser(parser, "plan"), args, sys.stdout)
-    if args.command == "plan-run":
-        return _run_plan_run(sub_parser(parser, "plan-run"), args, sys.stdout, sys.stderr)
+        return _run_plan(sub_parser(parser, "plan"), args, sys.stdout, sys.stderr)
     if args.command == "worker":
         return _run_worker(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover

@@ -167,6 +167,16 @@ def test_plan_gaussian(monkeypatch, capsys):
     assert "noise multiplier: 1.2346" in capsys.readouterr().out
 
 
+def test_plan_one_mechanism_warns_when_too_small_to_learn(capsys):
+    assert cli.main(["plan", "--target-eps", "0.5", "--releases", "20", "--mechanism",
+                     "label_dp", "--num-classes", "10"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: label_dp at a per-release eps of" in err
+    assert cli.main(["plan", "--target-eps", "8", "--releases", "1", "--mechanism",
+                     "label_dp", "--num-classes", "10"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,expected", [
     (["plan", "--releases", "3", "--mechanism", "signds"], "--target-eps"),
     (["plan", "--target-eps", "1", "--mechanism", "signds"], "--releases"),
@@ -195,10 +205,10 @@ def test_plan_bad_arguments(argv, expected, capsys):
     assert "usage: keras-fedpriv plan" in err
 
 
-# --------------------------------------------------------------------------- plan-run
+# --------------------------------------------------------------------------- plan, a whole run
 
 def test_plan_run_prints_the_whole_runs_table_and_warns_on_stderr(capsys):
-    argv = ["plan-run", "--target-eps", "8", "--mechanisms", "signds,magrr", "--rounds", "20",
+    argv = ["plan", "--target-eps", "8", "--mechanisms", "signds,magrr", "--rounds", "20",
             "--clients-per-round", "5", "--num-clients", "10", "--weight", "magrr=0.5"]
     assert cli.main(argv) == 0
     captured = capsys.readouterr()
@@ -214,7 +224,7 @@ def test_plan_run_prints_the_whole_runs_table_and_warns_on_stderr(capsys):
 
 
 def test_plan_run_vertical_gives_each_secret_the_target(capsys):
-    argv = ["plan-run", "--target-eps", "4", "--mechanisms", "label_dp,embedding_dp",
+    argv = ["plan", "--target-eps", "4", "--mechanisms", "label_dp,embedding_dp",
             "--epochs", "2", "--num-classes", "2", "--num-coordinates", "4"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
@@ -222,22 +232,26 @@ def test_plan_run_vertical_gives_each_secret_the_target(capsys):
 
 
 @pytest.mark.parametrize("argv,expected", [
-    (["plan-run", "--target-eps", "8", "--mechanisms", "signds", "--rounds", "5"],
+    (["plan", "--target-eps", "8", "--mechanisms", "signds", "--mechanism", "signds"],
+     "argument --mechanism: not used with --mechanisms"),
+    (["plan", "--target-eps", "8", "--releases", "3", "--mechanism", "signds", "--rounds", "3"],
+     "argument --rounds: only used with --mechanisms"),
+    (["plan", "--target-eps", "8", "--mechanisms", "signds", "--rounds", "5"],
      "--num-clients is required to plan 'signds'"),
-    (["plan-run", "--target-eps", "8", "--mechanisms", "signds,foo", "--rounds", "5"],
+    (["plan", "--target-eps", "8", "--mechanisms", "signds,foo", "--rounds", "5"],
      "argument --mechanisms: expected names from"),
-    (["plan-run", "--target-eps", "8", "--mechanisms", "embedding_dp"],
+    (["plan", "--target-eps", "8", "--mechanisms", "embedding_dp"],
      "--epochs is required to plan 'embedding_dp'"),
-    (["plan-run", "--target-eps", "8", "--mechanisms", "signds", "--rounds", "5",
+    (["plan", "--target-eps", "8", "--mechanisms", "signds", "--rounds", "5",
       "--clients-per-round", "3", "--num-clients", "2"],
      "--clients-per-round=3 is more than the --num-clients=2 clients"),
-    (["plan-run", "--target-eps", "8", "--mechanisms", "signds", "--weight", "signds=x"],
+    (["plan", "--target-eps", "8", "--mechanisms", "signds", "--weight", "signds=x"],
      "argument --weight: expected MECHANISM=NUMBER; got 'signds=x'"),
 ])
-def test_plan_run_bad_arguments_name_the_option(argv, expected, capsys):
+def test_plan_whole_run_bad_arguments_name_the_option(argv, expected, capsys):
     err = _error(argv, capsys)
     assert expected in err
-    assert "usage: keras-fedpriv plan-run" in err
+    assert "usage: keras-fedpriv plan" in err
 
 
 # --------------------------------------------------------------------------- packaging
