@@ -617,6 +617,16 @@ READING = """
   client's data for the local rows); replacing is two add/remove steps, so on
   the local rows' scale the central figures roughly double (group privacy),
   which still leaves a gap of 15x or more.
+- **Not what `central_dp` reports for the same z.** These rows sample clients
+  by Poisson sampling (each client with probability q every round), and the
+  eps relies on its amplification. `HorizontalFL` and the Flower
+  `HorizontalStrategy` sample a fixed number of clients per round, and
+  `keras_fedpriv.federated.flower.central_dp` (Flower's server-side fixed
+  clipping) accounts without amplification, as Flower does: there 100 rounds
+  at z = 1 are eps = 96 (z = 0.7: 169; z = 3: 20; z = 5: 11; dp-accounting
+  RDP, add or remove one client, delta = 1e-5), not 14.5. The rows show what
+  central DP can reach with Poisson sampling and a trusted server, not a
+  setting of this package.
 - **What the central rows got for free.** C = 0.3 was picked from the update
   norms of a run without DP (0.22-0.40) and is not accounted for, as in
   McMahan et al.; adaptive clipping (Andrew et al., NeurIPS 2021) would
