@@ -21,8 +21,14 @@ def test_horizontal_demo_rows():
     # every configuration ran the 8 rounds asked for, one history entry per round
     assert all(len(r["history"]["val_accuracy"]) == 8 for r in rows)
     assert len(by[("SignDS+MagRR", "100 + 5")]["history"]["global_lr"]) == 8
+    # the table shows what the busiest client spent over the run, beside the per-upload eps:
+    # 8 rounds of 20 of 100 clients put some client in 2 or more rounds, at most in all 8
+    assert by[("FedAvg", "-")]["run_eps"] == float("inf")
+    assert 100.0 < by[("SignDS", "100")]["run_eps"] <= 8 * 100.0
+    assert by[("SignDS+MagRR", "100 + 5")]["run_eps"] > 100.0
     text = out.getvalue()
     assert "96x smaller" in text and "bytes/client/round" in text
+    assert "run eps" in text and "busiest client spent over the whole run" in text.replace("\n", " ")
     # the footnote names only what ran: --quick skips the Gaussian and SignDS eps=10 runs
     footer = " ".join(text.split("what is protected")[1].splitlines()[1 + 1 + len(rows):])
     assert "MagRR" in footer and "FedAvg" in footer
