@@ -342,3 +342,20 @@ def test_without_frames_a_wrapper_still_releases_no_update(in_a_run, monkeypatch
         np.testing.assert_array_equal(a, b)  # no update released
     ledger = strategy.privacy_ledger()
     assert sum(ledger.total(k) for k in ledger.kinds) > 0  # the clients' uploads are counted
+
+
+def test_the_guides_run_snippet_runs_as_written_and_reports_flowers_accountant():
+    """docs/flower_dp.md's "A run" snippet, as written (Simulation Engine, 3 clients, 5 rounds)."""
+    import pathlib
+    import re
+
+    guide = pathlib.Path(__file__).parent.parent / "docs" / "flower_dp.md"
+    code = re.search(r"## A run\n\n```python\n(.*?)```", guide.read_text(), re.S).group(1)
+    scope = {"__name__": "flower_dp_snippet"}
+    exec(compile(code, str(guide), "exec"), scope)  # noqa: S102 - our own documentation
+    report, accountant = scope["report"], scope["accountant"]
+    expected = dp_accounting.rdp.RdpAccountant()
+    expected.compose(dp_accounting.GaussianDpEvent(1.5), 5)  # z=1.5, one release per round
+    assert report.central_epsilon == pytest.approx(expected.get_epsilon(1e-5), rel=1e-9)
+    assert report.central_epsilon == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-9)
+    assert report.epsilon == float("inf")  # dense FedAvg uploads: the server sees them
