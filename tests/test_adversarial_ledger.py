@@ -155,15 +155,20 @@ def test_case14_second_fit_shared_layer_inference_and_unprotected_inference():
 
 def test_case15_laplace_evaluation_counts_the_clients_it_evaluated():
     """Case 15: LaplaceEvaluation counted one release per round for every client, while the
-    busiest client took part in fewer rounds."""
+    busiest client took part in fewer rounds. Then (issue 20) it counted one release per
+    evaluation about the client, while each evaluation releases every row of the client's data:
+    n rows are n releases about the client."""
     x, y = _digits()
-    fl = HorizontalFL(_mlp(), partition(x, y, 10, seed=0), seed=0)
+    clients = partition(x, y, 10, seed=0)
+    fl = HorizontalFL(_mlp(), clients, seed=0)
     cb = LaplaceEvaluation(eps=10.0, seed=0, from_logits=True)
     fl.fit(rounds=6, clients_per_round=2, callbacks=[cb], verbose=0)
     busiest = int(fl.participation.max())
     assert busiest < 6
     rows = {r["mechanism"].split()[0]: r for r in privacy_report(fl).rows()}
-    assert rows["LaplaceEvaluation"]["releases"] == busiest
+    most = max(int(n) * len(c[0]) for n, c in zip(fl.participation, clients))
+    assert most > busiest
+    assert rows["LaplaceEvaluation"]["releases"] == most
 
 
 def test_case16_a_trial_spent_its_last_epoch_not_its_best():
@@ -261,18 +266,20 @@ def test_by_hand_horizontal_signds_magrr_laplace_evaluation():
     magrr = MagRR(eps_rr=2.0, seed=0)
     evaluation = LaplaceEvaluation(eps=4.0, seed=0, from_logits=True)
     logger = EpsilonLogger()
-    fl = HorizontalFL(_mlp(), partition(x, y, 8, seed=0),
-                      upload=SignDSEncoder(k=0.2, eps=5.0, seed=0), seed=0)
+    clients = partition(x, y, 8, seed=0)
+    fl = HorizontalFL(_mlp(), clients, upload=SignDSEncoder(k=0.2, eps=5.0, seed=0), seed=0)
     history = fl.fit(rounds=5, clients_per_round=3, verbose=0,
                      callbacks=[magrr, evaluation, logger])
-    # each client: SignDS + MagRR + its evaluation, once per round it took part; the
-    # busiest client is the worst
+    # each client: SignDS + MagRR + its evaluation (one release per row of its data), once
+    # per round it took part; the worst client is the report's
     busiest = int(fl.participation.max())
-    expected = by_hand([(pure_dp_event(5.0), busiest),
-                        (randomized_response_dp_event(2.0, 2), busiest),
-                        (evaluation.dp_event(), busiest)])
+    expected = max(by_hand([(pure_dp_event(5.0), int(n)),
+                            (randomized_response_dp_event(2.0, 2), int(n)),
+                            (evaluation.dp_event(), int(n) * len(c[0]))])
+                   for n, c in zip(fl.participation, clients) if n)
     report = privacy_report(fl)
-    assert {r["releases"] for r in report.rows()} == {busiest}
+    assert sorted(r["releases"] for r in report.rows()) == [
+        busiest, busiest, max(int(n) * len(c[0]) for n, c in zip(fl.participation, clients))]
     for obj in (fl, history, fl.model, [fl, magrr, evaluation]):
         _close(privacy_report(obj).epsilon, expected)
     _close(history.history["epsilon"][-1], expected)

@@ -56,8 +56,8 @@ def test_signds_with_magrr_on_flower_matches_the_in_process_run():
     def upload_fn():
         return SignDSEncoder(k=0.2, eps=10.0, seed=5)
 
-    def laplace():
-        return LaplaceEvaluation(eps=2.0, from_logits=True, seed=7)
+    def laplace():  # each client holds 300 rows: the server's bound is what they send
+        return LaplaceEvaluation(eps=2.0, from_logits=True, seed=7, max_report_rows=300)
 
     out = {}
     client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
@@ -93,7 +93,7 @@ def test_signds_with_magrr_on_flower_matches_the_in_process_run():
     assert all(w > p for w, p in zip(result.history["wire_bytes_up"],
                                      result.history["payload_bytes_up"]))
     # the server's ledger counts what it received; it agrees with the clients' own records
-    # in the in-process run (SignDS + MagRR per participation)
+    # in the in-process run (SignDS + MagRR per participation, 300 Laplace rows per evaluation)
     server_eps = privacy_report(result, delta=1e-5).epsilon
     in_process_eps = privacy_report(fl, delta=1e-5).epsilon
     assert server_eps == pytest.approx(in_process_eps, rel=1e-9)

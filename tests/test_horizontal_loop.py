@@ -92,3 +92,27 @@ def test_a_figure_logged_in_a_later_round_only_is_nan_in_the_earlier_ones():
     assert np.isnan(loop.history["late"][:2]).all()
     assert loop.history["late"][2] == 1.0 and len(loop.history["late"]) == 3
     assert loop.begin_evaluate(2) is None and not loop.evaluation_due(2)
+
+
+def test_the_server_counts_every_row_a_client_asked_to_evaluate_may_send():
+    """A Laplace evaluation of n rows is n releases about the client: the server records, when
+    it asks, the most rows the request lets each client send (an upper bound); a client
+    records the rows it sent: equal when it holds that many, fewer otherwise."""
+    from keras_fedpriv.callbacks import LaplaceEvaluation
+
+    server_side = LaplaceEvaluation(eps=2.0, seed=0, max_report_rows=7)
+    loop = _loop(laplace=server_side, count_evaluations=True)
+    loop.begin_round(0, range(5), 3, 1)
+    request = loop.begin_evaluate(0, width=2)
+    assert request.max_rows == 7
+    kind = server_side.release_kind()
+    assert loop.ledger.units_seen(kind) == 3 and loop.ledger.total(kind) == 7
+    model = _model()
+    x = np.random.default_rng(0).normal(size=(9, 3)).astype("float32")
+    for rows, want in ((x, 7), (x[:4], 4)):  # 9 rows, capped at 7; 4 rows: 4 releases
+        client_side = LaplaceEvaluation(eps=2.0, seed=0, from_logits=True, max_report_rows=7)
+        outputs = client_side.client_outputs(model, rows, max_rows=request.max_rows)
+        client_side.report_outputs(outputs, request.client_ids[0])
+        ledger = client_side.privacy_ledger()
+        (mine,) = ledger.kinds
+        assert mine.key == kind.key and ledger.total(mine) == want <= loop.ledger.total(kind)

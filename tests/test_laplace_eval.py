@@ -354,8 +354,9 @@ def test_issue18_case11_fixed_eval_data_is_counted_for_every_training_client():
     """Issue 18, case 11: the evaluation rows are training client 5's own, but a fixed
     eval_data's releases were recorded under evaluation-client ids 0 and 1, which are other
     training clients: client 5's composition missed them. Now each evaluation on a fixed
-    eval_data is a release about every client, and the report is the busiest trainer's
-    updates composed with every evaluation, by hand with dp-accounting."""
+    eval_data releases each of its rows about every client (a client may own them all), and the
+    report is the busiest trainer's updates composed with every row of every evaluation, by hand
+    with dp-accounting."""
     from keras_fedpriv.federated import GaussianUpload
     from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
     from keras_fedpriv.privacy import privacy_report
@@ -370,15 +371,16 @@ def test_issue18_case11_fixed_eval_data_is_counted_for_every_training_client():
     # evaluation clients 0 and 1 trained less than the busiest client (so ids 0, 1 under-count)
     assert fl.participation[0] < busiest and fl.participation[1] < busiest
     assert cb.num_evaluations == 3 and cb.client_releases == {0: 3, 1: 3}
-    expected = by_hand([(gaussian_dp_event(3.0), busiest), (cb.dp_event(), 3)])
+    rows = len(clients[5][0])  # 100: one evaluation is 100 releases about a client owning them
+    expected = by_hand([(gaussian_dp_event(3.0), busiest), (cb.dp_event(), 3 * rows)])
     assert privacy_report(fl).epsilon == pytest.approx(expected, rel=2e-3, abs=2e-3)
     ledger = cb.privacy_ledger()
     (kind,) = ledger.kinds
-    assert ledger.units_seen(kind) == 0 and ledger.total(kind) == 3  # about every client
+    assert ledger.units_seen(kind) == 0 and ledger.total(kind) == 3 * rows  # about every client
     # with clean scores logged, the clean release is about every client too: inf for all
     clean = LaplaceEvaluation(clients[5][0], eps=2.0, num_eval_clients=2, log_clean=True, seed=0)
     clean.evaluate(np.array_split(clients[5][0], 2), model=fl.model)
     assert [(ledger_kind.mechanism, clean.privacy_ledger().total(ledger_kind),
              clean.privacy_ledger().units_seen(ledger_kind))
             for ledger_kind in clean.privacy_ledger().kinds] == [
-        ("LaplaceEvaluation", 1, 0), ("LaplaceEvaluation clean_*", 1, 0)]
+        ("LaplaceEvaluation", rows, 0), ("LaplaceEvaluation clean_*", rows, 0)]

@@ -14,7 +14,7 @@ from keras_fedpriv.privacy.run_plan import DEFAULT_WEIGHTS, TOO_SMALL_SIGNAL, si
 
 DELTA = 1e-5
 HORIZONTAL = dict(mechanisms=("signds", "magrr", "laplace_eval"), rounds=20, clients_per_round=5,
-                  num_clients=10, num_classes=10, evaluate_every=5)
+                  num_clients=10, num_classes=10, evaluate_every=5, eval_rows=50)
 
 
 def _pld(event):
@@ -89,8 +89,20 @@ def test_a_horizontal_group_composes_to_the_target_and_never_above(horizontal):
 def test_releases_count_the_rounds_the_busiest_client_can_take_part_in(horizontal):
     assert horizontal["signds"].releases == 20    # sampling can pick one client every round
     assert horizontal["magrr"].releases == 20
-    assert horizontal["laplace_eval"].releases == 4  # evaluated every 5th round
-    assert "all 20 rounds" in horizontal.assumption
+    # evaluated every 5th round, 50 rows each time: one release per row about its client
+    assert horizontal["laplace_eval"].releases == 4 * 50
+    assert "all 20 rounds" in horizontal.assumption and "of 50 row(s)" in horizontal.assumption
+
+
+def test_a_laplace_evaluation_counts_every_row_it_evaluates_by_default_the_report_cap():
+    from keras_fedpriv.federated.laplace_eval import MAX_REPORT_ROWS
+
+    kwargs = dict(HORIZONTAL, mechanisms=("laplace_eval",), warn=False)
+    kwargs.pop("eval_rows")
+    assert plan(8.0, DELTA, **kwargs)["laplace_eval"].releases == 4 * MAX_REPORT_ROWS
+    for bad in (0, -3, 2.5, "50"):
+        with pytest.raises((TypeError, ValueError), match="eval_rows"):
+            plan(8.0, DELTA, eval_rows=bad, **kwargs)
 
 
 def test_weights_split_the_per_release_eps_within_a_group(horizontal):
@@ -237,23 +249,28 @@ def test_a_horizontal_run_configured_from_the_plan_reports_at_most_the_target():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(120, 8)).astype("float32")
     y = (x[:, 0] > 0).astype("int32")
+    clients = partition(x, y, 4, seed=0)
+    rows = max(len(c[0]) for c in clients)  # the rows a client's evaluation releases
     p = plan(6.0, DELTA, mechanisms=("signds", "magrr", "laplace_eval"), rounds=3,
-             clients_per_round=4, num_clients=4, evaluate_every=2, warn=False)
-    assert p["laplace_eval"].releases == 1  # after round 1 (0-based): not round 0, not the last
+             clients_per_round=4, num_clients=4, evaluate_every=2, eval_rows=rows, warn=False)
+    # one evaluation (after round 1, 0-based: not round 0, not the last) of `rows` rows
+    assert p["laplace_eval"].releases == rows
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
     model.compile(keras.optimizers.SGD(0.05),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    fl = HorizontalFL(model, partition(x, y, 4, seed=0), seed=0,
+    fl = HorizontalFL(model, clients, seed=0,
                       upload=SignDSUpload(SignDSEncoder(k=0.2, eps=p["signds"].value, seed=0)))
     magrr = MagRR(eps_rr=p["magrr"].value, seed=0)
     laplace = LaplaceEvaluation(eps=p["laplace_eval"].value, seed=0, from_logits=True,
                                 every_n_epochs=2)
-    fl.fit(rounds=3, clients_per_round=4, callbacks=[magrr, laplace,
-                                                     *p.callbacks([magrr, laplace])], verbose=0)
+    given = p.callbacks([magrr, laplace])  # the list to pass to fit: theirs, then the checks
+    assert given[:2] == [magrr, laplace] and len(given) == 3
+    hist = fl.fit(rounds=3, clients_per_round=4, callbacks=given, verbose=0)
+    assert len(hist.history["r_est"]) == 3  # MagRR ran (once per round)
     report = privacy_report(fl, protects="client data")
     assert {r.mechanism: r.count for r in report.releases} == {
-        "SignDS upload": 3, "MagRR": 3, "LaplaceEvaluation": 1}  # the plan's counts
+        "SignDS upload": 3, "MagRR": 3, "LaplaceEvaluation": rows}  # the plan's counts
     spent = report.epsilon
     assert 6.0 - 0.1 <= spent <= 6.0 + 1e-6  # every client in every round: the plan's count
     assert spent == pytest.approx(p.totals["client data"], rel=1e-3)
@@ -264,8 +281,9 @@ def test_the_whole_run_example_of_the_privacy_guide_prints_what_the_guide_shows(
     import pathlib
 
     guide = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "privacy.md").read_text()
-    with pytest.warns(TooSmallToLearnWarning, match="signds at a per-release eps of 0.168"):
+    with pytest.warns(TooSmallToLearnWarning, match="signds at a per-release eps of 0.164"):
         p = plan(8.0, 1e-5, mechanisms=("signds", "magrr", "laplace_eval"), rounds=100,
-                 clients_per_round=20, num_clients=100, num_classes=10, evaluate_every=10)
+                 clients_per_round=20, num_clients=100, num_classes=10, evaluate_every=10,
+                 eval_rows=50)
     for line in str(p).splitlines():
         assert line in guide

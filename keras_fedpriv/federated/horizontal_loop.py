@@ -152,9 +152,10 @@ class HorizontalLoop:
         extra_kind: the release kind of content a reply carries beyond the
             protocol (recorded for its sender), or None.
         laplace: a `keras_fedpriv.callbacks.LaplaceEvaluation` or None.
-        count_evaluations: record the Laplace evaluation's release for every
-            client asked to evaluate (a server that cannot see the clients'
-            own ledgers); False where the clients' mechanism records it.
+        count_evaluations: record the Laplace evaluation's releases for
+            every client asked to evaluate, ``max_report_rows`` each (one per
+            row it may send; a server that cannot see the clients' own
+            ledgers); False where the clients' mechanism records them.
         validation_data: ``(x, y)`` scored on the global model after every
             round (``val_*``), or None.
         log_magrr: add the server's MagRR values (``r_est``, ``magrr_phase``,
@@ -318,8 +319,11 @@ class HorizontalLoop:
                        ) -> EvaluateRequest | None:
         """The Laplace evaluation's request to the round's clients, or None if none is due.
 
-        With ``count_evaluations`` the release of every client asked is
-        recorded now (a client that answers has released).
+        With ``count_evaluations`` the releases of every client asked are
+        recorded now (a client that answers has released): ``max_rows``
+        releases each, one per row the request lets it send (the clients
+        record the rows they sent, at most that: the server's count is an
+        upper bound, equal to theirs when they hold ``max_rows`` rows or more).
 
         Args:
             round: the round just finished.
@@ -334,12 +338,12 @@ class HorizontalLoop:
         if laplace.num_classes is None and width is not None:
             laplace.num_classes = int(width)  # K, for the release's event
         chosen = list(self._request.client_ids)
-        if self.count_evaluations:
-            self.ledger.record(laplace.release_kind(), chosen)
+        max_rows = int(laplace.max_report_rows)
+        if self.count_evaluations:  # one release per row: the most a client may send
+            self.ledger.record(laplace.release_kind(), chosen, count=max_rows)
         self._evaluate_started = time.perf_counter()
         self._evaluating = EvaluateRequest(int(round), chosen, self.server.global_weights(),
-                                           self.server.global_batch_norm(),
-                                           int(laplace.max_report_rows),
+                                           self.server.global_batch_norm(), max_rows,
                                            width if width is not None else laplace.num_classes)
         return self._evaluating
 

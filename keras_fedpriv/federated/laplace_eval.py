@@ -253,22 +253,28 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     **Privacy.** Each evaluation releases every evaluated example's output
     vector once, under ``epsilon = 2 * eps / sensitivity``-LDP (`dp_event`).
     An example released in ``m`` evaluations has spent the composition of
-    ``m`` such events (``dp_event(evaluations=m)``); `num_evaluations`
-    counts the evaluations and `client_releases` how many times each client
-    released. The argmax labels and scores are post-processing.
+    ``m`` such events (``dp_event(evaluations=m)``): that is the
+    *per-example* figure. About a *client* (the unit of the ledger and of
+    `keras_fedpriv.privacy.privacy_report`), one evaluation of its ``n``
+    rows is ``n`` releases: changing the client's data may change all ``n``
+    rows, so its data as a whole composes ``n`` eps-LDP events per
+    evaluation, and the ledger records ``n`` (the rows actually noised and
+    sent). `num_evaluations` counts the evaluations and `client_releases`
+    how many reports each client made. The argmax labels and scores are
+    post-processing.
 
     **Whose release it is (the ledger).** With ``eval_data=None`` each
-    report is a client's own data: it is recorded under that client's id.
-    A fixed ``eval_data`` is split into evaluation clients whose indices
-    ``0..n-1`` say nothing about who owns the rows: they would collide with
-    training clients' ids (`HorizontalFL`'s client ``0`` is not evaluation
-    client ``0``), and a training client whose rows are in ``eval_data``
-    would go uncounted. So each evaluation on a fixed ``eval_data`` is
-    recorded as one release about *every* client: whoever owns the rows,
-    every example of ``eval_data`` is released once per evaluation (its
-    evaluation clients hold disjoint rows; the count is that of the most
-    released evaluation client), and no client's composition can miss it.
-    This over-counts only for clients that own no evaluation row (never
+    report is a client's own data: its rows are recorded under that
+    client's id. A fixed ``eval_data`` is split into evaluation clients
+    whose indices ``0..n-1`` say nothing about who owns the rows: they would
+    collide with training clients' ids (`HorizontalFL`'s client ``0`` is not
+    evaluation client ``0``), and a training client whose rows are in
+    ``eval_data`` would go uncounted. So every report on a fixed
+    ``eval_data`` is recorded as releases about *every* client, one per row
+    it holds: one evaluation counts every row of ``eval_data`` (summed over
+    its evaluation clients) about every client, the worst case of a client
+    that owns them all, and no client's composition can miss it. This
+    over-counts for clients that own fewer rows of ``eval_data`` (never
     under-counts).
 
     **Randomness.** ``seed=None`` (default): each client's noise comes from a
@@ -329,8 +335,9 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         num_classes: K, the length of the output vectors (None before the
             first evaluation).
         num_evaluations: how many evaluations have released noisy outputs.
-        client_releases: dict client id -> number of releases (ids: the
-            index in ``eval_data``'s clients, or `HorizontalFL`'s client id).
+        client_releases: dict client id -> number of reports (evaluations it
+            took part in; ids: the index in ``eval_data``'s clients, or
+            `HorizontalFL`'s client id). The ledger counts rows.
         last_scores: the logged values of the last evaluation (a dict).
         last_server_view: ``(noisy_vectors, labels)``, what the server scored
             in the last evaluation (float64 ``(n, K)`` and int ``(n,)``; at
@@ -348,6 +355,7 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         >>> history = model.fit(x, y, epochs=5, callbacks=[cb], verbose=0)
         >>> history.history["laplace_silhouette"]  # one score per epoch
         >>> cb.dp_event(evaluations=cb.num_evaluations)  # what each example spent
+        >>> privacy_report(cb)  # about a client: every row of x_test, every evaluation
     """
 
     def __init__(self, eval_data: ArrayLike | Sequence[ArrayLike] | None = None, *, eps: float,
@@ -493,10 +501,15 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         return repeat_event(event, evaluations)
 
     def release_kind(self) -> ReleaseKind:
-        """The ledger's kind of one evaluation's release about one client.
+        """The ledger's kind of one evaluated row's release about its client.
 
-        A server that asks clients to evaluate records it for every client it
-        asks (`keras_fedpriv.federated.flower.HorizontalStrategy`).
+        One evaluation of a client's ``n`` rows is ``n`` releases of this
+        kind about the client (each row is eps-LDP; the client's data as a
+        whole composes ``n`` of them); one release is what each example
+        spends per evaluation (the per-example figure). A server that asks
+        clients to evaluate records ``max_report_rows`` (the most a client
+        may send) for every client it asks
+        (`keras_fedpriv.federated.flower.HorizontalStrategy`).
 
         Returns:
             A `ReleaseKind` (its event: `dp_event` of one evaluation).
@@ -504,11 +517,11 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         return ReleaseKind("LaplaceEvaluation", "client data", CLIENT,
                            self.dp_event(),
                            "noisy softmax outputs: each evaluation releases every evaluated "
-                           "example's "
-                           "output once; counted per client evaluated")
+                           "example's output once; counted per row about its client (n rows: "
+                           "n releases)")
 
     def privacy_ledger(self) -> ReleaseLedger:
-        """Every evaluation so far, per client (`ReleaseLedger`, unit: client)."""
+        """Every row released so far, per client (`ReleaseLedger`, unit: client)."""
         return self._ledger
 
     def set_model(self, model: keras.Model) -> None:
@@ -610,7 +623,10 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
 
     def report_outputs(self, outputs: ArrayLike, client_id: int
                        ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The client side: noise one client's model outputs and record the release.
+        """The client side: noise one client's model outputs and record its releases.
+
+        Records one release per row sent (``n`` rows: ``n`` releases about
+        the client; with a fixed ``eval_data``, about every client).
 
         Args:
             outputs: the client's ``(n, K)`` probability rows
@@ -632,17 +648,12 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                 "LaplaceEvaluation clean_*", "client data", CLIENT, non_private_event(),
                 "log_clean=True: scores of the noiseless outputs in the logs "
                 "(simulation-only)"))
+        # One release per row sent, about the client: its own rows are its own releases;
+        # a fixed eval_data's rows may be any client's, so they count about every client
+        # (over an evaluation: every row of eval_data, see the class doc).
+        units = [cid] if self._clients is None else None
         for kind in kinds:
-            if self._clients is None:  # the client's own rows: its own release
-                self._ledger.record(kind, [cid])
-            else:
-                # A fixed eval_data's rows may be any client's: releases about every client,
-                # as many as its most released (disjoint) evaluation client has made, i.e.
-                # one per evaluation (see the class doc).
-                done = next((self._ledger.total(k) for k in self._ledger.kinds
-                             if k.key == kind.key), 0)
-                self._ledger.record(kind, None,
-                                    count=max(max(self.client_releases.values()) - done, 0))
+            self._ledger.record(kind, units, count=len(noisy))
         return noisy, clean
 
     def client_outputs(self, model: keras.Model, x: ArrayLike, max_rows: Any = None

@@ -22,8 +22,10 @@ round, so the busiest client can take part in every round: the plan counts
 ``rounds`` releases per client for the uploads and MagRR (a bound the run
 cannot exceed) unless ``max_rounds_per_client`` states a smaller count (an
 assumption: `PlanCheck` stops a run that breaks it). A Laplace evaluation is
-due every ``evaluate_every`` rounds and releases about each client it
-evaluates: ``rounds // evaluate_every`` releases.
+due every ``evaluate_every`` rounds and releases each evaluated row once
+(eps-LDP per row): about a client whose ``eval_rows`` rows it evaluates, one
+evaluation is ``eval_rows`` releases (its data as a whole composes them), so
+``rounds // evaluate_every * eval_rows`` releases.
 
 **Too small to learn.** A per-release setting whose signal (`signal`) is at
 or below `TOO_SMALL_SIGNAL` (measured by bench/learnability.py) warns
@@ -35,7 +37,7 @@ Example:
     ...          clients_per_round=20, num_clients=100, num_classes=10, evaluate_every=10)
     >>> print(p)                                   # the table
     >>> SignDSEncoder(k=0.2, eps=p["signds"].value); MagRR(eps_rr=p["magrr"].value)
-    >>> fl.fit(100, 20, callbacks=[magrr, laplace, *p.callbacks()])   # checked every round
+    >>> fl.fit(100, 20, callbacks=p.callbacks([magrr, laplace]))  # theirs + checks, every round
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import dp_accounting
 
+from keras_fedpriv.federated.laplace_eval import MAX_REPORT_ROWS
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
 from keras_fedpriv.mechanisms.events import pure_epsilon
 from keras_fedpriv.mechanisms.laplace import laplace_dp_event
@@ -216,18 +219,24 @@ class RunPlan:
         callbacks = list(callbacks)
         return {s: p.check(obj, callbacks=callbacks) for s, p in self.plans().items()}
 
-    def callbacks(self, callbacks: Iterable[Any] = ()) -> list[PlanCheck]:
-        """One `PlanCheck` per secret (place them after the callbacks that release).
+    def callbacks(self, callbacks: Iterable[Any] = ()) -> list[Any]:
+        """The list to pass to ``fit``: ``callbacks`` followed by one `PlanCheck` per secret.
+
+        ``fit(..., callbacks=p.callbacks([magrr, laplace]))`` runs MagRR and
+        the evaluation and checks the report after them (a check placed
+        after the callbacks that release sees their releases).
 
         Args:
-            callbacks: other objects whose releases count (e.g. the `MagRR`
-                and `LaplaceEvaluation` callbacks of a `HorizontalFL` run).
+            callbacks: the run's callbacks whose releases count (e.g. the
+                `MagRR` and `LaplaceEvaluation` callbacks of a `HorizontalFL`
+                run); they are returned first, unchanged.
 
         Returns:
-            A list of `PlanCheck` callbacks.
+            ``[*callbacks, *checks]``: the given callbacks, then the
+            `PlanCheck` callbacks.
         """
         callbacks = list(callbacks)
-        return [PlanCheck(p, callbacks=callbacks) for p in self.plans().values()]
+        return [*callbacks, *(PlanCheck(p, callbacks=callbacks) for p in self.plans().values())]
 
     def __str__(self) -> str:
         rows = [(m.protects, m.mechanism,
@@ -287,7 +296,7 @@ def _required(value, name, mechanisms):
 
 
 def _releases(mechanisms, rounds, clients_per_round, num_clients, max_rounds_per_client,
-              evaluate_every, epochs, label_releases, releases):
+              evaluate_every, eval_rows, epochs, label_releases, releases):
     """{mechanism: releases of the busiest unit}, and the assumption in words."""
     client = [m for m in mechanisms if RUN_MECHANISMS[m] == CLIENT_DATA]
     out, words = {}, []
@@ -318,11 +327,13 @@ def _releases(mechanisms, rounds, clients_per_round, num_clients, max_rounds_per
             out[m] = per_client
         if "laplace_eval" in client:
             every = validate_positive_int(evaluate_every, "evaluate_every")
-            out["laplace_eval"] = rounds // every
-            if not out["laplace_eval"]:
+            rows = validate_positive_int(eval_rows, "eval_rows")
+            if not rounds // every:
                 raise ValueError(f"`evaluate_every`={every} is more than the `rounds`={rounds}: "
                                  f"no evaluation would run.")
-            words.append(f"a Laplace evaluation every {every} round(s), of every client")
+            out["laplace_eval"] = rounds // every * rows  # one release per row evaluated
+            words.append(f"a Laplace evaluation every {every} round(s), of {rows} row(s) of "
+                         f"every client (one release per row)")
     if "embedding_dp" in mechanisms:
         out["embedding_dp"] = _required(epochs, "epochs", ["embedding_dp"])
         words.append(f"features released once per epoch ({out['embedding_dp']}) with example ids")
@@ -346,7 +357,8 @@ def _releases(mechanisms, rounds, clients_per_round, num_clients, max_rounds_per
 def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Sequence[str],
          rounds: int | None = None, clients_per_round: int | None = None,
          num_clients: int | None = None, max_rounds_per_client: int | None = None,
-         evaluate_every: int = 1, epochs: int | None = None, label_releases: int = 1,
+         evaluate_every: int = 1, eval_rows: int = MAX_REPORT_ROWS,
+         epochs: int | None = None, label_releases: int = 1,
          releases: Mapping[str, int] | None = None, weights: Mapping[str, float] | None = None,
          num_classes: int = 2, num_coordinates: int | None = None, k: float = 0.2,
          tolerance: float = 1e-3, warn: bool = True) -> RunPlan:
@@ -371,6 +383,11 @@ def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Seque
             client takes part in (default: ``rounds``, which sampling cannot
             exceed); a smaller one is an assumption `PlanCheck` enforces.
         evaluate_every: a `LaplaceEvaluation`'s ``every_n_epochs``.
+        eval_rows: the most rows a `LaplaceEvaluation` evaluates of one
+            client (an integer >= 1; default its default ``max_report_rows``,
+            10000): each evaluation is that many releases about the client.
+            Pass the client's data size, or the ``max_report_rows`` you set,
+            whichever is smaller (a fixed ``eval_data``: all its rows).
         epochs: training epochs (``"embedding_dp"``: one release per epoch
             with example ids, of one protected follower; add through
             ``releases`` the inference passes (over the training rows with
@@ -392,7 +409,8 @@ def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Seque
 
     Returns:
         A `RunPlan` (``print`` it for the table; ``plan["signds"].value``;
-        ``plan.callbacks()`` checks the run).
+        ``fit(..., callbacks=plan.callbacks([magrr, laplace]))`` runs them
+        and checks the run).
 
     Raises:
         ValueError / TypeError: bad arguments (named), or a target that the
@@ -403,7 +421,7 @@ def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Seque
     mechanisms = _validate_mechanisms(mechanisms)
     weights = _validate_weights(weights, mechanisms)
     counts, assumption = _releases(mechanisms, rounds, clients_per_round, num_clients,
-                                   max_rounds_per_client, evaluate_every, epochs,
+                                   max_rounds_per_client, evaluate_every, eval_rows, epochs,
                                    label_releases, releases)
     num_classes = validate_positive_int(num_classes, "num_classes", minimum=2)
     if "embedding_dp" in mechanisms:
@@ -468,13 +486,15 @@ def _calibrate(group, weights, counts, event, target, delta, tolerance):
 
     top = max(_MAX_EPS[m] / weights[m] for m in group)
     floor = max(_MIN_EPS / weights[m] for m in group)  # every mechanism at >= _MIN_EPS
-    # Bracket from an upper bound's guess (basic composition of the releases'
-    # pure eps; for the Gaussian upload the classic sqrt(2 ln(1.25 / delta)) / sigma
-    # of its composed noise): both are linear in s, and at their target the
-    # group spends at most about the target. Then grow (`grown`) or halve:
-    # large scales make large PLDs.
+    # Bracket from a guess linear in s: basic composition of the releases' pure
+    # eps, or advanced composition's leading term where smaller (many releases:
+    # a Laplace evaluation's rows); for the Gaussian upload the classic
+    # sqrt(2 ln(1.25 / delta)) / sigma of its composed noise. At its target the
+    # group spends about the target. Then grow (`grown`) or halve: large scales
+    # make large PLDs.
     per_scale = sum(
-        pure_epsilon(event(m, weights[m])) * counts[m] if m != "gaussian"
+        pure_epsilon(event(m, weights[m])) * min(counts[m], _advanced(counts[m], delta))
+        if m != "gaussian"
         else 2 * weights[m] * math.sqrt(2 * counts[m] * math.log(1.25 / delta)) for m in group)
     low = min(top, max(floor, target / per_scale))
     def grown(s):  # past the crossing if eps is about linear in s; at most doubled
@@ -517,6 +537,12 @@ def _calibrate(group, weights, counts, event, target, delta, tolerance):
         else:
             misses += 1
     return low, spent(low)
+
+
+def _advanced(count, delta):
+    """``sqrt(2 n ln(1 / delta))``: n small-eps pure releases compose to about this many eps
+    (advanced composition's leading term; many releases, e.g. a Laplace evaluation's rows)."""
+    return math.sqrt(2 * count * math.log(1 / delta))
 
 
 def _warn_too_small(result, num_classes, k, sampled=False):

@@ -119,6 +119,9 @@ class HorizontalStrategy(Strategy):
             ``eval_data=None``, or None. Each client is asked for at most its
             ``max_report_rows`` rows and a larger report is refused before it
             is parsed; its ``max_scored_rows`` bounds each round's scoring.
+            The ledger counts ``max_report_rows`` releases about each client
+            asked (one per row it may send: the client's own ledger counts
+            the rows it sent, at most that).
         validation_data: ``(x, y)`` the strategy scores the global model on
             after every round (``val_*`` metrics), or None.
         connect_timeout: seconds to wait for ``num_clients`` clients and their
