@@ -99,7 +99,7 @@ _PLAN_EPILOG = """examples:
   keras-fedpriv plan --target-eps 4 --delta 1e-6 --releases 50 --mechanism gaussian
   keras-fedpriv plan --target-eps 8 --mechanisms signds,magrr,laplace_eval \\
       --rounds 100 --clients-per-round 20 --num-clients 100 --evaluate-every 10 \\
-      --num-classes 10
+      --eval-rows 50 --num-classes 10
   keras-fedpriv plan --target-eps 4 --mechanisms label_dp,embedding_dp --epochs 5 \\
       --num-coordinates 16
 
@@ -235,6 +235,7 @@ RUN_MECHANISMS = ("signds", "gaussian", "magrr", "laplace_eval", "label_dp", "em
 #: The whole-run options, and their defaults when --mechanisms is given.
 _WHOLE_RUN = {"mechanisms": None, "rounds": None, "clients_per_round": None, "num_clients": None,
               "max_rounds_per_client": None, "epochs": None, "evaluate_every": 1,
+              "eval_rows": None,
               "label_releases": 1, "k": 0.2, "weight": []}
 
 
@@ -248,6 +249,9 @@ def _add_whole_run_arguments(run):
                                                    "client takes part in (default: every round)"),
                        ("--epochs", "training epochs (embedding_dp: one release per epoch)"),
                        ("--evaluate-every", "rounds between Laplace evaluations (default 1)"),
+                       ("--eval-rows", "rows a client's Laplace evaluation reports (each row "
+                                       "is a release about the client; default: "
+                                       "LaplaceEvaluation's max_report_rows, 10000)"),
                        ("--label-releases", "releases per label (default 1: randomized once; "
                                             "the epochs for per_batch)")):
         run.add_argument(flag, type=_positive_int, default=None, help=what)
@@ -282,6 +286,7 @@ def _run_whole_plan(parser, args, out, err):
                           clients_per_round=args.clients_per_round, num_clients=args.num_clients,
                           max_rounds_per_client=args.max_rounds_per_client,
                           evaluate_every=args.evaluate_every or 1, epochs=args.epochs,
+                          **({} if args.eval_rows is None else {"eval_rows": args.eval_rows}),
                           label_releases=args.label_releases or 1, weights=weights or None,
                           num_classes=args.num_classes or 2,
                           num_coordinates=args.num_coordinates, k=args.k or 0.2)

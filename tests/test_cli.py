@@ -223,6 +223,19 @@ def test_plan_run_prints_the_whole_runs_table_and_warns_on_stderr(capsys):
     assert "--max-rounds-per-client" in captured.err
 
 
+def test_plan_whole_run_counts_each_evaluated_row_as_a_release_about_the_client(capsys):
+    argv = ["plan", "--target-eps", "8", "--mechanisms", "signds,laplace_eval", "--rounds", "10",
+            "--clients-per-round", "2", "--num-clients", "4", "--evaluate-every", "5",
+            "--eval-rows", "30"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    expected = privacy.plan(8.0, 1e-5, mechanisms=("signds", "laplace_eval"), rounds=10,
+                            clients_per_round=2, num_clients=4, evaluate_every=5, eval_rows=30,
+                            warn=False)
+    assert str(expected) in out
+    assert expected["laplace_eval"].releases == 2 * 30  # 2 evaluations of 30 rows
+
+
 def test_plan_run_vertical_gives_each_secret_the_target(capsys):
     argv = ["plan", "--target-eps", "4", "--mechanisms", "label_dp,embedding_dp",
             "--epochs", "2", "--num-classes", "2", "--num-coordinates", "4"]

@@ -182,6 +182,10 @@ def test_bad_arguments_raise_clear_errors():
         fl.fit(rounds=1, clients_per_round=2, callbacks=[MagRR()], verbose=0)
     with pytest.raises((TypeError, ValueError), match="rounds"):
         fl.fit(rounds=0, verbose=0)
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss")
+    with pytest.raises(ValueError, match=r"lists the same EarlyStopping twice \(positions \[0, 2\]"):
+        fl.fit(rounds=1, clients_per_round=2, callbacks=[stop, MagRR(), stop], verbose=0)
+    assert fl.privacy_ledger().kinds == []  # refused before any client was asked
 
 
 def test_client_optimizer_state_is_reset_for_every_client():

@@ -275,6 +275,12 @@ class HorizontalFL:
         local_epochs = validate_positive_int(local_epochs, "local_epochs")
         initial_round = validate_positive_int(initial_round, "initial_round", minimum=0)
         callbacks = list(callbacks or [])
+        for i, callback in enumerate(callbacks):
+            if any(callback is c for c in callbacks[:i]):
+                raise ValueError(f"`callbacks` lists the same {type(callback).__name__} twice "
+                                 f"(positions {[j for j, c in enumerate(callbacks) if c is callback]}"
+                                 f"); pass each callback once (RunPlan.callbacks(cbs) already "
+                                 f"returns cbs followed by the plan's checks).")
         magrr = self._find_magrr(callbacks)
         self._validation_data = validation_data
         for callback in callbacks:
