@@ -384,3 +384,36 @@ def test_issue18_case11_fixed_eval_data_is_counted_for_every_training_client():
              clean.privacy_ledger().units_seen(ledger_kind))
             for ledger_kind in clean.privacy_ledger().kinds] == [
         ("LaplaceEvaluation", rows, 0), ("LaplaceEvaluation clean_*", rows, 0)]
+
+
+def test_a_budget_reserves_every_row_of_a_report_and_a_restored_copy_keeps_counting_rows():
+    """A client's report of n rows is n releases about it: the `PrivacyBudget` a Flower client
+    reserves its reply in (the ledger's growth since before the report) charges all n, not one
+    per evaluation, and the per-row counts survive a JSON `state_dict` round trip."""
+    import json
+
+    from keras_fedpriv.mechanisms.ledger import ReleaseLedger
+    from keras_fedpriv.privacy import BudgetExhausted, PrivacyBudget
+
+    model, rows = _identity_model(), _table(5)
+
+    def report(n):
+        cb = LaplaceEvaluation(eps=2.0, seed=0)
+        before = ReleaseLedger.from_dict(cb.privacy_ledger().to_dict())
+        cb.report_outputs(cb.client_outputs(model, rows[:n]), 3)
+        return cb, before
+
+    one = PrivacyBudget(1e9).epsilon(report(1)[0].privacy_ledger())
+    five_cb, before = report(5)
+    five = PrivacyBudget(1e9).epsilon(five_cb.privacy_ledger())
+    assert five > 2 * one  # five eps-LDP rows compose (eps 2 each: about 10, not 2)
+    with pytest.raises(BudgetExhausted):  # one evaluation, but five releases
+        PrivacyBudget((one + five) / 2).reserve(five_cb.privacy_ledger(), before=before)
+    PrivacyBudget(five * 1.01).reserve(five_cb.privacy_ledger(), before=before)
+    restored = LaplaceEvaluation(eps=2.0, seed=0)
+    restored.load_state_dict(json.loads(json.dumps(five_cb.state_dict())))
+    restored.report_outputs(restored.client_outputs(model, rows[:2]), 3)
+    ledger = restored.privacy_ledger()
+    (kind,) = ledger.kinds
+    assert ledger.total(kind) == 7 and ledger.units_seen(kind) == 1
+    assert restored.client_releases == {3: 2}  # reports; the ledger counts rows

@@ -287,3 +287,11 @@ def test_the_whole_run_example_of_the_privacy_guide_prints_what_the_guide_shows(
                  eval_rows=50)
     for line in str(p).splitlines():
         assert line in guide
+
+
+def test_a_delta_of_one_plans_instead_of_dividing_by_zero():
+    """The starting guess's advanced-composition term sqrt(2 n ln(1 / delta)) is 0 at delta 1:
+    it raised a bare ZeroDivisionError; the plan is still made (at delta 1 nothing is spent)."""
+    p = plan(8.0, 1.0, mechanisms=("magrr", "laplace_eval"), rounds=2, clients_per_round=2,
+             num_clients=4, eval_rows=5, warn=False)
+    assert p.totals["client data"] <= 8.0 and p["laplace_eval"].releases == 10

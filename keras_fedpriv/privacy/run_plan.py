@@ -541,8 +541,9 @@ def _calibrate(group, weights, counts, event, target, delta, tolerance):
 
 def _advanced(count, delta):
     """``sqrt(2 n ln(1 / delta))``: n small-eps pure releases compose to about this many eps
-    (advanced composition's leading term; many releases, e.g. a Laplace evaluation's rows)."""
-    return math.sqrt(2 * count * math.log(1 / delta))
+    (advanced composition's leading term; many releases, e.g. a Laplace evaluation's rows).
+    ``ln(1 / delta)`` is taken as at least 1: a starting guess only, never 0 (``delta`` = 1)."""
+    return math.sqrt(2 * count * max(math.log(1 / delta), 1.0))
 
 
 def _warn_too_small(result, num_classes, k, sampled=False):
