@@ -250,8 +250,8 @@ def _add_whole_run_arguments(run):
                        ("--epochs", "training epochs (embedding_dp: one release per epoch)"),
                        ("--evaluate-every", "rounds between Laplace evaluations (default 1)"),
                        ("--eval-rows", "rows a client's Laplace evaluation reports (each row "
-                                       "is a release about the client; default: "
-                                       "LaplaceEvaluation's max_report_rows, 10000)"),
+                                       "is a release about the client; required with "
+                                       "laplace_eval)"),
                        ("--label-releases", "releases per label (default 1: randomized once; "
                                             "the epochs for per_batch)")):
         run.add_argument(flag, type=_positive_int, default=None, help=what)
@@ -286,7 +286,7 @@ def _run_whole_plan(parser, args, out, err):
                           clients_per_round=args.clients_per_round, num_clients=args.num_clients,
                           max_rounds_per_client=args.max_rounds_per_client,
                           evaluate_every=args.evaluate_every or 1, epochs=args.epochs,
-                          **({} if args.eval_rows is None else {"eval_rows": args.eval_rows}),
+                          eval_rows=args.eval_rows,
                           label_releases=args.label_releases or 1, weights=weights or None,
                           num_classes=args.num_classes or 2,
                           num_coordinates=args.num_coordinates, k=args.k or 0.2)

@@ -200,7 +200,7 @@ def test_whole_run_a_laplace_evaluation_left_out_of_the_plan_is_caught():
     with pytest.raises(PlanExceeded, match="over the plan's target"):
         _signds_run(2, 4, p["signds"].value, p.callbacks([laplace]))
     with_it = plan(TARGET, mechanisms=("signds", "laplace_eval"), rounds=2, clients_per_round=4,
-                   num_clients=4, warn=False)
+                   num_clients=4, eval_rows=30, warn=False)  # each client holds 30 rows
     laplace = LaplaceEvaluation(eps=with_it["laplace_eval"].value, seed=0, from_logits=True)
     fl = _signds_run(2, 4, with_it["signds"].value, with_it.callbacks([laplace]))
     assert privacy_report([fl, laplace], protects="client data").epsilon <= TARGET + 1e-6

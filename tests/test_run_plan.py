@@ -94,12 +94,12 @@ def test_releases_count_the_rounds_the_busiest_client_can_take_part_in(horizonta
     assert "all 20 rounds" in horizontal.assumption and "of 50 row(s)" in horizontal.assumption
 
 
-def test_a_laplace_evaluation_counts_every_row_it_evaluates_by_default_the_report_cap():
-    from keras_fedpriv.federated.laplace_eval import MAX_REPORT_ROWS
-
+def test_a_laplace_evaluation_counts_every_row_it_evaluates_and_needs_the_rows():
     kwargs = dict(HORIZONTAL, mechanisms=("laplace_eval",), warn=False)
+    assert plan(8.0, DELTA, **kwargs)["laplace_eval"].releases == 4 * 50
     kwargs.pop("eval_rows")
-    assert plan(8.0, DELTA, **kwargs)["laplace_eval"].releases == 4 * MAX_REPORT_ROWS
+    with pytest.raises(TypeError, match="`eval_rows` is required to plan 'laplace_eval'"):
+        plan(8.0, DELTA, **kwargs)
     for bad in (0, -3, 2.5, "50"):
         with pytest.raises((TypeError, ValueError), match="eval_rows"):
             plan(8.0, DELTA, eval_rows=bad, **kwargs)

@@ -34,7 +34,8 @@ points of chance.
 
 Example:
     >>> p = plan(8.0, 1e-5, mechanisms=("signds", "magrr", "laplace_eval"), rounds=100,
-    ...          clients_per_round=20, num_clients=100, num_classes=10, evaluate_every=10)
+    ...          clients_per_round=20, num_clients=100, num_classes=10, evaluate_every=10,
+    ...          eval_rows=50)
     >>> print(p)                                   # the table
     >>> SignDSEncoder(k=0.2, eps=p["signds"].value); MagRR(eps_rr=p["magrr"].value)
     >>> fl.fit(100, 20, callbacks=p.callbacks([magrr, laplace]))  # theirs + checks, every round
@@ -50,7 +51,6 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import dp_accounting
 
-from keras_fedpriv.federated.laplace_eval import MAX_REPORT_ROWS
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
 from keras_fedpriv.mechanisms.events import pure_epsilon
 from keras_fedpriv.mechanisms.laplace import laplace_dp_event
@@ -327,7 +327,7 @@ def _releases(mechanisms, rounds, clients_per_round, num_clients, max_rounds_per
             out[m] = per_client
         if "laplace_eval" in client:
             every = validate_positive_int(evaluate_every, "evaluate_every")
-            rows = validate_positive_int(eval_rows, "eval_rows")
+            rows = _required(eval_rows, "eval_rows", ["laplace_eval"])
             if not rounds // every:
                 raise ValueError(f"`evaluate_every`={every} is more than the `rounds`={rounds}: "
                                  f"no evaluation would run.")
@@ -357,7 +357,7 @@ def _releases(mechanisms, rounds, clients_per_round, num_clients, max_rounds_per
 def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Sequence[str],
          rounds: int | None = None, clients_per_round: int | None = None,
          num_clients: int | None = None, max_rounds_per_client: int | None = None,
-         evaluate_every: int = 1, eval_rows: int = MAX_REPORT_ROWS,
+         evaluate_every: int = 1, eval_rows: int | None = None,
          epochs: int | None = None, label_releases: int = 1,
          releases: Mapping[str, int] | None = None, weights: Mapping[str, float] | None = None,
          num_classes: int = 2, num_coordinates: int | None = None, k: float = 0.2,
@@ -384,10 +384,13 @@ def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Seque
             exceed); a smaller one is an assumption `PlanCheck` enforces.
         evaluate_every: a `LaplaceEvaluation`'s ``every_n_epochs``.
         eval_rows: the most rows a `LaplaceEvaluation` evaluates of one
-            client (an integer >= 1; default its default ``max_report_rows``,
-            10000): each evaluation is that many releases about the client.
-            Pass the client's data size, or the ``max_report_rows`` you set,
-            whichever is smaller (a fixed ``eval_data``: all its rows).
+            client (an integer >= 1; required with ``"laplace_eval"``): each
+            evaluation is that many releases about the client. Pass the
+            client's data size or the evaluation's ``max_report_rows``,
+            whichever is smaller (a fixed ``eval_data``: all its rows). There
+            is no default: the cap (10000 rows) would plan a per-row eps so
+            small that the accountant's discretization, not the noise,
+            decides the figure.
         epochs: training epochs (``"embedding_dp"``: one release per epoch
             with example ids, of one protected follower; add through
             ``releases`` the inference passes (over the training rows with
