@@ -432,16 +432,11 @@ def _run_one_plan(parser, args, out, err):
 
 def _warn_too_small(mechanism, eps, num_classes, err):
     """Print the whole-run planner's too-small-to-learn warning for one mechanism's eps."""
-    from keras_fedpriv.privacy.run_plan import TOO_SMALL_SIGNAL, signal
+    from keras_fedpriv.privacy.run_plan import too_small_to_learn
 
-    if mechanism not in TOO_SMALL_SIGNAL:
-        return
-    have = signal(mechanism, eps, num_classes=num_classes)
-    if have <= TOO_SMALL_SIGNAL[mechanism]:
-        print(f"warning: {mechanism} at a per-release eps of {eps:.3g} carries a signal of "
-              f"{have:.3g}, at or below {TOO_SMALL_SIGNAL[mechanism]:.3g}, where training on "
-              f"digits stayed within 5 points of chance (bench/learnability.py). Raise the "
-              f"target or plan fewer releases.", file=err)
+    why = too_small_to_learn(mechanism, eps, num_classes=num_classes)
+    if why is not None:
+        print(f"warning: {why} Raise the target or plan fewer releases.", file=err)
 
 
 def sub_parser(parser, name):

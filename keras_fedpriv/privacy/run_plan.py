@@ -67,7 +67,7 @@ from keras_fedpriv.privacy.planning import (
 from keras_fedpriv.text_table import text_table
 
 __all__ = ["DEFAULT_WEIGHTS", "RUN_MECHANISMS", "TOO_SMALL_SIGNAL", "MechanismPlan", "RunPlan",
-           "TooSmallToLearnWarning", "plan", "signal"]
+           "TooSmallToLearnWarning", "plan", "signal", "too_small_to_learn"]
 
 #: The mechanisms `plan` plans, and the secret each protects.
 RUN_MECHANISMS = {"signds": CLIENT_DATA, "magrr": CLIENT_DATA, "gaussian": CLIENT_DATA,
@@ -549,18 +549,39 @@ def _advanced(count, delta):
     return math.sqrt(2 * count * max(math.log(1 / delta), 1.0))
 
 
+def too_small_to_learn(mechanism: str, eps: float, *, num_classes: int = 2, k: float = 0.2
+                       ) -> str | None:
+    """Why a per-release ``eps`` is too small to learn, or None (see `TOO_SMALL_SIGNAL`).
+
+    Args:
+        mechanism: a mechanism's name (only those in `TOO_SMALL_SIGNAL` can be
+            too small; None for the others).
+        eps: its per-release eps.
+        num_classes: K for ``"label_dp"``.
+        k: SignDS's top-k fraction.
+
+    Returns:
+        A sentence naming the signal and the threshold, or None.
+    """
+    if mechanism not in TOO_SMALL_SIGNAL:
+        return None
+    have = signal(mechanism, eps, num_classes=num_classes, k=k)
+    if have > TOO_SMALL_SIGNAL[mechanism]:
+        return None
+    return (f"{mechanism} at a per-release eps of {eps:.3g} carries a signal of {have:.3g}, at "
+            f"or below {TOO_SMALL_SIGNAL[mechanism]:.3g}, where training on digits stayed "
+            f"within 5 points of chance (bench/learnability.py).")
+
+
 def _warn_too_small(result, num_classes, k, sampled=False):
     for m in result.mechanisms:
-        if m.mechanism not in TOO_SMALL_SIGNAL:
+        why = too_small_to_learn(m.mechanism, m.value, num_classes=num_classes, k=k)
+        if why is None:
             continue
-        have = signal(m.mechanism, m.value, num_classes=num_classes, k=k)
-        if have <= TOO_SMALL_SIGNAL[m.mechanism]:
-            weight = f" or give {m.mechanism!r} a larger weight" if m.share < 1 else ""
-            if sampled and m.protects == CLIENT_DATA:
-                weight += (" (the plan counts every round for the busiest client: a smaller "
-                           "`max_rounds_per_client` is an assumption PlanCheck enforces)")
-            warnings.warn(TooSmallToLearnWarning(
-                f"{m.mechanism} at a per-release eps of {m.value:.3g} carries a signal of "
-                f"{have:.3g}, at or below {TOO_SMALL_SIGNAL[m.mechanism]:.3g}, where training "
-                f"on digits stayed within 5 points of chance (bench/learnability.py). Raise the "
-                f"target, plan fewer releases (rounds, epochs){weight}."), stacklevel=3)
+        weight = f" or give {m.mechanism!r} a larger weight" if m.share < 1 else ""
+        if sampled and m.protects == CLIENT_DATA:
+            weight += (" (the plan counts every round for the busiest client: a smaller "
+                       "`max_rounds_per_client` is an assumption PlanCheck enforces)")
+        warnings.warn(TooSmallToLearnWarning(
+            f"{why} Raise the target, plan fewer releases (rounds, epochs){weight}."),
+            stacklevel=3)
