@@ -76,3 +76,11 @@ def test_the_budget_takes_the_smaller_cap_and_the_operators_path(tmp_path):
     context.node_config = {"max-epsilon": 5.0}
     assert common.party_budget(context, None, 1e-5, lambda c: str(tmp_path / "fn.json")).path == \
         str(tmp_path / "fn.json")
+
+
+def test_a_renamed_argument_names_its_new_name_and_an_unknown_one_is_refused():
+    with pytest.raises(TypeError, match="takes `eps_rr` now; `magrr_eps` was renamed"):
+        common.check_renamed({"magrr_eps": 3.0}, "horizontal_client_app")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'epochs'"):
+        common.check_renamed({"epochs": 3}, "horizontal_client_app")
+    assert common.check_renamed({}, "horizontal_client_app") is None

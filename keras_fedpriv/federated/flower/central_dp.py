@@ -58,31 +58,7 @@ from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.mechanisms.validation import validate_real
 from keras_fedpriv.privacy.report import CentralRelease, flower_central_release
 
-__all__ = ["CentralDPStrategy", "ClippedSum", "central_dp", "check_renamed", "refuse_dp_mods"]
-
-#: former argument names -> the current ones
-RENAMED = {"magrr_eps": "eps_rr"}
-
-
-def check_renamed(renamed: Mapping[str, Any], where: str) -> None:
-    """Refuse keyword arguments that were renamed (or never existed), naming the new name.
-
-    Args:
-        renamed: the ``**kwargs`` a function received beyond its own arguments.
-        where: the function's name, for the message.
-
-    Returns:
-        None.
-
-    Raises:
-        TypeError: any key is given.
-    """
-    for name in renamed:
-        if name in RENAMED:
-            raise TypeError(f"{where}() takes `{RENAMED[name]}` now; `{name}` was renamed "
-                            f"(pass {RENAMED[name]}=...).")
-        raise TypeError(f"{where}() got an unexpected keyword argument {name!r}.")
-
+__all__ = ["CentralDPStrategy", "ClippedSum", "central_dp", "refuse_dp_mods"]
 
 def _mod_name(mod: Any) -> str | None:
     if mod is fixedclipping_mod:

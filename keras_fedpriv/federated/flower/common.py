@@ -19,10 +19,34 @@ from flwr.serverapp import Grid
 from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.privacy.budget import PrivacyBudget
 
-__all__ = ["arrays_record", "call_with_context", "checked_arrays", "first_line",
-           "message_nbytes", "party_budget", "wait_for_nodes"]
+__all__ = ["RENAMED", "arrays_record", "call_with_context", "check_renamed", "checked_arrays",
+           "first_line", "message_nbytes", "party_budget", "wait_for_nodes"]
 
 logger = logging.getLogger("keras_fedpriv.flower")
+
+
+#: former argument names -> the current ones
+RENAMED = {"magrr_eps": "eps_rr"}
+
+
+def check_renamed(renamed: Mapping[str, Any], where: str) -> None:
+    """Refuse keyword arguments that were renamed (or never existed), naming the new name.
+
+    Args:
+        renamed: the ``**kwargs`` a function received beyond its own arguments.
+        where: the function's name, for the message.
+
+    Returns:
+        None.
+
+    Raises:
+        TypeError: any key is given.
+    """
+    for name in renamed:
+        if name in RENAMED:
+            raise TypeError(f"{where}() takes `{RENAMED[name]}` now; `{name}` was renamed "
+                            f"(pass {RENAMED[name]}=...).")
+        raise TypeError(f"{where}() got an unexpected keyword argument {name!r}.")
 
 
 def message_nbytes(message: Message) -> int:

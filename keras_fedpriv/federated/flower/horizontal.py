@@ -46,6 +46,7 @@ from flwr.serverapp import Grid, ServerApp
 from keras_fedpriv.federated.flower import horizontal_wire as wire
 from keras_fedpriv.federated.flower.common import (  # noqa: F401 - message_nbytes is public here
     party_budget,
+    check_renamed,
     call_with_context,
     logger,
     message_nbytes,
@@ -55,7 +56,7 @@ from keras_fedpriv.federated.flower.strategy import (  # noqa: F401 - FlowerRunR
     HorizontalStrategy,
     write_result,
 )
-from keras_fedpriv.federated.flower.central_dp import check_renamed, refuse_dp_mods
+from keras_fedpriv.federated.flower.central_dp import refuse_dp_mods
 from keras_fedpriv.federated.flower.recent_runs import RecentRuns
 from keras_fedpriv.federated.horizontal_parties import HorizontalClient, LocalTrainer
 from keras_fedpriv.federated.uploads import as_upload
