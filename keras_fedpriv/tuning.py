@@ -385,11 +385,12 @@ class SearchLedger:
             except (ValueError, TypeError) as err:
                 # this package's bad-input errors fail every trial alike: stop at the first;
                 # after a completed trial such an error depends on this trial's hyperparameters
-                stopped = err if self._any_completed() or not _raised_here(err) else (
-                    _stop_search(err))
+                if self._any_completed() or not _raised_here(err):
+                    raise
+                stopped = _stop_search(err)  # `err` is its cause
                 if stopped is err:
                     raise
-                raise stopped from err
+                raise stopped
             finally:
                 results = result if isinstance(result, (list, tuple)) else [result]
                 for item in results:
