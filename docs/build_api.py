@@ -12,13 +12,10 @@ documented, so the test suite keeps the build from breaking.
 
 from __future__ import annotations
 
-import os
 import pkgutil
 import sys
 import warnings
 from pathlib import Path
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 #: pdoc's module page with re-exported names as links and every submodule listed
 TEMPLATES = Path(__file__).resolve().parent / "api_templates"
@@ -77,6 +74,9 @@ def check_root_links(site, modules):
 
 
 if __name__ == "__main__":
+    from keras_fedpriv.logs import quiet_tensorflow
+
+    quiet_tensorflow()  # before pdoc imports the package's modules (and TensorFlow)
     out = sys.argv[1] if len(sys.argv) > 1 else "build/api"
     documented = build(out)
     sizes = {name: (Path(out) / name).stat().st_size / 1e6
