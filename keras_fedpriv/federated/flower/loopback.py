@@ -208,8 +208,9 @@ class LoopbackDeployment:
         self._logs: dict[str, Any] = {}
 
     # ----------------------------------------------------------------- start / stop
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in close()
+    def _spawn(self, name: str, args: list[str], append: bool = False) -> subprocess.Popen:
+        # closed in close(); a restarted process appends to its predecessor's log
+        log = open(self.workdir / f"{name}.log", "ab" if append else "wb")  # noqa: SIM115
         self._logs[name] = log
         exe = shutil.which(args[0], path=self._bin) or args[0]
         # a Flower home per process: Flower skips installing an app whose folder exists, so
@@ -246,14 +247,9 @@ class LoopbackDeployment:
                     raise TimeoutError(f"flower-superlink did not listen on {HOST}:"
                                        f"{self.superlink_port} within {self.startup_timeout:g} s")
                 time.sleep(0.2)
-            for i, config in enumerate(self.node_configs):
-                port = free_port()
-                self.supernode_ports.append(port)
-                node_config = " ".join(f"{k}={_toml_value(v)}" for k, v in config.items())
-                self._spawn(f"supernode-{i}", [
-                    "flower-supernode", "--insecure", "--superlink",
-                    f"{HOST}:{self.superlink_port}", "--port", str(port),
-                    "--node-config", node_config])
+            for i in range(self.num_supernodes):
+                self.supernode_ports.append(free_port())
+                self._spawn(f"supernode-{i}", self._supernode_args(i))
             (self.workdir / "flwr-home" / "config.toml").write_text(
                 f'[superlink.loopback]\naddress = "{HOST}:{self.superlink_port}"\n'
                 f"insecure = true\n")
@@ -272,11 +268,7 @@ class LoopbackDeployment:
             path = os.path.join(folder, "worker.sock")
             self.worker_sockets.append(path)
             config[SOCKET_KEY] = path
-            args = [sys.executable, "-m", "keras_fedpriv", "worker", "--app",
-                    str(self.worker_app), "--socket", path]
-            if self.worker_app_dir is not None:
-                args += ["--app-dir", self.worker_app_dir]
-            self._spawn(f"worker-{i}", args)
+            self._spawn(f"worker-{i}", self._worker_args(i))
         deadline = time.monotonic() + self.worker_startup_timeout
         for i, path in enumerate(self.worker_sockets):
             while True:
@@ -332,6 +324,63 @@ class LoopbackDeployment:
         except ProcessLookupError:
             pass
         proc.wait(timeout=10)
+
+    def kill_worker(self, index: int) -> None:
+        """Kill party worker ``index`` at once (its socket file stays, as after a crash)."""
+        proc = self.processes[f"worker-{index}"]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+    def restart_worker(self, index: int) -> None:
+        """Start party worker ``index`` again on its socket; return once it answers."""
+        from keras_fedpriv.federated.flower.worker import ping
+
+        if self.processes[f"worker-{index}"].poll() is None:
+            raise RuntimeError(f"worker {index} is still running: kill_worker({index}) first.")
+        path = self.worker_sockets[index]
+        self._logs.pop(f"worker-{index}").close()
+        self._spawn(f"worker-{index}", self._worker_args(index), append=True)
+        deadline = time.monotonic() + self.worker_startup_timeout
+        while True:
+            try:
+                ping(path, timeout=5.0)
+                return
+            except OSError:
+                pass
+            proc = self.processes[f"worker-{index}"]
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker {index} exited with code {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {index} did not answer on {path} within "
+                                   f"{self.worker_startup_timeout:g} s")
+            time.sleep(0.2)
+
+    def _worker_args(self, index: int) -> list[str]:
+        args = [sys.executable, "-m", "keras_fedpriv", "worker", "--app",
+                str(self.worker_app), "--socket", self.worker_sockets[index]]
+        if self.worker_app_dir is not None:
+            args += ["--app-dir", self.worker_app_dir]
+        return args
+
+    def restart_supernode(self, index: int) -> None:
+        """Start SuperNode ``index`` again, with the same node config and port, after
+        `kill_supernode` (as a service manager would). Flower gives it a new node id unless
+        the SuperLink authenticates SuperNodes by key."""
+        if self.processes[f"supernode-{index}"].poll() is None:
+            raise RuntimeError(f"SuperNode {index} is still running: kill_supernode({index}) "
+                               "first.")
+        self._logs.pop(f"supernode-{index}").close()
+        self._spawn(f"supernode-{index}", self._supernode_args(index), append=True)
+
+    def _supernode_args(self, index: int) -> list[str]:
+        config = self.node_configs[index]
+        node_config = " ".join(f"{k}={_toml_value(v)}" for k, v in config.items())
+        return ["flower-supernode", "--insecure", "--superlink",
+                f"{HOST}:{self.superlink_port}", "--port", str(self.supernode_ports[index]),
+                "--node-config", node_config]
 
     def close(self, grace: float = 5.0) -> None:
         """Stop every process this object started (SuperNodes first), and their descendants.
