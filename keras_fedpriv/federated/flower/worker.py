@@ -178,11 +178,14 @@ def _error_frame(reason: str) -> bytes:
 
 
 # --------------------------------------------------------------------------- checks
-def check_private_folder(folder: str | os.PathLike[str]) -> pathlib.Path:
+def check_private_folder(folder: str | os.PathLike[str],
+                         what: str = "the worker's socket folder") -> pathlib.Path:
     """Check that ``folder`` is a directory of this user that no one else may open.
 
     Args:
-        folder: the folder that holds (or will hold) the worker's socket.
+        folder: the folder that holds (or will hold) the worker's socket, or
+            another of the party's private files.
+        what: how error messages name the folder.
 
     Returns:
         The folder as a `pathlib.Path`.
@@ -196,16 +199,16 @@ def check_private_folder(folder: str | os.PathLike[str]) -> pathlib.Path:
     try:
         info = os.lstat(path)
     except FileNotFoundError:
-        raise ValueError(f"the worker's socket folder {str(path)!r} does not exist; create "
+        raise ValueError(f"{what} {str(path)!r} does not exist; create "
                          f"it with `install -d -m 700 {path}`.") from None
     if not stat.S_ISDIR(info.st_mode):
-        raise ValueError(f"the worker's socket folder {str(path)!r} must be a directory "
+        raise ValueError(f"{what} {str(path)!r} must be a directory "
                          f"(not a symbolic link or a file).")
     if info.st_uid != os.getuid():
-        raise PermissionError(f"the worker's socket folder {str(path)!r} belongs to uid "
+        raise PermissionError(f"{what} {str(path)!r} belongs to uid "
                               f"{info.st_uid}, not to this user (uid {os.getuid()}).")
     if info.st_mode & 0o077:
-        raise PermissionError(f"the worker's socket folder {str(path)!r} has mode "
+        raise PermissionError(f"{what} {str(path)!r} has mode "
                               f"{stat.S_IMODE(info.st_mode):o}: its group or others may open "
                               f"it; allowed: 700 (chmod 700 {path}).")
     return path
