@@ -332,13 +332,21 @@ def _add_worker_parser(sub):
                         help="a folder to put first on the import path (the app's folder)")
     worker.add_argument("--max-frame-mib", type=_positive_int, default=None,
                         help="refuse a request larger than this many MiB (default 1024)")
+    worker.add_argument("--read-timeout", type=_positive_float, default=None, metavar="SECONDS",
+                        help="seconds a connection has to send its whole request (default 10); "
+                             "each connection is read on its own, so a stuck one delays no other")
+    worker.add_argument("--max-connections", default=None, metavar="N",
+                        type=_argument(int, lambda v: 1 <= v <= 4096, "an integer from 1 to 4096"),
+                        help="connections read at once (default 32); more wait for a free slot")
 
 
 def _run_worker(args):
     from keras_fedpriv.federated.flower.worker import DEFAULT_MAX_FRAME, serve_worker
 
     max_frame = DEFAULT_MAX_FRAME if args.max_frame_mib is None else args.max_frame_mib << 20
-    serve_worker(args.app, args.socket, app_dir=args.app_dir, max_frame=max_frame)
+    options = {k: v for k, v in (("read_timeout", args.read_timeout),
+                                 ("max_connections", args.max_connections)) if v is not None}
+    serve_worker(args.app, args.socket, app_dir=args.app_dir, max_frame=max_frame, **options)
     return 0
 
 

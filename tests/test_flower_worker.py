@@ -91,6 +91,44 @@ def _slow(msg, context):
         IN_HANDLER.pop()
 
 
+BLOCK = threading.Event()       # `_blocked` waits for it
+IN_BLOCK = threading.Event()    # set while `_blocked` is in the ClientApp
+
+
+@stub.query("block")
+def _blocked(msg, context):
+    IN_BLOCK.set()
+    try:
+        assert BLOCK.wait(timeout=120), "the test never released the handler"
+        return Message(RecordDict({"echo": ConfigRecord({"done": 1})}), reply_to=msg)
+    finally:
+        IN_BLOCK.clear()
+
+
+def _serve_in_thread(**kwargs):
+    """A stub worker serving in a thread of this process: (worker, its thread, its folder)."""
+    folder = _private_dir()
+    worker = w.PartyWorker("tests:stub", os.path.join(folder, "s.sock"), client_app=stub,
+                           max_frame=1 << 16, **kwargs).listen()
+    thread = threading.Thread(target=worker.serve, daemon=True)
+    thread.start()
+    return worker, thread, folder
+
+
+def _stop_in_thread(worker, thread, folder):
+    worker.stop_event.set()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    os.rmdir(folder)
+
+
+def _wait_for(condition, what, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def stub_worker():
     folder = _private_dir()
@@ -164,8 +202,9 @@ def test_without_a_worker_a_failed_handler_keeps_no_state_and_its_text_stays_loc
 
 
 def test_two_relays_at_once_are_answered_one_after_the_other(stub_worker):
-    """A SuperNode may run two ClientApp processes at once (two runs): the second relay
-    waits in the socket's backlog and is answered after the first; none fails."""
+    """A SuperNode may run two ClientApp processes at once (two runs): both are read at
+    once, but the ClientApp handles one message at a time (the stub sees itself alone);
+    none fails."""
     path, replies = str(stub_worker.socket_path), []
 
     def one():
@@ -199,6 +238,100 @@ def test_a_request_that_trickles_in_is_cut_off_at_the_read_timeout(stub_worker):
         header, _, _ = w._read_frame(conn, 1 << 20)
     assert json.loads(header)["ok"] is False
     assert w.ping(str(stub_worker.socket_path)) == "tests:stub"
+
+
+def _connect(path):
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    return conn
+
+
+def _answered(conn):
+    """Whether the worker has answered (or closed) ``conn`` yet, without waiting."""
+    return bool(select.select([conn], [], [], 0)[0])
+
+
+def test_silent_and_half_sent_connections_hold_up_no_message():
+    """Five connections that send nothing and one that stops half-way through its request
+    (a relay killed mid-send) are each read on their own: a ping and a message are answered
+    while all six are still waiting for their read deadline (15 s), and each of the six is
+    then dropped with an error. A worker that reads one connection at a time answers the
+    ping only after 6 x 15 s, past the ping's 10 s timeout."""
+    worker, thread, folder = _serve_in_thread(read_timeout=15.0)
+    path = str(worker.socket_path)
+    stuck = [_connect(path) for _ in range(5)]
+    try:
+        half = _connect(path)
+        stuck.append(half)
+        request = w.encode_frame([json.dumps({"kind": "ping"}).encode(), b"", b""])
+        half.sendall(request[:len(request) // 2])
+        assert w.ping(path, timeout=10) == "tests:stub"
+        reply = w.relay_client_app("tests:stub")(
+            _message("query", RecordDict({"config": ConfigRecord({"a": 4})})), _context(path))
+        assert not reply.has_error() and reply.content["echo"]["a"] == 4
+        assert not any(_answered(c) for c in stuck)  # all six still open and unanswered
+        for conn in stuck:
+            conn.settimeout(120)
+            header = json.loads(w._read_frame(conn, 1 << 20)[0])
+            assert header["ok"] is False and "read timeout" in header["error"]
+    finally:
+        for conn in stuck:
+            conn.close()
+        _stop_in_thread(worker, thread, folder)
+
+
+def test_at_most_max_connections_are_read_at_once():
+    """With both slots held by silent connections, a ping waits in the backlog (its 1 s
+    timeout runs out long before the 120 s read deadline); once they go, it is answered."""
+    worker, thread, folder = _serve_in_thread(read_timeout=120.0, max_connections=2)
+    path = str(worker.socket_path)
+    silent = [_connect(path) for _ in range(2)]
+    try:
+        _wait_for(lambda: worker.connections == 2, "two connections")
+        with pytest.raises(OSError):  # TimeoutError: nobody reads it
+            w.ping(path, timeout=1)
+        assert worker.connections == 2
+    finally:
+        for conn in silent:
+            conn.close()
+    try:
+        assert w.ping(path, timeout=60) == "tests:stub"
+    finally:
+        _stop_in_thread(worker, thread, folder)
+
+
+def test_stopping_finishes_the_message_in_hand_and_refuses_the_one_waiting():
+    """A ping is answered while a message is in the ClientApp; a second message waits for
+    the first (one at a time); a stop then lets the first finish and be answered and
+    refuses the second unhandled (an error reply; its state is left as it was)."""
+    BLOCK.clear()
+    worker, thread, folder = _serve_in_thread(read_timeout=30.0)
+    path, replies = str(worker.socket_path), {}
+    second = _context(path)
+
+    def relay(name, kind, context):
+        replies[name] = w.relay_client_app("tests:stub")(
+            _message(kind, RecordDict({"config": ConfigRecord({"a": 1})})), context)
+
+    first = threading.Thread(target=relay, args=("first", "query.block", _context(path)))
+    waiting = threading.Thread(target=relay, args=("second", "query", second))
+    try:
+        first.start()
+        assert IN_BLOCK.wait(timeout=60)
+        assert w.ping(path, timeout=30) == "tests:stub"  # not behind the ClientApp
+        waiting.start()
+        _wait_for(lambda: worker.connections == 2, "the second message")
+        time.sleep(0.5)  # let it reach the ClientApp's lock (either way it is refused)
+        worker.stop_event.set()
+    finally:
+        BLOCK.set()
+        for t in (first, waiting):
+            if t.ident is not None:  # started
+                t.join(timeout=60)
+        _stop_in_thread(worker, thread, folder)
+    assert not replies["first"].has_error() and replies["first"].content["echo"]["done"] == 1
+    assert replies["second"].has_error() and "seen" not in second.state
+    assert worker.handled == 1
 
 
 def test_the_relay_hands_nothing_to_a_socket_of_another_user(monkeypatch):

@@ -8,7 +8,8 @@ long-lived ClientApp, so this module builds one from Flower's own pieces:
 * `serve_worker` (``keras-fedpriv worker --app MODULE:ATTR --socket PATH``):
   a process the party starts beside its SuperNode. It imports the real
   ClientApp once, keeps TensorFlow, the models, traced functions and caches
-  alive, and answers messages one at a time on a Unix domain socket.
+  alive, and answers messages on a Unix domain socket: each connection is
+  read in its own thread, and the ClientApp handles one message at a time.
 * `relay_client_app` (``relay_client_app("my_app.client:app")``): the
   ClientApp the app's ``pyproject.toml`` names. In the ``flwr-clientapp``
   process it imports only Flower and the standard library, sends the
@@ -32,7 +33,9 @@ Requests are length-prefixed and capped (``max_frame``, checked from the
 prefix before anything is allocated) and must arrive whole within
 ``read_timeout``; a malformed, oversized or slow request, or a ClientApp that
 raises or returns no Message, gets an error reply and the worker keeps
-serving. A failed message's reply names the exception's type only (its text,
+serving. Each accepted connection is read in a thread of its own (at most
+``max_connections`` at once; more wait in the socket's backlog), so a peer
+that connects and sends nothing, or stops half-way, holds up no one else. A failed message's reply names the exception's type only (its text,
 which may quote data, stays in the party's log) and its ``context.state``
 changes are dropped, with or without a worker. The app name the relay sends
 is compared with ``--app`` to catch a misconfiguration (a relay for another
@@ -68,7 +71,8 @@ from flwr.common.serde import (
 from flwr.proto.message_pb2 import Context as ProtoContext
 from flwr.proto.message_pb2 import Message as ProtoMessage
 
-__all__ = ["DEFAULT_MAX_FRAME", "DEFAULT_READ_TIMEOUT", "SOCKET_KEY", "TIMEOUT_KEY",
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_FRAME", "DEFAULT_READ_TIMEOUT", "SOCKET_KEY",
+           "TIMEOUT_KEY",
            "FrameError", "PartyWorker", "check_peer", "check_private_folder", "decode_frame",
            "encode_frame", "ping", "relay", "relay_client_app", "serve_worker"]
 
@@ -83,7 +87,10 @@ DEFAULT_MAX_FRAME = 1 << 30
 _MAGIC = b"KFW1"
 _HEAD = struct.Struct("!4sQ")
 _PART = struct.Struct("!Q")
-DEFAULT_READ_TIMEOUT = 60.0  # seconds a connected peer has to send its whole request
+#: seconds a connected peer has to send its whole request (the relay sends it at once)
+DEFAULT_READ_TIMEOUT = 10.0
+#: connections read at once; more wait in the socket's backlog
+DEFAULT_MAX_CONNECTIONS = 32
 
 
 class FrameError(ValueError):
@@ -113,7 +120,13 @@ def _recv_exactly(conn: socket.socket, n: int, deadline: float | None = None) ->
                 raise FrameError(f"the request was not whole within the read timeout "
                                  f"({n - left} of {n} bytes)")
             conn.settimeout(remaining)
-        chunk = conn.recv(min(left, 1 << 20))
+        try:
+            chunk = conn.recv(min(left, 1 << 20))
+        except TimeoutError:
+            if deadline is None:
+                raise
+            raise FrameError(f"the request was not whole within the read timeout "
+                             f"({n - left} of {n} bytes)") from None
         if not chunk:
             raise FrameError(f"the peer closed the connection {n - left} bytes into a "
                              f"{n}-byte read")
@@ -288,7 +301,17 @@ def _answer(app: ClientApp, message: Message, context: Context) -> tuple[Message
 
 # --------------------------------------------------------------------------- the worker
 class PartyWorker:
-    """Serve one ClientApp on a Unix socket, one message at a time, in a long-lived process.
+    """Serve one ClientApp on a Unix socket in a long-lived process.
+
+    Each accepted connection is read in a thread of its own, with its own
+    deadline (``read_timeout``), so a peer that sends nothing or stops
+    half-way holds up no other connection; at most ``max_connections`` are
+    read at once (more wait in the socket's backlog until one ends). Pings
+    are answered at once. The ClientApp itself handles **one message at a
+    time**, whatever the run or node (one lock around the call): no two
+    messages draw from one node's random state at once, and the app's caches
+    and TensorFlow's state, which all runs share, are never used by two
+    messages at once. Messages of two runs at once are handled in turn.
 
     Args:
         app: the ClientApp's ``"package.module:attribute"``; the relay names
@@ -300,6 +323,8 @@ class PartyWorker:
         client_app: the ClientApp object to serve (default: import ``app``).
         read_timeout: seconds a connected peer has to send its whole request
             (and to take the whole reply).
+        max_connections: how many connections are read at once (each may
+            buffer up to ``max_frame`` bytes).
 
     Raises:
         OSError: the system cannot tell a connecting process's user
@@ -310,7 +335,8 @@ class PartyWorker:
     def __init__(self, app: str, socket_path: str | os.PathLike[str],
                  app_dir: str | os.PathLike[str] | None = None,
                  max_frame: int = DEFAULT_MAX_FRAME, client_app: ClientApp | None = None,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT) -> None:
+                 read_timeout: float = DEFAULT_READ_TIMEOUT,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
         if not hasattr(socket, "SO_PEERCRED"):
             raise OSError(f"the party worker needs SO_PEERCRED (Linux) to check which user "
                           f"connects; {sys.platform} has none: run the ClientApp without a "
@@ -321,7 +347,12 @@ class PartyWorker:
                 or not 0 < read_timeout < float("inf"):
             raise ValueError(f"`read_timeout` must be a positive number of seconds; got "
                              f"{read_timeout!r}.")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) \
+                or not 1 <= max_connections <= 4096:
+            raise ValueError(f"`max_connections` must be an integer from 1 to 4096; got "
+                             f"{max_connections!r}.")
         self.read_timeout = float(read_timeout)
+        self.max_connections = max_connections
         self.socket_path = pathlib.Path(socket_path).absolute()
         check_private_folder(self.socket_path.parent)
         if len(os.fsencode(self.socket_path)) > 100:
@@ -334,6 +365,16 @@ class PartyWorker:
         self.handled = 0
         self.stop_event = threading.Event()
         self._listener: socket.socket | None = None
+        self._app_lock = threading.Lock()  # one message in the ClientApp at a time
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._threads: set[threading.Thread] = set()
+        self._threads_lock = threading.Lock()
+
+    @property
+    def connections(self) -> int:
+        """How many connections are being read or answered now."""
+        with self._threads_lock:
+            return len(self._threads)
 
     def listen(self) -> PartyWorker:
         """Bind and listen on the socket (a stale socket of this user is replaced).
@@ -356,6 +397,10 @@ class PartyWorker:
 
     def handle(self, header: dict[str, Any], message_part: bytes, context_part: bytes) -> bytes:
         """Answer one request (already framed and checked for size); return the reply frame.
+
+        A ping is answered at once; a message waits for the ClientApp (one
+        message at a time) and is refused, unhandled, if the worker was told
+        to stop meanwhile.
 
         Args:
             header: the request's header (``{"kind": "message", "app": ...}``
@@ -381,6 +426,13 @@ class PartyWorker:
             context = context_from_proto(ProtoContext.FromString(context_part))
         except Exception:  # noqa: BLE001 - protobuf raises several types
             raise FrameError("the message or context does not parse") from None
+        with self._app_lock:
+            if self.stop_event.is_set():
+                return _error_frame("the worker is stopping; the message was not handled")
+            return self._run_app(message, context)
+
+    def _run_app(self, message: Message, context: Context) -> bytes:
+        """Run the ClientApp on one message (the caller holds the app lock); the reply frame."""
         started = time.perf_counter()
         reply, ok = _answer(self.app, message, context)
         out = context_to_proto(context) if ok else None
@@ -429,22 +481,58 @@ class PartyWorker:
         except OSError as err:  # the relay went away; nothing to answer
             logger.warning("could not send a reply: %s", err)
 
+    def _connection_thread(self, conn: socket.socket) -> None:
+        """Serve ``conn`` and close it; then free its slot (runs in its own thread)."""
+        try:
+            with conn:
+                self.serve_connection(conn)
+        finally:
+            with self._threads_lock:
+                self._threads.discard(threading.current_thread())
+            self._slots.release()
+
+    def _take_slot(self) -> bool:
+        """Wait for a free connection slot; False if told to stop meanwhile."""
+        while not self.stop_event.is_set():
+            if self._slots.acquire(timeout=0.2):
+                return True
+        return False
+
     def serve(self) -> None:
-        """Answer requests until `stop_event` is set; then close and remove the socket."""
+        """Answer requests until `stop_event` is set; then close and remove the socket.
+
+        Each accepted connection is served in its own thread. Once stopped,
+        no connection is accepted; a message already in the ClientApp is
+        finished and answered, one still waiting for it is refused unhandled.
+        """
         if self._listener is None:
             self.listen()
         assert self._listener is not None
         try:
-            while not self.stop_event.is_set():
+            while self._take_slot():
                 try:
                     conn, _ = self._listener.accept()
                 except TimeoutError:
+                    self._slots.release()
                     continue
-                with conn:
-                    conn.settimeout(None)
-                    self.serve_connection(conn)
+                conn.settimeout(None)
+                thread = threading.Thread(target=self._connection_thread, args=(conn,),
+                                          name="kfp-worker-connection", daemon=True)
+                with self._threads_lock:
+                    self._threads.add(thread)
+                thread.start()
         finally:
             self.close()
+            self._join_connections()
+
+    def _join_connections(self) -> None:
+        """Wait for the connections in hand: the message in the ClientApp, the replies."""
+        with self._threads_lock:
+            threads = list(self._threads)
+        for thread in threads:
+            # a reading thread ends by its read deadline; the ClientApp by itself
+            while thread.is_alive():
+                thread.join(timeout=self.read_timeout)
 
     def close(self) -> None:
         """Stop listening and remove the socket file."""
@@ -459,11 +547,14 @@ class PartyWorker:
 
 def serve_worker(app: str, socket_path: str | os.PathLike[str],
                  app_dir: str | os.PathLike[str] | None = None,
-                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME,
+                 read_timeout: float = DEFAULT_READ_TIMEOUT,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
     """Run a party's worker until SIGTERM or SIGINT (``keras-fedpriv worker``).
 
     Imports the ClientApp, listens, prints ``worker ready`` and answers
-    messages one at a time; on SIGTERM / SIGINT it finishes the message in
+    messages (each connection read in its own thread, the ClientApp handling
+    one message at a time); on SIGTERM / SIGINT it finishes the message in
     hand, closes and removes its socket, and returns.
 
     Args:
@@ -471,13 +562,16 @@ def serve_worker(app: str, socket_path: str | os.PathLike[str],
         socket_path: the socket, in a folder of mode 0700 of this user.
         app_dir: None or a folder to put first on ``sys.path``.
         max_frame: the largest request accepted, in bytes.
+        read_timeout: seconds a connected peer has to send its whole request.
+        max_connections: how many connections are read at once.
 
     Returns:
         None, once stopped.
     """
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    worker = PartyWorker(app, socket_path, app_dir=app_dir, max_frame=max_frame).listen()
+    worker = PartyWorker(app, socket_path, app_dir=app_dir, max_frame=max_frame,
+                         read_timeout=read_timeout, max_connections=max_connections).listen()
 
     def stop(signum: int, frame: Any) -> None:
         worker.stop_event.set()
