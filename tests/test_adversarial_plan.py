@@ -15,6 +15,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_fedpriv as kf
 from keras_fedpriv import __main__ as cli
@@ -234,3 +235,43 @@ def test_whole_run_a_plan_cannot_count_fewer_releases_than_the_run_makes():
     with pytest.raises(ValueError, match=r"`releases\['embedding_dp'\]`=1 is fewer than the 5"):
         plan(TARGET, mechanisms=("embedding_dp",), epochs=5, num_coordinates=D,
              releases={"embedding_dp": 1})  # 5 epochs release every example 5 times
+
+
+def test_examples_released_more_often_than_planned_within_an_epoch_stop_at_the_first_batch_over():
+    """Planned for 2 releases per example at a target of 4, an epoch in which every id comes 8
+    times (64 ids, ``.repeat()`` with ``steps_per_epoch=16``: 16 batches of 32) used to pass
+    the check after every batch (per-example counts were read at the epoch's end only) and
+    stop after batch 16 at eps ~9.9. The running per-example maximum stops it after the 5th
+    batch, the first that releases an example a 3rd time."""
+    plan = plan_run(4.0, releases=2, mechanism="embedding_dp", num_coordinates=D)
+    model, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=plan.epsilon, seed=0),
+                                 label_dp=kf.LabelDPLayer(eps=1.0, seed=0), n=64)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
+    batches = []
+    seen = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: batches.append(b))
+    with pytest.raises(PlanExceeded, match="3 release\\(s\\) of the busiest example"):
+        model.fit(data, epochs=1, steps_per_epoch=16, verbose=0,
+                  callbacks=[seen, PlanCheck(plan)])
+    assert batches == [0, 1, 2, 3, 4]
+    assert _releases(model) == 3
+    assert 4.0 < privacy_report(model, protects="features").epsilon < 9.0
+
+
+def test_two_layers_whose_busiest_examples_differ_are_checked_on_exact_counts():
+    """The running maxima of two layers bound an example's releases by their sum (4 here,
+    over the plan's 2); the exact counts then decide: 2 per example passes, and a 3rd
+    release of example 0 by the second layer (whose own maximum stays 2) is caught at once."""
+    plan = plan_run(4.0, releases=2, mechanism="embedding_dp", num_coordinates=3)
+    first, second = (kf.EmbeddingDPLayer(eps=plan.epsilon, seed=s) for s in (1, 2))
+    check = PlanCheck(plan, callbacks=[first, second])
+    check.on_train_begin()
+    x = np.ones((4, 3), "float32")
+    for step in range(2):
+        first(x, training=True, example_ids=np.arange(4))
+        second(x, training=True, example_ids=np.arange(4, 8))
+        check.on_train_batch_end(step)  # within the target: 2 releases of each example
+    assert first.release_id_max() == second.release_id_max() == 2
+    second(x, training=True, example_ids=np.arange(4))
+    assert second.release_id_max() == 2
+    with pytest.raises(PlanExceeded, match="over the plan's target"):
+        check.on_train_batch_end(2)

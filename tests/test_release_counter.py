@@ -123,3 +123,46 @@ def test_release_calls_names_the_release_slots():
     calls = layer.release_calls()
     assert (calls["fresh_with_ids"], calls["fresh_without_ids"]) == (1, 2)
     assert "max_coordinates" not in calls and "lineage" not in calls
+
+
+def test_the_running_maximum_follows_the_busiest_example_in_every_execution_path():
+    """``release_id_max`` is updated by the counting call from its own ids (eager, XLA,
+    tf.data), equals the table's maximum, and bounds the ledger within `busiest_bound`."""
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    assert layer.release_id_max() == 0
+    layer(X, training=True, example_ids=np.array([0, 1, 2, 3]))
+    assert layer.release_id_max() == 1
+    step = tf.function(lambda x, i: layer(x, training=True, example_ids=i), jit_compile=True)
+    step(tf.constant(X), tf.constant([2, 2, 5, 6], tf.int64))  # id 2 twice in one call
+    assert layer.release_id_max() == 3
+    ds = tf.data.Dataset.from_tensor_slices((X, np.array([7, 8, 9, 2], "int64"))).batch(4)
+    for _ in ds.map(lambda x, i: layer(x, training=True, example_ids=i)):
+        pass
+    assert layer.release_id_max() == 4
+    layer(X, training=True, example_ids=np.array([10, 11, 12, 13]))  # below the maximum
+    assert layer.release_id_max() == 4 == int(layer._release_id_counts_nonzero()[1].max())
+    layer(X, training=True)  # without ids: counted for every example, not in the maximum
+    assert layer.release_id_max() == 4
+    exact = layer.privacy_ledger()
+    with rc.busiest_bound():
+        bound = layer.privacy_ledger()
+    (kind,) = exact.kinds
+    assert bound.total(kind) == exact.total(kind) == 5 and bound.units_seen(kind) == 1
+    assert exact.units_seen(kind) == 13
+    layer.reset_release_counts()
+    assert layer.release_id_max() == 0
+
+
+def test_counts_loaded_from_a_file_raise_the_running_maximum():
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    for _ in range(3):
+        layer(X, training=True, example_ids=np.arange(4))
+    store = {}
+    layer.save_own_variables(store)
+    clone = kf.EmbeddingDPLayer(1.0, seed=1)
+    clone.build((None, 3))
+    assert clone.release_id_max() == 0
+    clone.load_own_variables(store)
+    assert clone.release_id_max() == 3
+    clone(X, training=True, example_ids=np.arange(2, 6))
+    assert clone.release_id_max() == 4

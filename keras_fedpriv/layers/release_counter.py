@@ -16,7 +16,14 @@ shared by all replicas, never mirrored):
   example ids and fresh noise): per example id, the number of fresh-noise
   releases about that example. Ids are taken modulo ``ID_CAPACITY``; an id
   outside ``[0, ID_CAPACITY)`` sets the ``folded`` slot and the per-id
-  counts become upper bounds (two ids may share a slot), which reports say.
+  counts become upper bounds (two ids may share a slot), which reports say;
+* ``release_id_max`` (int32, created with ``release_id_counts``): a running
+  maximum of the per-id counts, updated by the same call from the counts of
+  that call's ids only (no scan of the whole table). It never under-states
+  the busiest example's count (a race between concurrent calls can only
+  over-state it); `PlanCheck` reads it after every batch to bound the
+  per-example releases without reading the whole table
+  (`busiest_bound`).
 
 Counting is a few ``assign_add`` / ``scatter_add`` ops on the layer's own
 variables: atomic under concurrent calls (the variable's lock), compiled by
@@ -37,16 +44,17 @@ freshly built model instead.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import tensorflow as tf
 
 from keras_fedpriv.layers.secret_rng import _LocalVariable, _MonotoneVariable
 
-__all__ = ["ID_CAPACITY", "ReleaseCounterMixin", "SLOTS"]
+__all__ = ["ID_CAPACITY", "ReleaseCounterMixin", "SLOTS", "busiest_bound"]
 
 #: Per-id counts are kept for ids in [0, ID_CAPACITY) (4 MiB per layer that uses them).
 ID_CAPACITY = 2 ** 20
@@ -60,6 +68,7 @@ SLOTS = ("fresh_with_ids", "fresh_without_ids", "keyed_once", "non_private", "pr
 _RELEASE_SLOTS = (FRESH_IDS, FRESH_ANON, ONCE, NON_PRIVATE, PRIOR, KEY_GENERATIONS)
 
 _TOTALS = "release_totals"
+_BOUND = threading.local()  # `busiest_bound` is active in this thread
 _ID_SLOTS = "release_id_slots"
 _ID_VALUES = "release_id_values"
 
@@ -67,6 +76,29 @@ _ID_VALUES = "release_id_values"
 def _new_lineage():
     """A random nonzero 62-bit id (OS entropy: no global seed makes two layers share one)."""
     return secrets.randbits(62) | 1
+
+
+@contextlib.contextmanager
+def busiest_bound() -> Iterator[None]:
+    """Within it (this thread), protection layers' ``privacy_ledger()`` bound per-example counts.
+
+    Each layer records its per-example fresh releases as ``release_id_max()``
+    releases of one example (example id 0) instead of reading its whole
+    per-id table: every example's count is at most that, so a report of the
+    bounded ledger is never below the exact one (several layers' bounds add
+    up on that one example: their busiest examples may differ). For a single
+    layer the bound is exact. Meant for cheap checks after every batch
+    (`PlanCheck`); an exact report reads the table.
+
+    Yields:
+        None.
+    """
+    before = getattr(_BOUND, "active", False)
+    _BOUND.active = True
+    try:
+        yield
+    finally:
+        _BOUND.active = before
 
 
 def _released(totals):
@@ -166,6 +198,7 @@ class ReleaseCounterMixin:
         self.release_totals = _ReleaseTotalsVariable(totals, trainable=False, name=_TOTALS)
         self.release_totals.owner = f"{type(self).__name__} {self.name!r}"
         self._release_id_counts = None
+        self._release_id_max = None
         self._release_lock = threading.Lock()
         # Whether the current key has made keyed releases. Kept out of every
         # checkpoint (a holder object is not tracked): a restored layer has a
@@ -198,10 +231,23 @@ class ReleaseCounterMixin:
         with self._release_lock:
             if self._release_id_counts is None:
                 with tf.init_scope():
+                    # the maximum first: once the counts exist, so does their maximum
+                    self._release_id_max = _MonotoneVariable(
+                        np.int32(0), trainable=False, name="release_id_max")
                     self._release_id_counts = _MonotoneVariable(
                         np.zeros(ID_CAPACITY, np.int32), trainable=False,
                         name="release_id_counts")
             return self._release_id_counts
+
+    def _raise_id_max(self, counts):
+        """Raise ``release_id_max`` to the largest of ``counts`` (in the graph).
+
+        An ``assign_add`` of the excess, as for the largest row size: a race
+        between concurrent calls can only over-state the maximum.
+        """
+        top = tf.reduce_max(tf.concat([tf.reshape(counts, [-1]), tf.zeros([1], tf.int32)], 0))
+        excess = tf.maximum(top - self._release_id_max.read_value(), 0)
+        return self._release_id_max.assign_add(excess)
 
     def _count_release(self, slot, rows, example_ids=None):
         """Record one call of kind ``slot`` over ``rows`` rows (about ``example_ids`` if given).
@@ -223,8 +269,11 @@ class ReleaseCounterMixin:
                   + tf.one_hot(FRESH_ANON, len(SLOTS), dtype=tf.int64) * called * (1 - match)
                   + tf.one_hot(FOLDED, len(SLOTS), dtype=tf.int64) * outside * match)
         slots = tf.math.floormod(ids, ID_CAPACITY)
-        self._id_count_variable().scatter_add(tf.IndexedSlices(
+        counts = self._id_count_variable()
+        added = counts.scatter_add(tf.IndexedSlices(
             tf.fill(tf.shape(slots), tf.cast(match, tf.int32)), slots))
+        with tf.control_dependencies([added]):  # this call's ids only, after their update
+            self._raise_id_max(counts.sparse_read(slots))
         self.release_totals.assign_add(update)
 
     # -- on the host --------------------------------------------------------------------
@@ -246,18 +295,51 @@ class ReleaseCounterMixin:
         return {SLOTS[slot]: int(totals[slot]) for slot in _RELEASE_SLOTS}
 
     def _release_id_counts_nonzero(self):
-        """(ids, counts) of the examples with at least one fresh release."""
+        """(ids, counts) of the examples with at least one fresh release.
+
+        Reading the whole table, it also raises ``release_id_max`` to the
+        table's maximum if it was behind (counts assigned from the host, e.g.
+        a restored state).
+        """
         if self._release_id_counts is None:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         counts = self._release_id_counts.numpy()
         ids = np.flatnonzero(counts)
+        if ids.size:
+            self._raise_id_max_to(int(counts[ids].max()))
         return ids, counts[ids].astype(np.int64)
+
+    def _raise_id_max_to(self, value):
+        """Host side: ``release_id_max`` = max(itself, ``value``)."""
+        self._id_count_variable()
+        if int(self._release_id_max.numpy()) < value:
+            self._release_id_max.assign(np.int32(value))
+
+    def release_id_max(self) -> int:
+        """The most fresh-noise releases about one example id so far (a scalar read).
+
+        Kept as a running maximum by the calls that count per example id (no
+        scan of the per-id table); never below the true maximum of the
+        counts this layer recorded, and 0 before any call with example ids.
+
+        Returns:
+            The count, an int.
+        """
+        if self._release_id_max is None:
+            return 0
+        return int(self._release_id_max.numpy())
 
     def _record_fresh_releases(self, ledger, kind, totals):
         """Add the fresh-noise calls to ``ledger`` as ``kind``: per example id, and the
-        calls without ids for every example."""
+        calls without ids for every example (within `busiest_bound`: the running
+        maximum, as the releases of one example)."""
         if totals[FRESH_ANON]:
             ledger.record(kind, units=None, count=int(totals[FRESH_ANON]))
+        if getattr(_BOUND, "active", False):
+            busiest = self.release_id_max()
+            if busiest:
+                ledger.record_counts(kind, [0], [busiest], approximate=True)
+            return
         ids, counts = self._release_id_counts_nonzero()
         if ids.size:
             ledger.record_counts(kind, ids, counts, approximate=bool(totals[FOLDED]))
@@ -275,6 +357,7 @@ class ReleaseCounterMixin:
         self._key_use.reset()
         if self._release_id_counts is not None:
             self._release_id_counts.assign(np.zeros(ID_CAPACITY, np.int32))
+            self._release_id_max.assign(np.int32(0))
 
     # `.keras` / `.weights.h5`: the counts travel with the model, so a
     # reloaded model's report still counts what the original released, and
@@ -319,3 +402,4 @@ class ReleaseCounterMixin:
             counts = variable.numpy()
             counts[ids] = np.maximum(counts[ids], values)
             variable.assign(counts)
+            self._raise_id_max_to(int(counts[ids].max()))

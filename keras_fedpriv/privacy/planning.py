@@ -43,7 +43,7 @@ import dp_accounting
 import numpy as np
 import tensorflow as tf
 
-from keras_fedpriv.layers.release_counter import FRESH_IDS
+from keras_fedpriv.layers.release_counter import FRESH_IDS, busiest_bound
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
 from keras_fedpriv.mechanisms.quantize import quantize_rr_dp_event
 from keras_fedpriv.mechanisms.randomized_response import randomized_response_dp_event
@@ -363,12 +363,15 @@ class Plan:
             releases += count  # a bound on the busiest unit's count
         return releases <= self.releases
 
+    def exceeds(self, epsilon: float) -> bool:
+        """Whether ``epsilon`` is over ``target_epsilon`` (beyond the calibration's slack)."""
+        return epsilon > self.target_epsilon + 1e-6 * max(1.0, self.target_epsilon)
+
     def _judge(self, report, warn=True):
         """Raise `PlanExceeded` if ``report`` is over the target; warn on a mismatch."""
         spent = report.epsilon
         observed, mismatch = self._observed(report)
-        slack = 1e-6 * max(1.0, self.target_epsilon)
-        if spent > self.target_epsilon + slack:
+        if self.exceeds(spent):
             raise PlanExceeded(
                 f"The run has spent eps {spent:.4g} (delta={self.target_delta:g}) on the "
                 f"{self.protects}, over the plan's target of {self.target_epsilon:g}. The plan "
@@ -471,16 +474,23 @@ class PlanCheck(EpsilonLogger):
     after the callbacks that release.
 
     During ``model.fit`` it also checks after every training and validation
-    batch, so a run that releases more often than planned (e.g. without
-    example ids where the plan assumed them: every call is then a release
-    about every example) is stopped at the first batch that takes it over
-    the target, not an epoch later. That check is cheap: it re-reads a
-    protection layer's ledger only when its calls other than the
-    per-example-id ones changed (per-example counts reach the busiest
-    example once per pass over the data, and are checked at the epoch's
-    end), and composes with dp-accounting only when the counts changed and
-    are not within the plan by counting alone (`Plan.within`): a run that
-    follows its plan never composes between epochs.
+    batch, so a run that releases more often than planned is stopped at the
+    first batch that takes it over the target, not an epoch later: a run
+    without example ids where the plan assumed them (every call is then a
+    release about every example), or one whose examples come back more
+    often than planned within an epoch (oversampled data, ``.repeat()``
+    with ``steps_per_epoch``, validation over training ids).
+
+    That check is cheap. A protection layer keeps a running maximum of its
+    per-example counts where it counts them (``release_id_max``); after a
+    batch the check reads its small counters and that maximum, and bounds the
+    run's report by them (`busiest_bound`: the busiest example of each layer,
+    added up), without reading the per-example table. Nothing is composed
+    while the bound is within the plan by counting alone (`Plan.within`: a
+    run that follows its plan never composes between epochs), and the exact
+    per-example counts are read only when the bound's report is over the
+    target: for one layer the bound is exact and the run stops there; with
+    several, the exact counts decide, after every batch until the epoch ends.
 
     Args:
         plan: the `Plan` (from `plan_run`).
@@ -493,17 +503,28 @@ class PlanCheck(EpsilonLogger):
         super().__init__(plan.target_delta, callbacks=callbacks, protects=plan.protects)
         self.plan = plan
         self._protections = None  # found at the first batch of a fit
-        self._read = {}           # id(protection) -> (its counts, its ledger then)
+        self._read = {}           # id(protection) -> (its counters, its bounded ledger then)
+        self._exact = False       # the bound was over the target: per-example counts decide
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         """Find the run's protections again at the first batch (a new fit may add some)."""
-        self._protections, self._read = None, {}
+        self._protections, self._read, self._exact = None, {}, False
+
+    def _counters(self, protection):
+        """What must change for ``protection``'s (bounded) ledger to change: a layer's small
+        counters and running per-example maximum, or another protection's ledger totals."""
+        totals = getattr(protection, "release_totals", None)  # a protection layer's
+        if isinstance(totals, tf.Variable):
+            calls = np.asarray(totals.numpy())
+            if not self._exact:  # the per-example calls matter through the maximum only
+                calls = np.delete(calls, FRESH_IDS)
+            return tuple(calls.tolist()), protection.release_id_max(), None
+        ledger = protection.privacy_ledger().only(self.plan.protects)
+        return tuple((k.key, ledger.total(k)) for k in ledger.kinds), 0, ledger
 
     def _check_batch(self):
-        """Check the releases so far, cheaply: a protection layer's ledger is re-read only
-        when its calls other than per-example-id ones changed (per-example counts reach the
-        busiest example once per pass over the data; they are read at the epoch's end), and
-        nothing is composed while the run is within the plan by counting alone."""
+        """Check the releases so far, cheaply (see the class's docstring): raise `PlanExceeded`
+        at the first batch whose report is over the target."""
         objs, protects = [self._run(), *self.callbacks], self.plan.protects
         if self._protections is None:
             self._protections = find_protections(objs)
@@ -513,27 +534,26 @@ class PlanCheck(EpsilonLogger):
             return
         changed = False
         for protection in self._protections:
-            totals = getattr(protection, "release_totals", None)  # a protection layer's
+            *key, ledger = self._counters(protection)
             last = self._read.get(id(protection))
-            if isinstance(totals, tf.Variable):
-                calls = np.delete(np.asarray(totals.numpy()), FRESH_IDS)
-                if last is not None and np.array_equal(last[0], calls):
-                    continue
-                ledger = protection.privacy_ledger().only(protects)
-            else:
-                ledger = protection.privacy_ledger().only(protects)
-                calls = [(k.key, ledger.total(k)) for k in ledger.kinds]
-                if last is not None and last[0] == calls:
-                    continue
-            self._read[id(protection)] = (calls, ledger)
+            if last is not None and last[0] == key:
+                continue
+            if ledger is None:
+                with busiest_bound():
+                    ledger = protection.privacy_ledger().only(protects)
+            self._read[id(protection)] = (key, ledger)
             changed = True
         if not changed:
             return
-        ledgers = [v[1] for v in self._read.values()]
-        ledger = ledgers[0] if len(ledgers) == 1 else ReleaseLedger.merged(ledgers)
-        if not self.plan.within(ledger):
-            self.last_report = self.plan._judge(PrivacyReport(ledger, self.plan.target_delta),
-                                                warn=False)
+        bound = ReleaseLedger.merged(v[1] for v in self._read.values())
+        if self.plan.within(bound):
+            return
+        if not self.plan.exceeds(PrivacyReport(bound, self.plan.target_delta).epsilon):
+            return
+        self._exact = True  # from now on, every per-example count changes the check
+        exact = ReleaseLedger.merged(p.privacy_ledger().only(protects) for p in self._protections)
+        self.last_report = self.plan._judge(PrivacyReport(exact, self.plan.target_delta),
+                                            warn=False)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         """Check the releases so far (raises `PlanExceeded` when over the target)."""
@@ -546,5 +566,5 @@ class PlanCheck(EpsilonLogger):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Check the run so far (raises `PlanExceeded` when over the target; warns on a
         pattern mismatch)."""
-        self._read = {}  # the next batch re-reads every ledger, per-example counts included
+        self._read, self._exact = {}, False  # the next batch reads every counter afresh
         self.last_report = self.plan.check(self._run(), callbacks=self.callbacks)
