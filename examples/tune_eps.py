@@ -5,8 +5,10 @@ Breast cancer (scikit-learn, bundled), features split between a follower
 trial builds a `VerticalModel` whose `LabelDPLayer` uses the trial's eps
 (log-uniform in [0.25, 16]); `PrivacyUtility(budget=...)` scores a trial by its
 validation accuracy if its eps is within the budget, else -1; RandomSearch
-picks the best. The plot shows every trial (eps, validation accuracy), the
-Pareto frontier and the budget (docs/tuning_frontier.png).
+picks the best. With ``--figure PATH`` it also plots every trial (eps,
+validation accuracy), the Pareto frontier and the budget (PNG; this needs
+matplotlib, which the ``[flower]`` install lacks: ``pip install matplotlib``
+or ``pip install 'keras-fedpriv[bench]'``). By default it writes no file.
 
 Validation here is a split of the private training data, so the search
 itself leaks: every execution of every trial released the labels
@@ -17,7 +19,8 @@ averaged, because 140 validation rows are noisy.
 
 Usage::
 
-    .venv/bin/python examples/tune_eps.py [--trials 16] [--budget 2]
+    .venv/bin/python examples/tune_eps.py [--trials 16] [--budget 2] [--figure PATH]
+    .venv/bin/python examples/tune_eps.py --figure docs/tuning_frontier.png   # the docs' figure
 
 TensorFlow's start-up logs are hidden (KERAS_FEDPRIV_TF_LOGS=1 shows them).
 """
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import pathlib
 import tempfile
 
 from keras_fedpriv.logs import quiet_tensorflow
@@ -47,8 +49,6 @@ from keras_fedpriv.tuning import (  # noqa: E402
     search_epsilon,
     track_search,
 )
-
-DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 
 # keras-tuner scores a trial by its best epoch under the objective; for the plot we want the
 # last epoch of every execution. The tuner deep-copies callbacks, so they write here.
@@ -90,15 +90,60 @@ def frontier(points):
     return out
 
 
-def main():
+def plot_frontier(points, best, budget, path):
+    """Write the trials, their Pareto frontier, the budget and the chosen trial to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    e, a = zip(*points)
+    ax.scatter(e, a, color="tab:blue", label="trial")
+    fe, fa = zip(*frontier(points))
+    ax.step(fe, fa, where="post", color="tab:orange", label="Pareto frontier")
+    ax.axvline(budget, color="gray", ls=":", label=f"budget eps = {budget:g}")
+    ax.scatter([best[0]], [best[1]], s=120,
+               facecolors="none", edgecolors="tab:red", label="chosen")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("label-DP eps (per trial)")
+    ax.set_ylabel("validation accuracy, last epoch")
+    ax.set_title("Tuning LabelDPLayer's eps (breast cancer, vertical)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def have_matplotlib():
+    """Whether matplotlib can be imported (only ``--figure`` needs it)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def parse_args(argv=None):
+    """The command line; ``--figure`` without matplotlib is refused before the search."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--budget", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(DOCS / "tuning_frontier.png"))
-    args = parser.parse_args()
+    parser.add_argument("--figure", "--out", dest="figure", default=None, metavar="PATH",
+                        help="write the privacy-utility figure to PATH (PNG; needs matplotlib; "
+                             "default: no figure)")
+    args = parser.parse_args(argv)
+    if args.figure and not have_matplotlib():
+        parser.error("--figure needs matplotlib, which is not installed (the [flower] install "
+                     "lacks it): pip install matplotlib")
+    return args
 
+
+def main(argv=None):
+    args = parse_args(argv)
     xa, xb, y, *_ = load_data()  # training split only: the test split stays untouched
     rng = np.random.default_rng(args.seed)
     idx = rng.permutation(len(y))
@@ -128,29 +173,10 @@ def main():
         print(f"  eps {eps:7.3f}  final val accuracy {acc:.3f} (mean of 2 runs)")
     print(f"The chosen model's labels were released at eps = {best_eps:.3g}, but the search "
           f"released them in every execution of every trial: eps = {spent:.3g} in all.")
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    e, a = zip(*points)
-    ax.scatter(e, a, color="tab:blue", label="trial")
-    fe, fa = zip(*frontier(points))
-    ax.step(fe, fa, where="post", color="tab:orange", label="Pareto frontier")
-    ax.axvline(args.budget, color="gray", ls=":", label=f"budget eps = {args.budget:g}")
-    ax.scatter([best_eps], [best_acc], s=120,
-               facecolors="none", edgecolors="tab:red", label="chosen")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("label-DP eps (per trial)")
-    ax.set_ylabel("validation accuracy, last epoch")
-    ax.set_title("Tuning LabelDPLayer's eps (breast cancer, vertical)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=110)
-    print(f"wrote {args.out}")
+    if args.figure:
+        print(f"wrote {plot_frontier(points, (best_eps, best_acc), args.budget, args.figure)}")
+    else:
+        print("no figure written (--figure PATH writes one; it needs matplotlib)")
 
 
 if __name__ == "__main__":

@@ -102,3 +102,36 @@ def test_the_example_apps_start_tensorflow_quietly():
     assert out.stdout.split() == ["3"]
     start_up = re.compile(r"absl::InitializeLog|oneDNN|cuda drivers|cuInit|cpu_feature_guard")
     assert not start_up.search(out.stderr), out.stderr[-3000:]
+
+
+TUNE_EPS = Path(__file__).resolve().parents[1] / "examples" / "tune_eps.py"
+# runs the example with matplotlib unimportable, as in a `[flower]` install
+_NO_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; "
+                  "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def _tune_eps(tmp_path, *args):
+    import os
+    import subprocess
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run([sys.executable, "-c", _NO_MATPLOTLIB, str(TUNE_EPS), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_tune_eps_runs_without_matplotlib_and_writes_no_file_by_default(tmp_path):
+    figure = TUNE_EPS.parents[1] / "docs" / "tuning_frontier.png"
+    before = figure.stat().st_mtime_ns
+    out = _tune_eps(tmp_path, "--trials", "1", "--epochs", "1")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "no figure written (--figure PATH" in out.stdout
+    assert "1 trials; best under eps <= 2" in out.stdout
+    assert list(tmp_path.iterdir()) == [] and figure.stat().st_mtime_ns == before
+
+
+def test_tune_eps_asks_for_matplotlib_before_searching_when_a_figure_is_wanted(tmp_path):
+    out = _tune_eps(tmp_path, "--trials", "1", "--epochs", "1", "--figure", "f.png")
+    assert out.returncode == 2
+    assert "--figure needs matplotlib" in out.stderr and "pip install matplotlib" in out.stderr
+    assert "trials; best" not in out.stdout and list(tmp_path.iterdir()) == []
