@@ -78,6 +78,10 @@ if __name__ == "__main__":
 
     quiet_tensorflow()  # before pdoc imports the package's modules (and TensorFlow)
     out = sys.argv[1] if len(sys.argv) > 1 else "build/api"
+    try:
+        import pdoc  # noqa: F401
+    except ImportError:
+        sys.exit("the API reference needs pdoc: pip install 'pdoc>=16,<17' (or run `make api`)")
     documented = build(out)
     sizes = {name: (Path(out) / name).stat().st_size / 1e6
              for name in ("keras_fedpriv.html", "search.js")}

@@ -108,3 +108,20 @@ def test_a_root_page_missing_a_module_link_fails_the_build(tmp_path):
     check_root_links(tmp_path, ["pkg", "pkg.a"])
     with pytest.raises(SystemExit, match=r"does not link \['pkg.b'\]"):
         check_root_links(tmp_path, ["pkg", "pkg.a", "pkg.b"])
+
+
+def test_make_api_installs_only_what_is_missing_and_never_upgrades_pip():
+    """`make api` in a user's venv: no pip upgrade, no test extras, the package and pdoc only
+    when missing (a dry run lists the commands, each guarded by a check)."""
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    out = subprocess.run(["make", "-n", "api"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    commands = out.stdout.splitlines()
+    assert not any("--upgrade" in c or "[test" in c or "[bench" in c for c in commands)
+    installs = [c for c in commands if "pip install" in c]
+    assert len(installs) == 2 and all(" || " in c for c in installs)  # each only if missing
+    assert commands[-1].endswith("docs/build_api.py build/api")
