@@ -187,3 +187,15 @@ def test_flowers_own_accountant_without_replacement_matches_its_own_figure():
     acc.compose(GaussianPrivacyEvent(1.3, 5, 50), count=4)
     report = privacy_report(GaussianUpload(seed=0), flower_accountant=acc)
     assert report.central_epsilon == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
+
+
+def test_the_report_says_what_embedding_dp_eps_costs_an_example():
+    """eps=4 on an 8-wide embedding is eps 16 per release (8 coordinates at eps 2): the report
+    states both next to the figure, so the 16 is no surprise at the call site."""
+    layer = kf.EmbeddingDPLayer(eps=4.0, seed=0)
+    layer(np.ones((2, 8), "float32"), training=True, example_ids=np.arange(2))
+    report = privacy_report(layer)
+    (row,) = report.releases
+    assert math.isclose(report.per_release_epsilon(row), 16.0, rel_tol=1e-3)
+    assert ("eps=4 randomizes each of its 8 coordinates at eps 2 (eps/2), so one release of an "
+            "example's embedding is eps 16 (8 x 2)") in str(report)

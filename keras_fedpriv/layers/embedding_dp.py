@@ -20,7 +20,11 @@ from keras_fedpriv.mechanisms.ledger import (
     ReleaseLedger,
     non_private_event,
 )
-from keras_fedpriv.mechanisms.quantize import quantize_rr, quantize_rr_dp_event
+from keras_fedpriv.mechanisms.quantize import (
+    quantize_realized_epsilon,
+    quantize_rr,
+    quantize_rr_dp_event,
+)
 from keras_fedpriv.mechanisms.validation import validate_eps
 
 STE_MODES = ("identity", "hardtanh")
@@ -204,6 +208,14 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
                              "num_coordinates (the embedding size).")
         return quantize_rr_dp_event(self.eps, d)
 
+    def _cost_in_words(self, d):
+        """What ``eps`` costs an example per release, e.g. "eps=4 randomizes each of its 8
+        coordinates at eps 2 (eps/2), so one release of an example's embedding is eps 16"."""
+        per_coordinate = quantize_realized_epsilon(self.eps)
+        return (f"eps={self.eps:g} randomizes each of its {d} coordinates at eps "
+                f"{per_coordinate:.3g} (eps/2), so one release of an example's embedding is "
+                f"eps {d * per_coordinate:.3g} ({d} x {per_coordinate:.3g})")
+
     def privacy_ledger(self) -> ReleaseLedger:
         """What this layer has released so far, as a `ReleaseLedger` (unit: example)."""
         totals = self._release_totals()
@@ -221,8 +233,9 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
         if self.eps is None or d == 0:
             return ledger
         kind = ReleaseKind(name, "features", EXAMPLE, self.dp_event(num_coordinates=d),
-                           "the follower's embedding: every call is a release of each row "
-                           "(counted per example id; calls without ids count for every example)")
+                           f"the follower's embedding: {self._cost_in_words(d)}; every call is a "
+                           f"release of each row (counted per example id; calls without ids "
+                           f"count for every example)")
         self._record_fresh_releases(ledger, kind, totals)
         return ledger
 
