@@ -330,3 +330,50 @@ def test_exported_from_the_package():
     assert kf.VAEBottom is VAEBottom
     assert kf.layers.VAEBottom is VAEBottom
     assert keras.saving.get_registered_object("keras_fedpriv>VAEBottom") is VAEBottom
+
+
+def _vertical(bottom_a, n=64):
+    from keras_fedpriv.federated import VerticalModel, with_example_ids
+
+    rng = np.random.default_rng(0)
+    xa = rng.normal(size=(n, 6)).astype("float32")
+    xb = rng.normal(size=(n, 4)).astype("float32")
+    y = (xa[:, 0] + xb[:, 0] > 0).astype("float32")
+    bottom_b = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4)])
+    top = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1, activation="sigmoid")])
+    model = VerticalModel({"party_a": bottom_a, "party_b": bottom_b}, top, leader="party_b")
+    model.compile("adam", "binary_crossentropy")
+    return model, with_example_ids({"party_a": xa, "party_b": xb}), y
+
+
+def test_a_follower_vae_bottom_counts_its_releases_per_example_id():
+    """A follower whose bottom is a VAEBottom, given example ids: 3 epochs of 4 batches are 3
+    releases of each example (as an EmbeddingDPLayer follower counts), not 12 (one per
+    batch, each counted for every example); without DP, so the features are not private."""
+    from keras_fedpriv.privacy import privacy_report
+
+    keras.utils.set_random_seed(0)
+    vae = VAEBottom(4, hidden_units=(8,), beta=0.1, seed=3, name="vae")
+    vae.build((None, 6))
+    model, x, y = _vertical(vae)
+    model.fit(x, y, epochs=3, batch_size=16, shuffle=False, verbose=0)
+    report = privacy_report(model, protects="features")
+    assert {r.mechanism: r.count for r in report.releases} == {"VAEBottom 'vae'": 3}
+    assert math.isinf(report.epsilon)
+    ids, counts = vae._release_id_counts_nonzero()
+    assert ids.tolist() == list(range(64)) and set(counts.tolist()) == {3}
+    assert vae.release_calls()["fresh_with_ids"] == 12
+
+
+def test_a_vae_bottom_inside_a_larger_bottom_is_counted_by_its_follower():
+    """Inside a Sequential the ids cannot reach the VAEBottom: the follower counts each
+    message (one per batch, for every example) and the layer records nothing twice."""
+    from keras_fedpriv.privacy import privacy_report
+
+    keras.utils.set_random_seed(0)
+    vae = VAEBottom(4, hidden_units=(8,), beta=0.1, seed=3, name="vae")
+    model, x, y = _vertical(keras.Sequential([keras.Input((6,)), vae]))
+    model.fit(x, y, epochs=3, batch_size=16, shuffle=False, verbose=0)
+    rows = {r.mechanism: r.count for r in privacy_report(model, protects="features").releases}
+    assert rows == {"VerticalModel follower 'party_a'": 12}
+    assert not any(vae.release_calls().values())

@@ -6,6 +6,12 @@ The embedding a follower sends up is a reparameterized posterior sample
 ``z = mu(x) + sigma(x) * n``, ``n ~ N(0, I)``, with ``sigma = exp(0.5 *
 logvar)``, at training and at inference: the internal randomness is the
 protection. `keras_fedpriv.privacy.deldp` estimates its dELDP epsilon.
+
+Called with ``example_ids`` (as a vertical follower's bottom does), each call
+is recorded per example id in the layer's release ledger, with the same
+counters as `EmbeddingDPLayer` (`keras_fedpriv.layers.release_counter`): a
+release without a DP guarantee (the sample's randomness is not a DP
+mechanism), counted once per example per pass, not once per batch.
 """
 
 from __future__ import annotations
@@ -17,8 +23,15 @@ import numpy as np
 import tensorflow as tf
 from numpy.typing import ArrayLike
 
+from keras_fedpriv.layers import release_counter as rc
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.logs import logger, verbose_scope
+from keras_fedpriv.mechanisms.ledger import (
+    EXAMPLE,
+    ReleaseKind,
+    ReleaseLedger,
+    non_private_event,
+)
 from keras_fedpriv.mechanisms.validation import (
     validate_eps,
     validate_int_sequence,
@@ -41,7 +54,7 @@ def kl_to_standard_normal(mu: tf.Tensor, logvar: tf.Tensor) -> tf.Tensor:
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
-class VAEBottom(SecretRandomMixin, keras.layers.Layer):
+class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
     """A follower's bottom model that sends a VAE posterior sample.
 
     After "Exploiting Internal Randomness for Privacy in Vertical Federated Learning", ESORICS 2024.
@@ -67,6 +80,16 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
     so that `pretrain` can fit encoder + decoder on the party's own features
     (reconstruction MSE + beta * KL) before vertical training. The decoder is
     never used in `call` and nothing it computes is sent.
+
+    Called with ``example_ids`` (integers, one per row: a vertical follower
+    whose bottom model is this layer passes them), every call is recorded as
+    a release of each row's example, counted per example id
+    (`privacy_ledger`; ``release_calls()``), like `EmbeddingDPLayer`'s: a run
+    of E epochs counts E releases per example, not one per batch. The release
+    has no DP guarantee (the internal randomness is not a DP mechanism), so a
+    privacy report says "not private" for the features, as it would for an
+    unprotected embedding. Calls without ids are not recorded here (inside a
+    larger bottom model, the follower counts its messages itself).
 
     `encode` gives ``(mu, logvar)`` without sampling and `sigma` the standard
     deviation ``exp(0.5 * logvar)``; `keras_fedpriv.privacy.deldp` uses them to
@@ -111,6 +134,7 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
                             f"{with_decoder!r} of type {type(with_decoder).__name__}.")
         self.with_decoder = bool(with_decoder)
         self._init_rng(seed)
+        self._init_release_counter()
         policy = self.dtype_policy
         self.hidden_layers = [keras.layers.Dense(u, activation="relu", dtype=policy,
                                                  name=f"hidden_{i}")
@@ -192,13 +216,36 @@ class VAEBottom(SecretRandomMixin, keras.layers.Layer):
         """beta * mean over the batch of the per-example KL (a scalar)."""
         return self.beta * tf.reduce_mean(kl_to_standard_normal(mu, logvar))
 
-    def call(self, inputs: tf.Tensor, training: bool | None = None) -> tf.Tensor:
+    def call(self, inputs: tf.Tensor, training: bool | None = None,
+             example_ids: ArrayLike | None = None) -> tf.Tensor:
         # `training` is accepted for Keras' sake and deliberately ignored: the
         # sample is drawn at inference too.
         mu, logvar = self._encode(inputs)
         if self.beta > 0:
             self.add_loss(self._kl(mu, logvar))
+        if example_ids is not None:
+            ids = tf.reshape(tf.convert_to_tensor(example_ids), [-1])
+            if not ids.dtype.is_integer:
+                raise TypeError(f"VAEBottom: `example_ids` must be integers; got dtype "
+                                f"{ids.dtype.name}.")
+            self._count_release(rc.FRESH_IDS, tf.shape(mu)[0], ids)
         return self._sample(mu, logvar)
+
+    def privacy_ledger(self) -> ReleaseLedger:
+        """The calls made with example ids, as releases without DP (unit: example).
+
+        Returns:
+            A `ReleaseLedger`: one kind, ``non_private_event()``, counted per
+            example id (a call whose ids do not name every row counts for
+            every example).
+        """
+        ledger = ReleaseLedger()
+        kind = ReleaseKind(f"VAEBottom {self.name!r}", "features", EXAMPLE, non_private_event(),
+                           "the follower's embedding, a sample of the VAE's posterior: its "
+                           "internal randomness is no DP guarantee (deldp gives an empirical "
+                           "estimate); counted per example id")
+        self._record_fresh_releases(ledger, kind, self._release_totals())
+        return ledger
 
     # --- the decoder and pretraining --------------------------------------------------
 

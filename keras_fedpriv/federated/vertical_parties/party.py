@@ -365,10 +365,19 @@ class PartyBottom:
             protected) and the ``add_loss`` / regularizer losses of the
             party's layers.
         """
-        z = self.bottom(features, training=training)
-        losses = list(self.bottom.losses)
         protection = self.protection
-        if self.sends and count and not is_protection(protection):
+        # a follower's bottom that records its own releases (a VAEBottom) counts them per
+        # example id when its output is what is sent
+        counted_by_bottom = (self.sends and count and example_ids is not None
+                             and not is_protection(protection) and is_protection(self.bottom)
+                             and tf.as_dtype(example_ids.dtype).is_integer
+                             and takes_example_ids(self.bottom))
+        if counted_by_bottom:
+            z = self.bottom(features, training=training, example_ids=example_ids)
+        else:
+            z = self.bottom(features, training=training)
+        losses = list(self.bottom.losses)
+        if self.sends and count and not is_protection(protection) and not counted_by_bottom:
             self._counter.count(rows_of(z))
         if protection is None:
             return z, z, losses
