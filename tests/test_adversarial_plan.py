@@ -275,3 +275,24 @@ def test_two_layers_whose_busiest_examples_differ_are_checked_on_exact_counts():
     assert second.release_id_max() == 2
     with pytest.raises(PlanExceeded, match="over the plan's target"):
         check.on_train_batch_end(2)
+
+
+def test_counts_restored_from_the_host_are_seen_from_the_first_batch_of_a_fit():
+    """Per-example counts put in place without the layer's calls (a follower's restored state)
+    leave the running maximum behind; the check reads the table once when a fit starts, so
+    its first batch, about other examples, already sees 3 restored releases (plan: 2)."""
+    from keras_fedpriv.layers.local_state import load_local_state, local_state
+
+    plan = plan_run(4.0, releases=2, mechanism="embedding_dp", num_coordinates=3)
+    layer = kf.EmbeddingDPLayer(eps=plan.epsilon, seed=1)
+    x = np.ones((4, 3), "float32")
+    layer(x, training=True, example_ids=np.arange(4))
+    state = local_state([layer])
+    state["0/release_id_values"] = np.full(4, 3, np.int64)  # as if restored: 3 each
+    load_local_state([layer], state)
+    assert layer.release_id_max() == 1  # behind the table until it is read
+    check = PlanCheck(plan, callbacks=[layer])
+    check.on_train_begin()
+    layer(x, training=True, example_ids=np.arange(4, 8))  # other examples: their maximum is 1
+    with pytest.raises(PlanExceeded, match="3 release\\(s\\) of the busiest example"):
+        check.on_train_batch_end(0)

@@ -20,10 +20,12 @@ shared by all replicas, never mirrored):
 * ``release_id_max`` (int32, created with ``release_id_counts``): a running
   maximum of the per-id counts, updated by the same call from the counts of
   that call's ids only (no scan of the whole table). It never under-states
-  the busiest example's count (a race between concurrent calls can only
-  over-state it); `PlanCheck` reads it after every batch to bound the
-  per-example releases without reading the whole table
-  (`busiest_bound`).
+  what the layer's calls counted (a race between concurrent calls can only
+  over-state it); counts put in place from the host catch up at once
+  (``load_weights``, ``.keras`` files) or at the next full read of the table
+  (any ledger or report; `PlanCheck` makes one at the start of every fit).
+  `PlanCheck` reads it after every batch to bound the per-example releases
+  without reading the whole table (`busiest_bound`).
 
 Counting is a few ``assign_add`` / ``scatter_add`` ops on the layer's own
 variables: atomic under concurrent calls (the variable's lock), compiled by

@@ -528,6 +528,8 @@ class PlanCheck(EpsilonLogger):
         objs, protects = [self._run(), *self.callbacks], self.plan.protects
         if self._protections is None:
             self._protections = find_protections(objs)
+            for protection in self._protections:  # once per fit: a full read brings a layer's
+                protection.privacy_ledger()        # running maximum up to counts restored since
         if not self._protections:  # nothing found: not private
             self.plan._judge(PrivacyReport(privacy_ledger(objs), self.plan.target_delta),
                              warn=False)
