@@ -10,6 +10,8 @@ followers behind it are `VerticalFollower` objects serving the leader's messages
 
 import json
 import logging
+import secrets
+import uuid
 
 import keras
 import numpy as np
@@ -17,7 +19,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict  # noqa: E402
 
 import keras_fedpriv as kf  # noqa: E402
 from keras_fedpriv.federated import VerticalModel  # noqa: E402
@@ -28,8 +30,6 @@ from keras_fedpriv.federated.vertical_parties.loop import (  # noqa: E402
     FollowerRequest,
     serve_request,
 )
-
-from flower_stubs import Reply  # noqa: E402
 
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
 
@@ -67,15 +67,18 @@ def model_fn():
     return model
 
 
-def _hello(party, spec):
-    return RecordDict({"config": ConfigRecord({"party": party, "spec": spec})})
+def _hello(party, spec, token=None):
+    return RecordDict({"config": ConfigRecord({
+        "party": party, "spec": spec,
+        "rejoin-token": secrets.token_bytes(32) if token is None else token})})
 
 
 class _Grid:
     """A SuperLink stand-in: real followers at their nodes, and whatever else is connected.
 
     ``others`` maps a node id to the content it answers the leader's query with (a RecordDict,
-    or a string: an error reply). Every message the leader sends is kept in ``sent``.
+    or a string: an error reply). Every message the leader sends is kept in ``sent``. As
+    Flower's Grid, it gives every message an id, and every reply names the id it answers.
     """
 
     def __init__(self, others=None):
@@ -84,6 +87,7 @@ class _Grid:
         self.tables = {F1: FeatureTable(X["f1"]), F2: FeatureTable(X["f2"])}
         self.others = dict(others or {})
         self.sent = []
+        self.tokens = {F1: secrets.token_bytes(32), F2: secrets.token_bytes(32)}
 
     def spec(self, node=F1):
         return json.dumps(self.followers[node].spec.to_config())
@@ -94,20 +98,24 @@ class _Grid:
     def send_and_receive(self, messages, timeout=None):
         replies = []
         for m in messages:
+            m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             node, kind = m.metadata.dst_node_id, m.metadata.message_type
             self.sent.append((node, kind))
             if node in self.others:  # a rogue answers the rest with an error reply
                 answer = self.others[node] if kind == "query" else "not a follower"
-                replies.append(Reply(None, node, error=answer) if isinstance(answer, str)
-                               else Reply(answer, node))
+                replies.append(Message(Error(0, answer), reply_to=m) if isinstance(answer, str)
+                               else Message(answer, reply_to=m))
             elif kind == "query":
                 follower = self.followers[node]
-                replies.append(Message(_hello(follower.name, self.spec(node)), reply_to=m))
+                replies.append(Message(_hello(follower.name, self.spec(node), self.tokens[node]),
+                                       reply_to=m))
             elif kind in ("train", "evaluate"):
                 content = m.content
+                config = content["config"]
                 request = FollowerRequest.from_arrays(
                     *[({k: a.numpy() for k, a in content[r].items()} if r in content else None)
-                      for r in ("ids", "gradient")], training=kind == "train")
+                      for r in ("ids", "gradient")], training=kind == "train",
+                    message=config["message"], answers=config["answers"])
                 arrays = serve_request(self.followers[node], request, self.tables[node])
                 replies.append(Message(RecordDict({"embedding": arrays_record(arrays)}), reply_to=m))
             else:
@@ -211,8 +219,8 @@ def test_case8_an_unpinned_follower_is_trusted_on_first_claim(in_a_run, caplog):
     """What pins are for (documented): with nothing pinned and the real f1 absent, the rogue
     is the only node claiming f1 and becomes it; the log warned that f1 was unpinned."""
     grid = _LateF1(late=10**9)
-    with _capture(caplog):
-        _run(grid)
+    with _capture(caplog), pytest.raises(RuntimeError, match="epoch 1 trained no step"):
+        _run(grid)  # the rogue answers nothing useful: the run stops, naming it
     assert "train" in grid.messages_to(ROGUE)
     assert "follower 'f1' is not pinned to a node id" in caplog.text
 
