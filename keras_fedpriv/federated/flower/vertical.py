@@ -540,6 +540,8 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                     continue
                 traffic["up"] += message_nbytes(reply)
                 out[p] = _embedding_reply(reply, request, leader.follower_specs[p])
+                if isinstance(out[p], str):
+                    out[p] = f"node {roster.node_of[p]}: {out[p]}"
             return out
 
         marks = {"up": 0, "down": 0, "time": time.perf_counter()}
