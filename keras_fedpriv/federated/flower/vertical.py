@@ -110,6 +110,7 @@ from keras_fedpriv.federated.vertical_parties import (  # noqa: E402
     VerticalLeader,
 )
 from keras_fedpriv.federated.vertical_parties.party import validate_party_name  # noqa: E402
+from keras_fedpriv.layers.local_state import local_state  # noqa: E402
 from keras_fedpriv.mechanisms.validation import (  # noqa: E402
     validate_positive_int,
     validate_seed,
@@ -130,6 +131,15 @@ class _Cached:
     table: FeatureTable
     version: int  # the node-state version this object holds
     token: bytes = b""  # the follower's rejoin token for the run (b"": not drawn yet)
+    # (message, random counter before, after, batches embedded; -1: refused) of the last
+    # message served
+    sent: tuple[int, int, int, int] | None = None
+
+
+def random_counter(follower: VerticalFollower) -> int:
+    """The sum of the follower's random counters (Philox positions): only ever goes up."""
+    return int(sum(int(np.asarray(v).reshape(-1)[0]) for k, v in
+                   local_state(follower.layers).items() if k.endswith("/rng_counter")))
 
 
 # One built follower per (run, node) in a process. The apps' closures reach it through
@@ -237,7 +247,22 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
         PrivacyBudget(max_epsilon, budget_delta)  # checks the arguments now
     max_batches_per_message = validate_batches_per_message(max_batches_per_message,
                                                            "max_batches_per_message")
-    app = ClientApp(mods=[durable_state_mod(state_dir)])
+    def audit(msg: Message, context: Context, call_next: Any) -> Message:
+        """Log what a served message used of the follower's randomness, once its state is
+        written (the durable state's mod runs inside this one): a restarted follower's lines
+        show its random counters going on, never back."""
+        reply = call_next(msg, context)
+        cached = _followers().get((context.run_id, context.node_id))
+        if cached is not None and cached.sent is not None:
+            message, before, after, batches = cached.sent
+            cached.sent = None
+            logger.info("follower %r (node %s) %s message %d (%d batches embedded): random "
+                        "counter %d -> %d", cached.follower.name, context.node_id,
+                        "refused" if batches < 0 else "answered", message, max(batches, 0),
+                        before, after)
+        return reply
+
+    app = ClientApp(mods=[audit, durable_state_mod(state_dir)])
 
     def max_batches(context: Context) -> int:
         node = context.node_config.get("max-batches-per-message")
@@ -300,6 +325,8 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
         cached = load(context)
         content = msg.content
         config = content["config"] if "config" in content else {}
+        counter = random_counter(cached.follower)
+        batches = 0
         try:
             limit = max_batches(context)
             request = FollowerRequest.from_arrays(
@@ -312,6 +339,7 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
             before = None if cap is None else privacy_ledger(cached.follower)
             reply = RecordDict({"embedding": arrays_record(
                 serve_request(cached.follower, request, cached.table, limit))})
+            batches = len(request.example_ids or [])
             if cap is not None:
                 # checked and recorded in one step under the budget file's lock, as a new
                 # entry: a follower restarted within the run still counts what it sent
@@ -335,6 +363,8 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
             logger.debug("follower %r: the error", cached.follower.name, exc_info=True)
             reply = RecordDict({"error": ConfigRecord({"reason": reason})})
         save(context, cached)
+        cached.sent = (cached.follower.last_message, counter, random_counter(cached.follower),
+                       batches if "embedding" in reply else -1)
         return Message(reply, reply_to=msg)
 
     @app.query()
