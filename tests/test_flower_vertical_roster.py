@@ -110,6 +110,34 @@ def test_a_lost_reply_leaves_the_follower_in_step_with_the_leader(in_a_run, capl
     assert "follower 'f1' is back as node 10 (was node 10)" in caplog.text
 
 
+def test_a_restarted_node_whose_worker_is_not_up_yet_is_asked_again(in_a_run, caplog):
+    """f1's SuperNode restarts as node 12 before its party worker is up: its first
+    introduction is an error reply. It is asked again (not refused for good), and once its
+    worker answers it is taken back."""
+    grid = FakeGrid()
+    count = {"train": 0, "query": 0}
+
+    def fault(to, kind, config):
+        if to == F1 and kind == "train":
+            count["train"] += 1
+            if count["train"] == 2:
+                grid.others[12] = "ClientApp raised: the worker is not up"
+                return "gone"
+        if to == 12 and kind == "query":
+            count["query"] += 1
+            if count["query"] == 2:  # its worker is up now
+                del grid.others[12]
+                grid.move(F1, 12)
+        return None
+
+    grid.fault = fault
+    with _capture(caplog):
+        result = run_leader_on(grid)
+    assert grid.messages_to(12)[:3] == ["query", "query", "train"]
+    assert result.history["steps"] == [BATCHES - 1.0]
+    assert "follower 'f1' is back as node 12 (was node 10)" in caplog.text
+
+
 def test_a_node_without_the_followers_token_is_refused_and_the_run_stops_naming_it(in_a_run,
                                                                                   caplog):
     """f1's node goes away; node 13 then claims f1 with another token (a rogue, or f1 started

@@ -20,7 +20,9 @@ What crosses the wire (Flower ``Message`` contents):
   (rows_i,)}`` for batches ``i = 0 .. K - 1``), ``"gradient"``
   (``{"<i>/gradient": float (rows_i, ...)}``, the cut gradients of the
   follower's training batches awaiting them, oldest first) when there are
-  some, and ``"config"`` (epoch, step);
+  some, and ``"config"`` (epoch, step; ``message``: the leader's number
+  of the message, from 1; ``answers``: the number of the message whose
+  batches the gradients are for, see `FollowerRequest`);
 * follower -> leader: ``"embedding"``: exactly the follower's wire arrays
   of each batch asked for (`encode_embedding`: ``{"<i>/bits": uint8 (rows_i,
   ceil(d / 8))}`` with an `EmbeddingDPLayer`, else ``{"<i>/embedding":
@@ -29,16 +31,20 @@ What crosses the wire (Flower ``Message`` contents):
   type). A follower refuses a message of more batches than its operator
   allows (``max_batches_per_message``, node config
   ``max-batches-per-message``);
-* once, before training (``"query"``): the follower's party name and
-  `EmbeddingSpec`, which must match the leader's (two nodes claiming one
-  follower stop the run; a follower pinned to a node id is only that node:
-  see `vertical_server_app`); at the end (``"query.finish"``): nothing (the
-  follower's ``on_finish`` runs).
+* before training, and when a follower is missing (``"query"``): the
+  follower's party name, `EmbeddingSpec` (which must match the leader's) and
+  rejoin token (32 random bytes it drew for the run; a restarted follower is
+  taken back only with it: `keras_fedpriv.federated.flower.vertical_roster`);
+  two nodes claiming one follower stop the run; a follower pinned to a node
+  id is only that node (see `vertical_server_app`); at the end
+  (``"query.finish"``): nothing (the follower's ``on_finish`` runs).
 
-The leader checks every reply (`decode_embedding`: keys, dtype, shape,
-padding bits, finite floats); an error reply, a missing or malformed one is
-logged with its reason (never its data) and the message's batches are
-skipped, so nothing malformed is ever used. A follower checks the gradients it receives
+The leader matches each reply to the message it answers and checks it
+(`decode_embedding`: keys, dtype, shape, padding bits, finite floats); an
+error reply, a missing or malformed one is logged with its reason (never its
+data) and the message's batches are skipped, so nothing malformed is ever
+used. A follower whose reply is missing, or a Flower error, is waited for
+before the next message (up to the run config's ``follower-deadline``). A follower checks the gradients it receives
 the same way (`decode_gradient`) and answers a malformed one with an error.
 
 A follower's state lives in its node's ``context.state`` between messages
@@ -47,8 +53,15 @@ Engine may route a node's messages to different worker processes): its
 weights, optimizer, the local state of its layers (random counters, release
 counts and, for unseeded layers, its secret key: it stays on the party's own
 SuperNode) and the batches awaiting their gradients (with the weights they
-were embedded with, once those have changed). A process keeps the built
-follower and reloads the state only when another process has moved on.
+were embedded with, once those have changed), the numbers of the last
+messages it served, and its rejoin token. A process keeps the built follower
+and reloads the state only when another process has moved on; when the node
+state is behind the process's follower (its last state never reached the
+SuperNode), the process's follower is kept and written back. With a
+``state-dir`` the whole node state is also kept in a private file on the
+party's disk, written before each reply leaves
+(`keras_fedpriv.federated.flower.party_store`), so a restarted follower
+rejoins its run where it was.
 """
 
 from __future__ import annotations

@@ -150,8 +150,8 @@ class FollowerRoster:
         self.node_of: dict[str, int] = {}
         self.tokens: dict[str, bytes] = {}
         self.missing: dict[str, float] = {}  # follower -> when it went missing (monotonic)
-        self.asked: set[int] = set()  # nodes asked to introduce themselves and not taken
-        self.rejoins: list[tuple[str, int, int]] = []  # (follower, old node, new node)
+        # nodes that introduced themselves and were not taken (never asked again)
+        self.asked: set[int] = set()
 
     # -- names ------------------------------------------------------------------------------
     def name(self, party: str) -> str:
@@ -285,11 +285,7 @@ class FollowerRoster:
         """
         while self.missing:
             self._check_deadline()
-            nodes = set(self.grid.get_node_ids())
-            ask = sorted((nodes - self.asked - set(self.node_of.values()))
-                         | {self.node_of[p] for p in self.missing if self.node_of[p] in nodes}
-                         | {self.pins[p] for p in self.missing
-                            if p in self.pins and self.pins[p] in nodes})
+            ask = sorted(self._candidates(set(self.grid.get_node_ids())))
             if ask:
                 left = self.deadline - (time.monotonic() - min(self.missing.values()))
                 replies = matched_replies(self.grid, {n: _query(n) for n in ask},
@@ -297,6 +293,16 @@ class FollowerRoster:
                 self._take_back(replies, ask)
             if self.missing:
                 time.sleep(self.poll_interval)
+
+    def _candidates(self, nodes: set[int]) -> set[int]:
+        """The connected nodes to ask for the missing followers: every node not asked before
+        and each missing follower's pinned node; the missing followers' own nodes only when
+        there is no new one (a dead node still listed would hold the round up)."""
+        pinned = {self.pins[p] for p in self.missing if p in self.pins} & nodes
+        fresh = nodes - self.asked - set(self.node_of.values())
+        if fresh:
+            return fresh | pinned
+        return {self.node_of[p] for p in self.missing} & nodes | pinned
 
     def _check_deadline(self) -> None:
         now = time.monotonic()
@@ -316,7 +322,10 @@ class FollowerRoster:
         claims: dict[str, list[int]] = {}
         for node in asked:
             reply = replies.get(node)
-            if reply is None:
+            if reply is None or reply.has_error():  # not up yet (e.g. its worker): ask again
+                if reply is not None:
+                    logger.info("node %s did not introduce itself: %s", node,
+                                first_line(reply.error.reason))
                 continue
             party = self._rejoin_claim(node, reply)
             if party is None:
@@ -335,15 +344,10 @@ class FollowerRoster:
             self.asked.discard(new)
             if old != new:
                 self.asked.add(old)
-            self.rejoins.append((party, old, new))
             logger.warning("follower %r is back as node %s (was node %s)", party, new, old)
 
     def _rejoin_claim(self, node: int, reply: Message) -> str | None:
         """The missing follower ``node`` may be taken back as, or None (refused, logged)."""
-        if reply.has_error():
-            logger.info("node %s did not introduce itself: %s", node,
-                        first_line(reply.error.reason))
-            return None
         try:
             party, spec, token = introduction(reply)
         except MalformedMessage as error:
