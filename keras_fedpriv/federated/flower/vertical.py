@@ -314,9 +314,10 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
         if cached is None:
             cached = cache[key] = build(context)
         if cached.version > version:
-            logger.warning("follower %r: the node state (version %d) is behind this process's "
-                           "follower (version %d); the follower's is kept and written back",
-                           cached.follower.name, version, cached.version)
+            logger.warning("follower %r (node %s): the node state (version %d) is behind this "
+                           "process's follower (version %d); the follower's is kept and written "
+                           "back", cached.follower.name, context.node_id, version,
+                           cached.version)
             write(context, cached)
         elif cached.version < version:
             if _STATE in context.state:
@@ -361,8 +362,8 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
         except BudgetExhausted:
             # not sent: the follower goes back to the state before this request (the node
             # state still holds it), so the refused release is neither counted nor replayed
-            logger.warning("follower %r refused a request: its privacy budget is spent",
-                           cached.follower.name)
+            logger.warning("follower %r (node %s) refused a request: its privacy budget is "
+                           "spent", cached.follower.name, context.node_id)
             _followers().pop((context.run_id, context.node_id), None)
             return Message(RecordDict({"error": ConfigRecord(
                 {"reason": "BudgetExhausted: the follower's privacy budget is spent"})}),
@@ -371,8 +372,8 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
             # Answered, not raised: the node state then keeps what did happen (a gradient
             # applied, a release made), as in one process; the leader gets the reason only.
             reason = failure_reason(error)
-            logger.warning("follower %r failed to serve a request: %s", cached.follower.name,
-                           reason)
+            logger.warning("follower %r (node %s) failed to serve a request: %s",
+                           cached.follower.name, context.node_id, reason)
             logger.debug("follower %r: the error", cached.follower.name, exc_info=True)
             reply = RecordDict({"error": ConfigRecord({"reason": reason})})
         save(context, cached)
