@@ -44,8 +44,9 @@ The leader matches each reply to the message it answers and checks it
 error reply, a missing or malformed one is logged with its reason (never its
 data) and the message's batches are skipped, so nothing malformed is ever
 used. A follower whose reply is missing, or a Flower error, is waited for
-before the next message (up to the run config's ``follower-deadline``). A follower checks the gradients it receives
-the same way (`decode_gradient`) and answers a malformed one with an error.
+before the next message (up to the run config's ``follower-deadline``). A
+follower checks the gradients it receives the same way (`decode_gradient`)
+and answers a malformed one with an error.
 
 A follower's state lives in its node's ``context.state`` between messages
 (Flower's Deployment Engine starts a process per message; the Simulation
@@ -135,7 +136,6 @@ logger = logging.getLogger("keras_fedpriv.flower")
 
 _STATE = "keras-fedpriv-vertical-state"
 _META = "keras-fedpriv-vertical-meta"
-_PIN = PIN_KEY  # run config: party-node.<party> = the node id pinned to that follower
 
 
 @dataclasses.dataclass
@@ -260,6 +260,7 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
         PrivacyBudget(max_epsilon, budget_delta)  # checks the arguments now
     max_batches_per_message = validate_batches_per_message(max_batches_per_message,
                                                            "max_batches_per_message")
+
     def audit(msg: Message, context: Context, call_next: Any) -> Message:
         """Log what a served message used of the follower's randomness, once its state is
         written (the durable state's mod runs inside this one): a restarted follower's lines
@@ -420,8 +421,8 @@ def _pins(party_nodes: Mapping[str, Any] | None, run_config: Mapping[str, Any],
     """
     pins: dict[str, int] = {}
     given = [(f"`party_nodes`[{p!r}]", p, n) for p, n in dict(party_nodes or {}).items()]
-    given += [(f"run config {k!r}", k[len(_PIN):], v) for k, v in run_config.items()
-              if str(k).startswith(_PIN)]
+    given += [(f"run config {k!r}", k[len(PIN_KEY):], v) for k, v in run_config.items()
+              if str(k).startswith(PIN_KEY)]
     for where, party, value in given:
         if isinstance(value, str) and not value.strip():
             continue
