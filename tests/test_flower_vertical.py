@@ -239,9 +239,9 @@ def test_a_follower_with_a_budget_refuses_the_embeddings_that_would_go_over_it(t
                                  on_epoch_end=lambda e, logs: out.setdefault("skipped", []).append(
                                      logs["skipped"]), **RUN)
     # an epoch that trains nothing stops the run, naming the followers and why
-    with pytest.raises(UntrainedEpoch, match=r"^epoch 2 trained no step: .*follower 'f1': node "
-                                             r"\d+: error reply: BudgetExhausted: the follower's "
-                                             r"privacy budget is spent; follower 'f2'"):
+    with pytest.raises(UntrainedEpoch, match=r"^epoch 2 trained no step: .*follower 'f1' \(node "
+                                             r"\d+\): error reply: BudgetExhausted: the "
+                                             r"follower's privacy budget is spent; follower 'f2'"):
         run_simulation(server_app=server, client_app=client, num_supernodes=2,
                        backend_config=BACKEND)
     batches = -(-N // RUN["batch_size"])

@@ -81,7 +81,9 @@ def test_a_gone_nodes_reply_from_sender_0_is_matched_to_its_follower_which_rejoi
     grid.fault = _fault_at(F1, 2, "gone", then=lambda: grid.move(F1, 12))
     with _capture(caplog):
         result = run_leader_on(grid, epochs=2)
-    assert result.rejected == [(0, 1, "f1", "node 10: error reply: Node Unavailable")]
+    assert result.rejected == [(0, 1, "f1", "error reply: Node Unavailable")]
+    assert "epoch 1 step 2: the reply of follower 'f1' (node 10) was not used: error reply: " \
+        "Node Unavailable" in caplog.text
     assert result.history["steps"] == [BATCHES - 1.0, BATCHES]
     assert grid.messages_to(12)[0] == "query" and grid.messages_to(12)[-1] == "query.finish"
     assert grid.messages_to(12).count("train") == 2 * BATCHES - 1  # and the last gradients
@@ -162,7 +164,7 @@ def test_an_epoch_that_trains_nothing_stops_the_run_naming_the_follower(in_a_run
     grid = FakeGrid()
     grid.tables[F2] = FeatureTable(X["f2"][:4])  # f2 knows 4 of the 24 examples
     with pytest.raises(UntrainedEpoch, match=(
-            r"^epoch 1 trained no step: all 3 batches were skipped.*follower 'f2': node 11: "
+            r"^epoch 1 trained no step: all 3 batches were skipped.*follower 'f2' \(node 11\): "
             r"error reply: MalformedMessage: .* unknown to this party")):
         run_leader_on(grid, epochs=2)
     assert grid.messages_to(F2).count("train") == BATCHES

@@ -577,16 +577,13 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
             for p, request in requests.items():
                 reply = replies.get(p)
                 if reply is None:
-                    out[p] = f"node {roster.node_of[p]}: no reply within {wait:g} s"
+                    out[p] = f"no reply within {wait:g} s"
                     continue
                 if reply.has_error():
-                    out[p] = (f"node {roster.node_of[p]}: error reply: "
-                              f"{first_line(reply.error.reason)}")
+                    out[p] = f"error reply: {first_line(reply.error.reason)}"
                     continue
                 traffic["up"] += message_nbytes(reply)
                 out[p] = _embedding_reply(reply, request, leader.follower_specs[p])
-                if isinstance(out[p], str):
-                    out[p] = f"node {roster.node_of[p]}: {out[p]}"
             return out
 
         marks = {"up": 0, "down": 0, "time": time.perf_counter()}
@@ -607,7 +604,8 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                                 batches_per_message=k, seed=seed, shuffle=shuffle,
                                 validation_data=validation,
                                 validation_batch_size=validation_batch_size,
-                                on_epoch_end=clock, stop_when_untrained=True)
+                                on_epoch_end=clock, stop_when_untrained=True,
+                                describe=roster.name)
         except (UntrainedEpoch, FollowerGone) as error:
             logger.error("the run stops: %s", error)
             raise

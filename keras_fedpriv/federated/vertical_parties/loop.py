@@ -311,14 +311,14 @@ class UntrainedEpoch(RuntimeError):
     """An epoch of `run_leader` in which every batch was skipped: the run stops."""
 
 
-def _untrained(epoch: int, num_batches: int, rejected: Sequence[tuple[int, int, str, str]]
-               ) -> str:
+def _untrained(epoch: int, num_batches: int, rejected: Sequence[tuple[int, int, str, str]],
+               name: Callable[[str], str]) -> str:
     """The text of `UntrainedEpoch`: the epoch (from 1), and each follower's last reason."""
     last: dict[str, str] = {}
     for e, _, party, reason in rejected:
         if e == epoch:
             last[party] = reason
-    why = "; ".join(f"follower {p!r}: {r}" for p, r in sorted(last.items())) or "no reason"
+    why = "; ".join(f"{name(p)}: {r}" for p, r in sorted(last.items())) or "no reason"
     return (f"epoch {epoch + 1} trained no step: all {num_batches} batches were skipped, as "
             f"the replies of some followers could not be used ({why}). The run stops rather "
             "than go on training nothing: bring the follower(s) named back, or look in their "
@@ -409,7 +409,8 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
                validation_data: tuple[Any, Any, Any] | None = None,
                validation_batch_size: int = 256,
                on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
-               stop_when_untrained: bool = False) -> VerticalRunResult:
+               stop_when_untrained: bool = False,
+               describe: Callable[[str], str] | None = None) -> VerticalRunResult:
     """The leader's loop: epochs of batches, ``batches_per_message`` per round trip.
 
     Args:
@@ -438,6 +439,8 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
             and steps from 1).
         stop_when_untrained: raise `UntrainedEpoch` after an epoch in which
             every batch was skipped (no training step), instead of going on.
+        describe: how log lines and errors name a follower (default
+            ``follower 'f1'``; the Flower leader adds the node id).
 
     Every message to a follower is numbered (`FollowerRequest.message`, from
     1) and gradients name the message whose batches they are for
@@ -470,6 +473,7 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
     if x is not None and {np.shape(a)[0] for a in tree.flatten(x)} != {len(y)}:
         raise ValueError("run_leader: `x` must have one row per label.")
     followers = list(leader.follower_specs)
+    name = describe if describe is not None else (lambda p: f"follower {p!r}")
     history: dict[str, list[float]] = {}
     rejected: list[tuple[int, int, str, str]] = []
     wire: dict[str, dict[str, Any]] = {}
@@ -505,8 +509,8 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
                            "dtype": str(next(iter(first.values())).dtype),
                            "bytes_per_example": _nbytes(first) // max(rows[0], 1)}
         for p, reason in reasons.items():
-            logger.warning("epoch %d %s: the reply of follower %r was not used: %s",
-                           epoch + 1, "validation" if step < 0 else f"step {step + 1}", p,
+            logger.warning("epoch %d %s: the reply of %s was not used: %s",
+                           epoch + 1, "validation" if step < 0 else f"step {step + 1}", name(p),
                            reason)
             rejected.append((epoch, step, p, reason))
         return replies, (None if reasons else received)
@@ -559,7 +563,7 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
         if on_epoch_end is not None:
             on_epoch_end(epoch, logs)
         if stop_when_untrained and not totals["steps"]:
-            raise UntrainedEpoch(_untrained(epoch, len(batches), rejected))
+            raise UntrainedEpoch(_untrained(epoch, len(batches), rejected, name))
     if pending is not None:  # the last gradients: no batch asked, no embedding expected
         replies = exchange(number({p: FollowerRequest(gradients=pending[p], epoch=epochs,
                                                       step=0) for p in followers}))
@@ -567,7 +571,7 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
             reply = replies.get(p, "no reply")
             if isinstance(reply, str) or reply:
                 reason = reply if isinstance(reply, str) else "an embedding nobody asked for"
-                logger.warning("the last gradients of follower %r: %s", p, reason)
+                logger.warning("the last gradients of %s: %s", name(p), reason)
                 rejected.append((epochs, 0, p, reason))
     return VerticalRunResult(leader, history, rejected, wire)
 
