@@ -470,7 +470,10 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
     node authentication on, a node id belongs to one registered key, so no
     other node can take a pinned follower's place. An unpinned follower is
     trusted on first claim (a warning is logged): if its real node is absent,
-    a single node claiming its name becomes it.
+    a single node claiming its name becomes it. A follower that goes missing
+    mid-run (its SuperNode restarted: a new node id without node
+    authentication) is taken back only by a node that presents its rejoin
+    token (and, when pinned, has its pinned node id).
 
     Args:
         leader_fn: ``leader_fn()`` (with ``context=`` if declared) -> the
