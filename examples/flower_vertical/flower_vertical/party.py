@@ -13,6 +13,11 @@ Each follower's node config names its party (``--node-config "party='f1' worker-
 from flower_vertical.task import FOLLOWERS, follower_features, model_fn
 
 from keras_fedpriv.federated.flower.vertical import vertical_client_app
+from keras_fedpriv.logs import set_verbosity
+
+# the follower's log shows, per message, what it used of its randomness (its random counter
+# going on, never back, over a restart too) and any request it refused
+set_verbosity("info")
 
 
 def _follower(party):
@@ -20,5 +25,7 @@ def _follower(party):
 
 
 # a follower's own cap on what it releases about each example, over every run, can be set by
-# its operator: --node-config "... max-epsilon=40 privacy-budget-path='/var/lib/fl/f1.json'"
+# its operator: --node-config "... max-epsilon=40 privacy-budget-path='/var/lib/fl/f1.json'";
+# with --node-config "... state-dir='/var/lib/fl-f1'" (a folder of mode 700) the follower keeps
+# its state there and rejoins a run after a restart (docs/flower.md)
 app = vertical_client_app(_follower, follower_features, parties=list(FOLLOWERS))

@@ -20,7 +20,9 @@ What crosses the wire (Flower ``Message`` contents):
   (rows_i,)}`` for batches ``i = 0 .. K - 1``), ``"gradient"``
   (``{"<i>/gradient": float (rows_i, ...)}``, the cut gradients of the
   follower's training batches awaiting them, oldest first) when there are
-  some, and ``"config"`` (epoch, step);
+  some, and ``"config"`` (epoch, step; ``message``: the leader's number
+  of the message, from 1; ``answers``: the number of the message whose
+  batches the gradients are for, see `FollowerRequest`);
 * follower -> leader: ``"embedding"``: exactly the follower's wire arrays
   of each batch asked for (`encode_embedding`: ``{"<i>/bits": uint8 (rows_i,
   ceil(d / 8))}`` with an `EmbeddingDPLayer`, else ``{"<i>/embedding":
@@ -29,17 +31,22 @@ What crosses the wire (Flower ``Message`` contents):
   type). A follower refuses a message of more batches than its operator
   allows (``max_batches_per_message``, node config
   ``max-batches-per-message``);
-* once, before training (``"query"``): the follower's party name and
-  `EmbeddingSpec`, which must match the leader's (two nodes claiming one
-  follower stop the run; a follower pinned to a node id is only that node:
-  see `vertical_server_app`); at the end (``"query.finish"``): nothing (the
-  follower's ``on_finish`` runs).
+* before training, and when a follower is missing (``"query"``): the
+  follower's party name, `EmbeddingSpec` (which must match the leader's) and
+  rejoin token (32 random bytes it drew for the run; a restarted follower is
+  taken back only with it: `keras_fedpriv.federated.flower.vertical_roster`);
+  two nodes claiming one follower stop the run; a follower pinned to a node
+  id is only that node (see `vertical_server_app`); at the end
+  (``"query.finish"``): nothing (the follower's ``on_finish`` runs).
 
-The leader checks every reply (`decode_embedding`: keys, dtype, shape,
-padding bits, finite floats); an error reply, a missing or malformed one is
-logged with its reason (never its data) and the message's batches are
-skipped, so nothing malformed is ever used. A follower checks the gradients it receives
-the same way (`decode_gradient`) and answers a malformed one with an error.
+The leader matches each reply to the message it answers and checks it
+(`decode_embedding`: keys, dtype, shape, padding bits, finite floats); an
+error reply, a missing or malformed one is logged with its reason (never its
+data) and the message's batches are skipped, so nothing malformed is ever
+used. A follower whose reply is missing, or a Flower error, is waited for
+before the next message (up to the run config's ``follower-deadline``). A
+follower checks the gradients it receives the same way (`decode_gradient`)
+and answers a malformed one with an error.
 
 A follower's state lives in its node's ``context.state`` between messages
 (Flower's Deployment Engine starts a process per message; the Simulation
@@ -47,8 +54,15 @@ Engine may route a node's messages to different worker processes): its
 weights, optimizer, the local state of its layers (random counters, release
 counts and, for unseeded layers, its secret key: it stays on the party's own
 SuperNode) and the batches awaiting their gradients (with the weights they
-were embedded with, once those have changed). A process keeps the built
-follower and reloads the state only when another process has moved on.
+were embedded with, once those have changed), the numbers of the last
+messages it served, and its rejoin token. A process keeps the built follower
+and reloads the state only when another process has moved on; when the node
+state is behind the process's follower (its last state never reached the
+SuperNode), the process's follower is kept and written back. With a
+``state-dir`` the whole node state is also kept in a private file on the
+party's disk, written before each reply leaves
+(`keras_fedpriv.federated.flower.party_store`), so a restarted follower
+rejoins its run where it was.
 """
 
 from __future__ import annotations
@@ -58,6 +72,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -82,13 +97,21 @@ from keras_fedpriv.federated.flower.common import (  # noqa: E402
     party_budget,
     wait_for_nodes,
 )
+from keras_fedpriv.federated.flower.party_store import durable_state_mod  # noqa: E402
 from keras_fedpriv.federated.flower.recent_runs import RecentRuns  # noqa: E402
+from keras_fedpriv.federated.flower.vertical_roster import (  # noqa: E402
+    PIN_KEY,
+    TOKEN_BYTES,
+    FollowerGone,
+    FollowerRoster,
+)
 from keras_fedpriv.privacy.budget import BudgetExhausted, PrivacyBudget  # noqa: E402
 from keras_fedpriv.privacy.report import privacy_ledger  # noqa: E402
 from keras_fedpriv.federated.vertical_parties.loop import (  # noqa: E402
     MAX_BATCHES_PER_MESSAGE,
     FeatureTable,
     FollowerRequest,
+    UntrainedEpoch,
     VerticalRunResult,
     failure_reason,
     run_leader,
@@ -96,12 +119,12 @@ from keras_fedpriv.federated.vertical_parties.loop import (  # noqa: E402
     validate_batches_per_message,
 )
 from keras_fedpriv.federated.vertical_parties import (  # noqa: E402
-    EmbeddingSpec,
     MalformedMessage,
     VerticalFollower,
     VerticalLeader,
 )
 from keras_fedpriv.federated.vertical_parties.party import validate_party_name  # noqa: E402
+from keras_fedpriv.layers.local_state import local_state  # noqa: E402
 from keras_fedpriv.mechanisms.validation import (  # noqa: E402
     validate_positive_int,
     validate_seed,
@@ -113,14 +136,23 @@ logger = logging.getLogger("keras_fedpriv.flower")
 
 _STATE = "keras-fedpriv-vertical-state"
 _META = "keras-fedpriv-vertical-meta"
-_PIN = "party-node."  # run config: party-node.<party> = the node id pinned to that follower
 
 
 @dataclasses.dataclass
 class _Cached:
     follower: VerticalFollower
     table: FeatureTable
-    version: int  # the node-state version this object holds (-1: reload)
+    version: int  # the node-state version this object holds
+    token: bytes = b""  # the follower's rejoin token for the run (b"": not drawn yet)
+    # (message, random counter before, after, batches embedded; -1: refused) of the last
+    # message served
+    sent: tuple[int, int, int, int] | None = None
+
+
+def random_counter(follower: VerticalFollower) -> int:
+    """The sum of the follower's random counters (Philox positions): only ever goes up."""
+    return int(sum(int(np.asarray(v).reshape(-1)[0]) for k, v in
+                   local_state(follower.layers).items() if k.endswith("/rng_counter")))
 
 
 # One built follower per (run, node) in a process. The apps' closures reach it through
@@ -163,7 +195,8 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
                         on_finish: Callable[..., None] | None = None,
                         max_epsilon: float | None = None, budget_delta: float = 1e-5,
                         budget_path: str | Callable[[Context], str] | None = None,
-                        max_batches_per_message: int = MAX_BATCHES_PER_MESSAGE
+                        max_batches_per_message: int = MAX_BATCHES_PER_MESSAGE,
+                        state_dir: str | Callable[[Context], str] | None = None
                         ) -> ClientApp:
     """A Flower `ClientApp`: one follower of vertical FL.
 
@@ -205,6 +238,17 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
             (K - 1 steps) and how many batches it keeps awaiting gradients.
             The node config key ``max-batches-per-message`` sets it too; with
             both, the smaller counts.
+        state_dir: None, the absolute path of a folder of the party's user
+            with mode 700 on the follower's machine, or ``state_dir(context)``
+            returning one (node config key ``state-dir`` takes precedence):
+            the follower's whole node state (bottom model, optimizer, random
+            counters and keys, release counts, batches awaiting gradients,
+            rejoin token) is kept there in a file of mode 600 per run,
+            written before each reply leaves
+            (`keras_fedpriv.federated.flower.party_store`), so a restarted
+            SuperNode's follower rejoins the run where it was, never
+            rewinding a counter. Without it a restarted follower cannot
+            rejoin its run.
 
     Returns:
         A `flwr.clientapp.ClientApp` answering the messages of
@@ -216,7 +260,23 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
         PrivacyBudget(max_epsilon, budget_delta)  # checks the arguments now
     max_batches_per_message = validate_batches_per_message(max_batches_per_message,
                                                            "max_batches_per_message")
-    app = ClientApp()
+
+    def audit(msg: Message, context: Context, call_next: Any) -> Message:
+        """Log what a served message used of the follower's randomness, once its state is
+        written (the durable state's mod runs inside this one): a restarted follower's lines
+        show its random counters going on, never back."""
+        reply = call_next(msg, context)
+        cached = _followers().get((context.run_id, context.node_id))
+        if cached is not None and cached.sent is not None:
+            message, before, after, batches = cached.sent
+            cached.sent = None
+            logger.info("follower %r (node %s) %s message %d (%d batches embedded): random "
+                        "counter %d -> %d", cached.follower.name, context.node_id,
+                        "refused" if batches < 0 else "answered", message, max(batches, 0),
+                        before, after)
+        return reply
+
+    app = ClientApp(mods=[audit, durable_state_mod(state_dir)])
 
     def max_batches(context: Context) -> int:
         node = context.node_config.get("max-batches-per-message")
@@ -225,52 +285,76 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
         return min(max_batches_per_message,
                    validate_batches_per_message(int(node), "max-batches-per-message"))
 
+    def build(context: Context) -> _Cached:
+        party = party_fn(context) if party_fn is not None else _party_of(context, parties)
+        follower = call_with_context(follower_fn, party, context=context)
+        if not isinstance(follower, VerticalFollower) or follower.name != party:
+            raise TypeError(f"follower_fn({party!r}) must return the VerticalFollower named "
+                            f"{party!r}; got {type(follower).__name__}.")
+        data = call_with_context(data_fn, party, context=context)
+        table = (data if isinstance(data, FeatureTable) else
+                 FeatureTable(data[1], data[0]) if isinstance(data, tuple) else
+                 FeatureTable(data))
+        return _Cached(follower, table, 0)
+
     def load(context: Context) -> _Cached:
+        """This process's follower for the node, made the newest of itself and the node state.
+
+        The node state wins when it is newer (another process moved on); the
+        process's follower wins when it is newer (its last reply's node state
+        never reached the SuperNode: a relay that timed out or was killed
+        after the worker answered) and is written back into the node state.
+        Nothing is replayed either way: a release either copy made stays
+        counted, and no random counter goes back.
+        """
         key = (context.run_id, context.node_id)
-        version = int(context.state[_META]["version"]) if _META in context.state else 0
+        meta = context.state[_META] if _META in context.state else ConfigRecord({})
+        version = int(meta.get("version", 0))
         cache = _followers(context.run_id)
         cached = cache.get(key)
-        if cached is not None and version == 0 and cached.version != 0:
-            # A node state that starts afresh, while this process kept a follower under the
-            # same (run, node) ids (a worker process reused by the engine for a new run).
-            cached = None
         if cached is None:
-            party = party_fn(context) if party_fn is not None else _party_of(context, parties)
-            follower = call_with_context(follower_fn, party, context=context)
-            if not isinstance(follower, VerticalFollower) or follower.name != party:
-                raise TypeError(f"follower_fn({party!r}) must return the VerticalFollower named "
-                                f"{party!r}; got {type(follower).__name__}.")
-            data = call_with_context(data_fn, party, context=context)
-            table = (data if isinstance(data, FeatureTable) else
-                     FeatureTable(data[1], data[0]) if isinstance(data, tuple) else
-                     FeatureTable(data))
-            cached = cache[key] = _Cached(follower, table, 0)
-        if cached.version != version:
+            cached = cache[key] = build(context)
+        if cached.version > version:
+            logger.warning("follower %r (node %s): the node state (version %d) is behind this "
+                           "process's follower (version %d); the follower's is kept and written "
+                           "back", cached.follower.name, context.node_id, version,
+                           cached.version)
+            write(context, cached)
+        elif cached.version < version:
             if _STATE in context.state:
                 cached.follower.load_state_dict(_arrays(context.state[_STATE]))
             cached.version = version
+            token = meta.get("token", b"")
+            cached.token = token if isinstance(token, bytes) else b""
         return cached
 
-    def save(context: Context, cached: _Cached) -> None:
+    def write(context: Context, cached: _Cached) -> None:
         context.state[_STATE] = arrays_record(cached.follower.state_dict())
+        context.state[_META] = ConfigRecord({"version": cached.version, "token": cached.token})
+
+    def save(context: Context, cached: _Cached) -> None:
         cached.version += 1
-        context.state[_META] = ConfigRecord({"version": cached.version})
+        write(context, cached)
 
     def serve(msg: Message, context: Context, training: bool) -> Message:
         cached = load(context)
         content = msg.content
         config = content["config"] if "config" in content else {}
+        counter = random_counter(cached.follower)
+        batches = 0
         try:
             limit = max_batches(context)
             request = FollowerRequest.from_arrays(
                 _arrays(content["ids"]) if "ids" in content else None,
                 _arrays(content["gradient"]) if "gradient" in content else None,
                 training=training, max_batches=limit, epoch=int(config.get("epoch", 0)),
-                step=int(config.get("step", 0)))
+                step=int(config.get("step", 0)), message=int(config.get("message", 0)),
+                answers=int(config.get("answers", 0)))
             cap = party_budget(context, max_epsilon, budget_delta, budget_path, per_record=True)
             before = None if cap is None else privacy_ledger(cached.follower)
             reply = RecordDict({"embedding": arrays_record(
                 serve_request(cached.follower, request, cached.table, limit))})
+            batches = len(request.example_ids or [])
             if cap is not None:
                 # checked and recorded in one step under the budget file's lock, as a new
                 # entry: a follower restarted within the run still counts what it sent
@@ -279,8 +363,8 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
         except BudgetExhausted:
             # not sent: the follower goes back to the state before this request (the node
             # state still holds it), so the refused release is neither counted nor replayed
-            logger.warning("follower %r refused a request: its privacy budget is spent",
-                           cached.follower.name)
+            logger.warning("follower %r (node %s) refused a request: its privacy budget is "
+                           "spent", cached.follower.name, context.node_id)
             _followers().pop((context.run_id, context.node_id), None)
             return Message(RecordDict({"error": ConfigRecord(
                 {"reason": "BudgetExhausted: the follower's privacy budget is spent"})}),
@@ -289,19 +373,25 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
             # Answered, not raised: the node state then keeps what did happen (a gradient
             # applied, a release made), as in one process; the leader gets the reason only.
             reason = failure_reason(error)
-            logger.warning("follower %r failed to serve a request: %s", cached.follower.name,
-                           reason)
+            logger.warning("follower %r (node %s) failed to serve a request: %s",
+                           cached.follower.name, context.node_id, reason)
             logger.debug("follower %r: the error", cached.follower.name, exc_info=True)
             reply = RecordDict({"error": ConfigRecord({"reason": reason})})
         save(context, cached)
+        cached.sent = (cached.follower.last_message, counter, random_counter(cached.follower),
+                       batches if "embedding" in reply else -1)
         return Message(reply, reply_to=msg)
 
     @app.query()
     def hello(msg: Message, context: Context) -> Message:
-        follower = load(context).follower
+        cached = load(context)
+        if not cached.token:  # drawn once per run, kept in the node state (never logged)
+            cached.token = secrets.token_bytes(TOKEN_BYTES)
+            save(context, cached)
+        follower = cached.follower
         return Message(RecordDict({"config": ConfigRecord(
-            {"party": follower.name, "spec": json.dumps(follower.spec.to_config())})}),
-            reply_to=msg)
+            {"party": follower.name, "spec": json.dumps(follower.spec.to_config()),
+             "rejoin-token": cached.token})}), reply_to=msg)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -322,29 +412,6 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
     return app
 
 
-def _introduction(reply: Message) -> tuple[str, EmbeddingSpec]:
-    """The party name and spec of one ``"query"`` reply (`MalformedMessage` if it has none)."""
-    try:
-        content = reply.content
-        if "config" not in content:
-            raise MalformedMessage("the reply has no 'config' record")
-        config = content["config"]
-        if not isinstance(config, ConfigRecord):
-            raise MalformedMessage(f"'config' is a {type(config).__name__}, not a ConfigRecord")
-        party, spec = config.get("party"), config.get("spec")
-        if not isinstance(party, str) or not isinstance(spec, str):
-            raise MalformedMessage("'config' must hold the strings 'party' and 'spec'")
-        try:
-            return party, EmbeddingSpec.from_config(json.loads(spec))
-        except Exception as error:  # noqa: BLE001 - whatever the text is, it is not a spec
-            raise MalformedMessage(f"its embedding spec does not parse "
-                                   f"({type(error).__name__})") from None
-    except MalformedMessage:
-        raise
-    except Exception as error:  # noqa: BLE001 - no reply may stop the leader
-        raise MalformedMessage(f"the reply cannot be read ({type(error).__name__})") from None
-
-
 def _pins(party_nodes: Mapping[str, Any] | None, run_config: Mapping[str, Any],
           leader: VerticalLeader) -> dict[str, int]:
     """Party -> node id: ``party_nodes`` and the run config's ``party-node.<party>`` keys.
@@ -354,8 +421,8 @@ def _pins(party_nodes: Mapping[str, Any] | None, run_config: Mapping[str, Any],
     """
     pins: dict[str, int] = {}
     given = [(f"`party_nodes`[{p!r}]", p, n) for p, n in dict(party_nodes or {}).items()]
-    given += [(f"run config {k!r}", k[len(_PIN):], v) for k, v in run_config.items()
-              if str(k).startswith(_PIN)]
+    given += [(f"run config {k!r}", k[len(PIN_KEY):], v) for k, v in run_config.items()
+              if str(k).startswith(PIN_KEY)]
     for where, party, value in given:
         if isinstance(value, str) and not value.strip():
             continue
@@ -376,103 +443,6 @@ def _pins(party_nodes: Mapping[str, Any] | None, run_config: Mapping[str, Any],
     return pins
 
 
-def _introduce(grid: Grid, nodes: list[int], leader: VerticalLeader, timeout: float,
-               pins: Mapping[str, int] | None = None) -> dict[str, int]:
-    """Ask every node its party and spec; party -> node id (specs must match the leader's).
-
-    A reply that is an error, malformed (no ``config`` record, no party or
-    spec, a spec that does not parse), from a node that was not asked or a
-    second one from the same node is refused with a logged reason. Which node
-    is which follower: a follower pinned in ``pins`` is only its pinned node
-    (any other node claiming it is ignored, logged); an unpinned follower
-    claimed by two or more nodes stops the run (`RuntimeError` naming the
-    party and the nodes): the leader never guesses, since the node it takes
-    would receive that follower's example ids and cut gradients. When every
-    follower is pinned only the pinned nodes are asked; an unpinned follower
-    is whichever single node claims it (logged: trusted on first claim).
-    """
-    pins = dict(pins or {})
-    unpinned = sorted(set(leader.follower_specs) - set(pins))
-    for party in unpinned:
-        logger.warning("follower %r is not pinned to a node id: the node that claims it is "
-                       "trusted on first claim (pin it: party_nodes= or the run config key "
-                       "'%s%s', with the SuperLink's node authentication on)", party, _PIN, party)
-    connected = sorted(nodes)
-    asked = set(connected) if unpinned else set(pins.values()) & set(connected)
-    replies = grid.send_and_receive(
-        [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type="query")
-         for n in sorted(asked)], timeout=timeout)
-    told: dict[int, str] = {}  # node -> what its answer was, for the error below
-    claims: dict[str, list[tuple[int, EmbeddingSpec]]] = {}
-    answered: set[int] = set()
-    for reply in replies:
-        node = reply.metadata.src_node_id
-        if node not in asked or node in answered:
-            logger.warning("node %s: an introduction that was not asked for (%s); ignored", node,
-                           "a second reply" if node in answered else "not queried")
-            continue
-        answered.add(node)
-        if reply.has_error():
-            logger.warning("node %s did not introduce itself: %s", node,
-                           first_line(reply.error.reason))
-            told[node] = "answered the query with an error"
-            continue
-        try:
-            party, spec = _introduction(reply)
-        except MalformedMessage as error:
-            logger.warning("node %s: its introduction was refused: %s", node, error)
-            told[node] = f"sent a malformed introduction ({error})"
-            continue
-        if party not in leader.follower_specs:
-            logger.warning("node %s is party %r, not a follower of this leader; ignored", node,
-                           party[:64])
-            told[node] = f"introduced itself as {party[:64]!r}"
-            continue
-        told[node] = f"introduced itself as {party!r}"
-        if party in pins and node != pins[party]:
-            logger.warning("node %s claims follower %r, which is pinned to node %s; ignored",
-                           node, party, pins[party])
-            continue
-        claims.setdefault(party, []).append((node, spec))
-    doubled = {p: sorted(n for n, _ in c) for p, c in claims.items() if len(c) > 1}
-    for party, claimants in sorted(doubled.items()):
-        logger.error("nodes %s all claim to be follower %r; the run does not start", claimants,
-                     party)
-    if doubled:
-        party, claimants = sorted(doubled.items())[0]
-        more = f" (and {len(doubled) - 1} more followers)" if len(doubled) > 1 else ""
-        raise RuntimeError(
-            f"nodes {claimants} all claim to be follower {party!r}{more}: the leader does not "
-            f"start rather than send {party!r}'s example ids and cut gradients to a node that "
-            "may not be it. Stop the extra node, or pin each follower to its node id "
-            f"(vertical_server_app(party_nodes=...) or the run config key '{_PIN}{party}') "
-            "with the SuperLink's node authentication on.")
-    node_of: dict[str, int] = {}
-    for party, ((node, spec),) in claims.items():
-        if spec != leader.follower_specs[party]:
-            raise RuntimeError(f"follower {party!r} sends {spec}, but the leader expects "
-                               f"{leader.follower_specs[party]}; both must be built from the "
-                               "same model.")
-        node_of[party] = node
-    missing = sorted(set(leader.follower_specs) - set(node_of))
-
-    def why(party: str) -> str:
-        node = pins.get(party)
-        if node is None:
-            return f"{party!r}: no node claimed it"
-        if node not in asked:
-            return f"{party!r}: pinned node {node} is not connected (connected: {connected})"
-        return f"{party!r}: pinned node {node} " + told.get(
-            node, f"did not answer the query within {timeout:g} s")
-
-    if missing:
-        raise RuntimeError(f"the followers {missing} did not introduce themselves ("
-                           + "; ".join(why(p) for p in missing)
-                           + "); refused introductions are logged on the "
-                           "'keras_fedpriv.flower' logger.")
-    return node_of
-
-
 def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Callable[..., Any],
                         *, epochs: int = 1, batch_size: int = 32, batches_per_message: int = 1,
                         seed: int | None = None,
@@ -481,8 +451,8 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                         connect_timeout: float = 300.0,
                         on_finish: Callable[[VerticalRunResult], None] | None = None,
                         party_nodes: Mapping[str, int] | None = None,
-                        on_epoch_end: Callable[[int, dict[str, float]], None] | None = None
-                        ) -> ServerApp:
+                        on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
+                        follower_deadline: float = 600.0) -> ServerApp:
     """A Flower `ServerApp`: the leader of vertical FL, which drives the run.
 
     Run settings can be overridden per run with Flower's run config:
@@ -500,7 +470,10 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
     node authentication on, a node id belongs to one registered key, so no
     other node can take a pinned follower's place. An unpinned follower is
     trusted on first claim (a warning is logged): if its real node is absent,
-    a single node claiming its name becomes it.
+    a single node claiming its name becomes it. A follower that goes missing
+    mid-run (its SuperNode restarted: a new node id without node
+    authentication) is taken back only by a node that presents its rejoin
+    token (and, when pinned, has its pinned node id).
 
     Args:
         leader_fn: ``leader_fn()`` (with ``context=`` if declared) -> the
@@ -537,6 +510,19 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
         on_epoch_end: None, or called with ``(epoch, logs)`` after every
             epoch (the leader's logs, with ``wire_bytes_up``,
             ``wire_bytes_down`` and ``epoch_time_s``): e.g. a progress line.
+        follower_deadline: seconds a follower may stay missing (no reply, or
+            its node gone) while the leader waits for it to rejoin; past it
+            the run stops with `FollowerGone` naming the follower and its
+            node id (run config ``follower-deadline``).
+
+    A run that cannot train stops with an error (the ServerApp raises, and
+    Flower marks the run ``finished:failed``): an epoch in which every batch
+    was skipped (`UntrainedEpoch`), or a follower missing for longer than
+    ``follower_deadline`` (`FollowerGone`). Before each message round the
+    leader waits for a missing follower to come back
+    (`keras_fedpriv.federated.flower.vertical_roster`): a restarted follower
+    is taken back only with its rejoin token, and the numbered messages drop
+    the batches it embedded that the leader skipped.
 
     Returns:
         A `flwr.serverapp.ServerApp`.
@@ -548,6 +534,7 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
     seed = validate_seed(seed)
     if not isinstance(shuffle, bool):
         raise TypeError(f"`shuffle` must be a bool; got {shuffle!r}.")
+    follower_deadline = _positive_seconds(follower_deadline, "follower_deadline")
     app = ServerApp()
 
     @app.main()
@@ -561,6 +548,8 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
         wait = float(run.get("round-timeout", round_timeout))
         if not wait > 0:
             raise ValueError(f"`round-timeout` must be > 0 seconds; got {wait!r}.")
+        gone = _positive_seconds(run.get("follower-deadline", follower_deadline),
+                                 "follower-deadline")
         leader = call_with_context(leader_fn, context=context)
         if not isinstance(leader, VerticalLeader):
             raise TypeError(f"leader_fn must return a VerticalLeader; got "
@@ -577,53 +566,27 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                                    n: "follower " + ", ".join(repr(p) for p, m in
                                                              sorted(pins.items()) if m == n)
                                    for n in set(pins.values())})
-        node_of = _introduce(grid, nodes, leader, wait, pins)
-        party_of = {n: p for p, n in node_of.items()}
+        roster = FollowerRoster(grid, leader.follower_specs, pins, wait, gone)
+        roster.introduce(nodes)
         traffic = {"up": 0, "down": 0}
 
         def exchange(requests):
-            messages = []
-            for p, request in requests.items():
-                content = RecordDict({"config": ConfigRecord({"epoch": request.epoch,
-                                                              "step": request.step})})
-                ids, gradients = request.to_arrays()
-                if ids is not None:
-                    content["ids"] = arrays_record(ids)
-                if gradients is not None:
-                    content["gradient"] = arrays_record(gradients)
-                messages.append(Message(content, dst_node_id=node_of[p],
-                                        message_type="train" if request.training
-                                        else "evaluate"))
-            traffic["down"] += sum(message_nbytes(m) for m in messages)
+            roster.recover()  # a missing follower first comes back (or the run stops)
+            messages = {p: _request_message(request, roster.node_of[p])
+                        for p, request in requests.items()}
+            traffic["down"] += sum(message_nbytes(m) for m in messages.values())
+            replies = roster.send(messages)
             out: dict[str, Any] = {}
-            for reply in grid.send_and_receive(messages, timeout=wait):
-                p = party_of.get(reply.metadata.src_node_id)
-                if p is None or p not in requests:
-                    logger.warning("a reply from node %s, which was not asked; ignored",
-                                   reply.metadata.src_node_id)
+            for p, request in requests.items():
+                reply = replies.get(p)
+                if reply is None:
+                    out[p] = f"no reply within {wait:g} s"
                     continue
                 if reply.has_error():
                     out[p] = f"error reply: {first_line(reply.error.reason)}"
                     continue
                 traffic["up"] += message_nbytes(reply)
-                if "error" in reply.content:
-                    reason = reply.content["error"].get("reason", "")
-                    out[p] = f"error reply: {first_line(reason)}"
-                elif "embedding" not in reply.content:
-                    out[p] = "the reply has no 'embedding' record"
-                else:
-                    rows = sum(len(i) for i in requests[p].example_ids or [])
-                    # checked before anything is deserialized: numpy arrays only, and no more
-                    # bytes than a float64 embedding of the rows asked for
-                    batches = max(len(requests[p].example_ids or []), 1)
-                    limit = 8 * max(rows, 1) * leader.follower_specs[p].coordinates + \
-                        4096 * batches
-                    try:
-                        out[p] = checked_arrays(reply.content["embedding"], "embedding", limit)
-                    except MalformedMessage as error:
-                        out[p] = f"malformed reply: {error}"
-                    except Exception as error:  # an Array that does not decode
-                        out[p] = f"the reply's arrays do not decode ({type(error).__name__})"
+                out[p] = _embedding_reply(reply, request, leader.follower_specs[p])
             return out
 
         marks = {"up": 0, "down": 0, "time": time.perf_counter()}
@@ -639,24 +602,75 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
             if on_epoch_end is not None:
                 on_epoch_end(epoch, {**logs, **{key: v[-1] for key, v in extra.items()}})
 
-        result = run_leader(leader, exchange, ids, y, x, epochs=n_epochs, batch_size=size,
-                            batches_per_message=k, seed=seed, shuffle=shuffle,
-                            validation_data=validation,
-                            validation_batch_size=validation_batch_size, on_epoch_end=clock)
+        try:
+            result = run_leader(leader, exchange, ids, y, x, epochs=n_epochs, batch_size=size,
+                                batches_per_message=k, seed=seed, shuffle=shuffle,
+                                validation_data=validation,
+                                validation_batch_size=validation_batch_size,
+                                on_epoch_end=clock, stop_when_untrained=True,
+                                describe=roster.name)
+        except (UntrainedEpoch, FollowerGone) as error:
+            logger.error("the run stops: %s", error)
+            raise
         result.history.update(extra)
-        for reply in grid.send_and_receive(
-                [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
-                         message_type="query.finish") for n in node_of.values()], timeout=wait):
-            if reply.has_error():
-                logger.warning("follower %r failed to finish: %s",
-                               party_of.get(reply.metadata.src_node_id),
-                               first_line(reply.error.reason))
+        replies = roster.send({p: Message(RecordDict({"config": ConfigRecord({})}),
+                                          dst_node_id=n, message_type="query.finish")
+                               for p, n in roster.node_of.items()})
+        for p in sorted(roster.node_of):
+            if p not in replies or replies[p].has_error():
+                logger.warning("%s failed to finish: %s", roster.name(p),
+                               "no reply" if p not in replies
+                               else first_line(replies[p].error.reason))
         if run.get("result-path"):
             _write_result(str(run["result-path"]), result)
         if on_finish is not None:
             on_finish(result)
 
     return app
+
+
+def _positive_seconds(value: Any, name: str) -> float:
+    """``value`` as a finite number of seconds > 0 (a ValueError naming ``name`` if not)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(value, bool) or not 0 < seconds < float("inf"):
+        raise ValueError(f"`{name}` must be a number of seconds > 0; got {value!r}.")
+    return seconds
+
+
+def _request_message(request: FollowerRequest, node: int) -> Message:
+    """The Flower message of one `FollowerRequest` to ``node``."""
+    content = RecordDict({"config": ConfigRecord({
+        "epoch": request.epoch, "step": request.step, "message": request.message,
+        "answers": request.answers})})
+    ids, gradients = request.to_arrays()
+    if ids is not None:
+        content["ids"] = arrays_record(ids)
+    if gradients is not None:
+        content["gradient"] = arrays_record(gradients)
+    return Message(content, dst_node_id=node,
+                   message_type="train" if request.training else "evaluate")
+
+
+def _embedding_reply(reply: Message, request: FollowerRequest, spec: Any) -> Any:
+    """A follower's reply content: its embedding arrays (checked in size), or why not."""
+    if "error" in reply.content:
+        return f"error reply: {first_line(reply.content['error'].get('reason', ''))}"
+    if "embedding" not in reply.content:
+        return "the reply has no 'embedding' record"
+    rows = sum(len(i) for i in request.example_ids or [])
+    # checked before anything is deserialized: numpy arrays only, and no more bytes than a
+    # float64 embedding of the rows asked for
+    batches = max(len(request.example_ids or []), 1)
+    limit = 8 * max(rows, 1) * spec.coordinates + 4096 * batches
+    try:
+        return checked_arrays(reply.content["embedding"], "embedding", limit)
+    except MalformedMessage as error:
+        return f"malformed reply: {error}"
+    except Exception as error:  # an Array that does not decode
+        return f"the reply's arrays do not decode ({type(error).__name__})"
 
 
 def _write_result(folder: str, result: VerticalRunResult) -> None:

@@ -74,6 +74,11 @@ class VerticalFollower(PartyBottom):
             self.optimizer.build(self.trainable_variables)
         self._queue: list[_Pending] = []  # training batches awaiting their gradients, oldest first
         self._fns: dict[Any, Any] = {}
+        #: the number of the newest leader message served (0: none numbered), and of the
+        #: message whose batches await their gradients (0: none, or unnumbered); the leader
+        #: numbers its messages from 1 (`keras_fedpriv.federated.vertical_parties.loop`)
+        self.last_message = 0
+        self.pending_message = 0
 
     # -- traced pieces (one trace each: batch dimension None) --------------------------------
     def _function(self, kind, has_ids):
@@ -195,6 +200,7 @@ class VerticalFollower(PartyBottom):
     def discard(self) -> None:
         """Forget the batches awaiting their gradients (their releases stay recorded)."""
         self._queue = []
+        self.pending_message = 0
 
     def receive_gradient(self, arrays: Mapping[str, Any], position: int = 0) -> np.ndarray:
         """A received gradient message, checked against the batch awaiting it.
@@ -290,8 +296,10 @@ class VerticalFollower(PartyBottom):
 
         The trainable weights, the optimizer's variables, the layers' local
         state (`keras_fedpriv.layers.local_state`: random counters and keys,
-        release counts) and the batches awaiting their gradients (with the
-        weights they were embedded with, where those have changed since).
+        release counts), the batches awaiting their gradients (with the
+        weights they were embedded with, where those have changed since) and
+        the numbers of the newest leader message served and of the message
+        those batches came from.
         Keep it where the party keeps its data (e.g. Flower's node state on
         its SuperNode).
         """
@@ -302,6 +310,7 @@ class VerticalFollower(PartyBottom):
         out.update({f"local/{k}": v for k, v in local_state(self.layers).items()})
         if self._counter is not None:
             out["unprotected"] = np.array([self._counter.value()], np.int64)
+        out["messages"] = np.array([self.last_message, self.pending_message], np.int64)
         weight_sets: list[list[np.ndarray]] = []
         for j, p in enumerate(self._queue):
             head = f"pending/{j}/"
@@ -367,6 +376,8 @@ class VerticalFollower(PartyBottom):
             value[self._counter.slot] = int(np.asarray(state["unprotected"]).reshape(-1)[0])
             var.assign(value)
         self._queue = queue
+        messages = np.asarray(state.get("messages", np.zeros(2, np.int64)), np.int64).reshape(-1)
+        self.last_message, self.pending_message = int(messages[0]), int(messages[1])
 
     def _pending_from_state(self, state):
         n = len(tree.flatten(self.input_spec))

@@ -53,8 +53,8 @@ from keras_fedpriv.federated.vertical_parties.wire import (
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 
 __all__ = ["MAX_BATCHES_PER_MESSAGE", "Exchange", "FeatureTable", "FollowerRequest",
-           "VerticalRunResult", "epoch_order", "failure_reason", "run_leader", "serve_request",
-           "validate_batches_per_message"]
+           "UntrainedEpoch", "VerticalRunResult", "epoch_order", "failure_reason", "run_leader",
+           "serve_request", "validate_batches_per_message"]
 
 logger = logging.getLogger("keras_fedpriv.vertical")
 
@@ -100,6 +100,14 @@ class FollowerRequest:
             follow) or inference ones (validation).
         epoch: the epoch (for logs).
         step: the epoch's step of the first batch (for logs).
+        message: the leader's number of this message (from 1, one more per
+            message it sends the follower in the run; 0: unnumbered). A
+            follower never serves a numbered message that is not newer than
+            the newest it served (an old or repeated message).
+        answers: the number of the message whose batches ``gradients`` are
+            for (0: unnumbered). A follower applies them only to the batches
+            it embedded for that message; batches of any other message that
+            await gradients are dropped (the leader skipped them).
     """
 
     gradients: list[dict[str, np.ndarray]] | None = None
@@ -107,6 +115,8 @@ class FollowerRequest:
     training: bool = True
     epoch: int = 0
     step: int = 0
+    message: int = 0
+    answers: int = 0
 
     def __post_init__(self) -> None:
         for name in ("gradients", "example_ids"):
@@ -130,7 +140,7 @@ class FollowerRequest:
     @classmethod
     def from_arrays(cls, ids: Mapping[str, Any] | None, gradients: Mapping[str, Any] | None, *,
                     training: bool, max_batches: int = MAX_BATCHES_PER_MESSAGE, epoch: int = 0,
-                    step: int = 0) -> FollowerRequest:
+                    step: int = 0, message: int = 0, answers: int = 0) -> FollowerRequest:
         """The request of `to_arrays`' wire arrays, checked (shapes are checked when served).
 
         Args:
@@ -140,6 +150,8 @@ class FollowerRequest:
             max_batches: the most batches either may hold.
             epoch: the epoch (for logs).
             step: the step (for logs).
+            message: the message's number (0: unnumbered).
+            answers: the number of the message the gradients are for.
 
         Returns:
             A `FollowerRequest`.
@@ -160,7 +172,13 @@ class FollowerRequest:
                 example_ids.append(a.astype(np.int64))
         grads = None if gradients is None else unpack_batches(
             gradients, "the gradient message", max_count=max_batches)
-        return cls(grads, example_ids, bool(training), int(epoch), int(step))
+        for name, value in (("message", message), ("answers", answers)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+                    not 0 <= value < 2**63:
+                raise MalformedMessage(f"the request's {name!r} must be an integer in "
+                                       "[0, 2**63).")
+        return cls(grads, example_ids, bool(training), int(epoch), int(step), int(message),
+                   int(answers))
 
 
 class FeatureTable:
@@ -222,6 +240,13 @@ def serve_request(follower: VerticalFollower, request: FollowerRequest,
     them (the leader skipped them). The batches are embedded one by one with
     the same weights, each a release recorded by the protection.
 
+    Numbered requests (`run_leader` numbers its messages) resynchronize a
+    follower with the leader after a lost message or a restart: a request
+    not newer than the newest one served is refused (nothing applied,
+    nothing embedded), and gradients that answer another message than the
+    one whose batches are waiting are refused; waiting batches that the
+    request does not answer are dropped (their releases stay recorded).
+
     Args:
         follower: the `VerticalFollower`.
         request: the leader's `FollowerRequest`.
@@ -243,6 +268,7 @@ def serve_request(follower: VerticalFollower, request: FollowerRequest,
         if batches is not None and len(batches) > max_batches:
             raise MalformedMessage(f"the request holds {len(batches)} {what}; this follower "
                                    f"serves at most {max_batches} batches per message.")
+    _check_order(follower, request)
     if gradients is not None:
         if len(gradients) != follower.pending_batches:
             raise MalformedMessage(f"the request holds {len(gradients)} gradients for "
@@ -250,16 +276,53 @@ def serve_request(follower: VerticalFollower, request: FollowerRequest,
         for j, g in enumerate(gradients):
             follower.receive_gradient(g, j)  # every one checked before any is applied
     xs = [features.rows(i) for i in ids or []]  # every id too
+    if request.message:
+        follower.last_message = request.message
     if gradients is not None:
         for g in gradients:
             follower.apply_gradients(g)
     elif follower.pending:
         follower.discard()
+    follower.pending_message = 0
     if not xs:
         return {}
-    return pack_batches([follower.embed(x, np.asarray(i, np.int64),
-                                        training=bool(request.training), queue=True)
-                         for x, i in zip(xs, ids)])
+    out = pack_batches([follower.embed(x, np.asarray(i, np.int64),
+                                       training=bool(request.training), queue=True)
+                        for x, i in zip(xs, ids)])
+    if request.training:
+        follower.pending_message = request.message
+    return out
+
+
+def _check_order(follower: VerticalFollower, request: FollowerRequest) -> None:
+    """Refuse a numbered request that is old, or whose gradients answer other batches."""
+    if request.message and request.message <= follower.last_message:
+        raise MalformedMessage(f"message {request.message} is not newer than message "
+                               f"{follower.last_message}, already served: an old or repeated "
+                               "message is never served again.")
+    if request.gradients is not None and request.answers != follower.pending_message and \
+            (request.answers or follower.pending_message):
+        held = (f"the batches awaiting gradients came from message {follower.pending_message}"
+                if follower.pending else "no batch awaits a gradient")
+        raise MalformedMessage(f"the gradients answer message {request.answers}, but {held}.")
+
+
+class UntrainedEpoch(RuntimeError):
+    """An epoch of `run_leader` in which every batch was skipped: the run stops."""
+
+
+def _untrained(epoch: int, num_batches: int, rejected: Sequence[tuple[int, int, str, str]],
+               name: Callable[[str], str]) -> str:
+    """The text of `UntrainedEpoch`: the epoch (from 1), and each follower's last reason."""
+    last: dict[str, str] = {}
+    for e, _, party, reason in rejected:
+        if e == epoch:
+            last[party] = reason
+    why = "; ".join(f"{name(p)}: {r}" for p, r in sorted(last.items())) or "no reason"
+    return (f"epoch {epoch + 1} trained no step: all {num_batches} batches were skipped, as "
+            f"the replies of some followers could not be used ({why}). The run stops rather "
+            "than go on training nothing: bring the follower(s) named back, or look in their "
+            "own logs for why they failed.")
 
 
 def failure_reason(error: BaseException) -> str:
@@ -345,8 +408,9 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
                batches_per_message: int = 1, seed: int | None = None, shuffle: bool = True,
                validation_data: tuple[Any, Any, Any] | None = None,
                validation_batch_size: int = 256,
-               on_epoch_end: Callable[[int, dict[str, float]], None] | None = None
-               ) -> VerticalRunResult:
+               on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
+               stop_when_untrained: bool = False,
+               describe: Callable[[str], str] | None = None) -> VerticalRunResult:
     """The leader's loop: epochs of batches, ``batches_per_message`` per round trip.
 
     Args:
@@ -370,10 +434,27 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
             followers' inference embeddings (each a release, recorded by its
             protection).
         validation_batch_size: examples per validation batch.
-        on_epoch_end: called with ``(epoch, logs)`` after every epoch.
+        on_epoch_end: called with ``(epoch, logs)`` after every epoch
+            (``epoch`` from 0, as Keras callbacks; the log lines count epochs
+            and steps from 1).
+        stop_when_untrained: raise `UntrainedEpoch` after an epoch in which
+            every batch was skipped (no training step), instead of going on.
+        describe: how log lines and errors name a follower (default
+            ``follower 'f1'``; the Flower leader adds the node id).
+
+    Every message to a follower is numbered (`FollowerRequest.message`, from
+    1) and gradients name the message whose batches they are for
+    (``answers``), so a follower that lost or repeated a message, or came
+    back from a restart, drops what the leader skipped and never applies a
+    gradient to another batch than its own.
 
     Returns:
         A `VerticalRunResult`.
+
+    Raises:
+        UntrainedEpoch: with ``stop_when_untrained``, an epoch trained
+            nothing; the message names the followers whose replies were not
+            used and why.
     """
     epochs = validate_positive_int(epochs, "epochs")
     batch_size = validate_positive_int(batch_size, "batch_size")
@@ -392,14 +473,24 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
     if x is not None and {np.shape(a)[0] for a in tree.flatten(x)} != {len(y)}:
         raise ValueError("run_leader: `x` must have one row per label.")
     followers = list(leader.follower_specs)
+    name = describe if describe is not None else (lambda p: f"follower {p!r}")
     history: dict[str, list[float]] = {}
     rejected: list[tuple[int, int, str, str]] = []
     wire: dict[str, dict[str, Any]] = {}
     pending: dict[str, list[dict[str, np.ndarray]]] | None = None
+    numbers = {"sent": 0, "pending": 0}  # the last message's number; that of `pending`'s batches
+
+    def number(requests):
+        """Number a round of requests (one more than the last), and name what they answer."""
+        numbers["sent"] += 1
+        for request in requests.values():
+            request.message = numbers["sent"]
+            request.answers = numbers["pending"] if request.gradients is not None else 0
+        return requests
 
     def ask(requests, epoch, step, rows, training):
         """One round trip; the decoded embeddings per batch, or None (reasons logged)."""
-        replies = exchange(requests)
+        replies = exchange(number(requests))
         received, reasons = {}, {}
         for p in followers:
             reply = replies.get(p, "no reply")
@@ -418,8 +509,9 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
                            "dtype": str(next(iter(first.values())).dtype),
                            "bytes_per_example": _nbytes(first) // max(rows[0], 1)}
         for p, reason in reasons.items():
-            logger.warning("epoch %d step %d: the reply of follower %r was not used: %s",
-                           epoch, step, p, reason)
+            logger.warning("epoch %d %s: the reply of %s was not used: %s",
+                           epoch + 1, "validation" if step < 0 else f"step {step + 1}", name(p),
+                           reason)
             rejected.append((epoch, step, p, reason))
         return replies, (None if reasons else received)
 
@@ -444,6 +536,7 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
                 totals["skipped"] += len(index)
                 continue
             pending = {p: [] for p in followers}
+            numbers["pending"] = numbers["sent"]
             for j, rows in enumerate(index):
                 cut, logs = leader.step({p: received[p][j] for p in followers}, y[rows],
                                         group_ids[j], _take(x, rows))
@@ -466,17 +559,19 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
             pending = None
         for key, v in logs.items():
             history.setdefault(key, []).append(float(v))
-        logger.info("epoch %d: %s", epoch, {key: round(v, 4) for key, v in logs.items()})
+        logger.info("epoch %d: %s", epoch + 1, {key: round(v, 4) for key, v in logs.items()})
         if on_epoch_end is not None:
             on_epoch_end(epoch, logs)
+        if stop_when_untrained and not totals["steps"]:
+            raise UntrainedEpoch(_untrained(epoch, len(batches), rejected, name))
     if pending is not None:  # the last gradients: no batch asked, no embedding expected
-        replies = exchange({p: FollowerRequest(gradients=pending[p], epoch=epochs, step=0)
-                            for p in followers})
+        replies = exchange(number({p: FollowerRequest(gradients=pending[p], epoch=epochs,
+                                                      step=0) for p in followers}))
         for p in followers:
             reply = replies.get(p, "no reply")
             if isinstance(reply, str) or reply:
                 reason = reply if isinstance(reply, str) else "an embedding nobody asked for"
-                logger.warning("the last gradients of follower %r: %s", p, reason)
+                logger.warning("the last gradients of %s: %s", name(p), reason)
                 rejected.append((epochs, 0, p, reason))
     return VerticalRunResult(leader, history, rejected, wire)
 
@@ -493,6 +588,7 @@ def _validate(leader, ask, followers, pending, data, batch_size, k, epoch):
                                                   else None),
                                        example_ids=group, training=False, epoch=epoch,
                                        step=first) for p in followers}
+        # the gradients ride only on the first request; `ask` numbers them
         _, received = ask(requests, epoch, -1, [len(g) for g in group], False)
         if received is None:  # not measured this epoch: NaN, so every figure has one per epoch
             return {f"val_{key}": float("nan") for key in
