@@ -132,7 +132,7 @@ def test_a_follower_killed_mid_run_rejoins_and_counts_every_release_once(tmp_pat
     # leader did not receive (in flight at the kill) included
     store = PartyStore(tmp_path / "state-f1")
     (state_file,) = list((tmp_path / "state-f1").glob("run-*.state"))
-    state = store.load(int(state_file.name[4:-6]))
+    state = store.load(int(state_file.name.split("-")[1]), "f1")
     arrays = {k: a.numpy() for k, a in state["keras-fedpriv-vertical-state"].items()}
     totals = next(v for k, v in arrays.items() if k.endswith("/release_totals"))
     counter = sum(int(v.reshape(-1)[0]) for k, v in arrays.items() if k.endswith("/rng_counter"))

@@ -307,9 +307,9 @@ def test_a_restarted_follower_comes_back_from_its_state_dir(client, tmp_path):
     assert isinstance(token, bytes) and len(token) == 32
     assert "embedding" in _train(app, before, 1, ids=np.arange(8))
     sent = _followers()[(RUN, 3)].follower.state_dict()
-    files = list(folder.iterdir())
-    assert [f.name for f in files] == [f"run-{RUN}.state"]
-    assert stat.S_IMODE(os.stat(files[0]).st_mode) == 0o600
+    files = sorted(folder.iterdir())
+    assert [f.name for f in files] == [f"run-{RUN}-f1.lock", f"run-{RUN}-f1.state"]
+    assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in files)
     _followers().clear()  # the process is gone too
     after = _context(4)  # a new node id, an empty node state
     assert _hello(app, after) == token

@@ -276,7 +276,10 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
                         before, after)
         return reply
 
-    app = ClientApp(mods=[audit, durable_state_mod(state_dir)])
+    def party_name(context: Context) -> str:
+        return party_fn(context) if party_fn is not None else _party_of(context, parties)
+
+    app = ClientApp(mods=[audit, durable_state_mod(state_dir, party=party_name)])
 
     def max_batches(context: Context) -> int:
         node = context.node_config.get("max-batches-per-message")
@@ -286,7 +289,7 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
                    validate_batches_per_message(int(node), "max-batches-per-message"))
 
     def build(context: Context) -> _Cached:
-        party = party_fn(context) if party_fn is not None else _party_of(context, parties)
+        party = party_name(context)
         follower = call_with_context(follower_fn, party, context=context)
         if not isinstance(follower, VerticalFollower) or follower.name != party:
             raise TypeError(f"follower_fn({party!r}) must return the VerticalFollower named "
