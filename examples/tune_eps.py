@@ -8,7 +8,7 @@ validation accuracy if its eps is within the budget, else -1; RandomSearch
 picks the best. With ``--figure PATH`` it also plots every trial (eps,
 validation accuracy), the Pareto frontier and the budget (PNG; this needs
 matplotlib, which the ``[flower]`` install lacks: ``pip install matplotlib``
-or ``pip install 'keras-fedpriv[bench]'``). By default it writes no file.
+or ``pip install -e ".[bench]"`` in the clone). By default it writes no file.
 
 Validation here is a split of the private training data, so the search
 itself leaks: every execution of every trial released the labels

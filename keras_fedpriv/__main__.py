@@ -1,4 +1,4 @@
-"""Command line: ``keras-fedpriv demo|audit|plan|worker`` (or ``python -m keras_fedpriv ...``).
+"""Command line: ``keras-fedpriv demo|audit|plan|worker|flwr-run`` (or ``python -m keras_fedpriv ...``).
 
 Each subcommand imports its code when it runs: ``--help`` and argument errors
 import no TensorFlow. TensorFlow's start-up logs are hidden unless
@@ -227,6 +227,7 @@ def build_parser():
     _add_whole_run_arguments(plan.add_argument_group(
         "a whole run (keras_fedpriv.privacy.plan)"))
     _add_worker_parser(sub)
+    _add_flwr_run_parser(sub)
     return parser
 
 
@@ -338,6 +339,21 @@ def _add_worker_parser(sub):
     worker.add_argument("--max-connections", default=None, metavar="N",
                         type=_argument(int, lambda v: 1 <= v <= 4096, "an integer from 1 to 4096"),
                         help="connections read at once (default 32); more wait for a free slot")
+
+
+def _add_flwr_run_parser(sub):
+    run = sub.add_parser(
+        "flwr-run", help="flwr run --stream, exiting non-zero when the run does not complete",
+        description=_wrap("Run `flwr run APP CONNECTION --stream` (Flower's own command), show "
+                          "its output, then ask the SuperLink for the run's status: exit 0 "
+                          "only when it is finished:completed. flwr run itself exits 0 when "
+                          "the ServerApp fails (a vertical follower that stayed away, a "
+                          "horizontal run with too many failed rounds)."))
+    run.add_argument("app", metavar="APP", help="the Flower app folder")
+    run.add_argument("connection", metavar="CONNECTION",
+                     help="the connection's name in the Flower configuration")
+    run.add_argument("--run-config", default=None, metavar="TEXT",
+                     help="passed to flwr run, e.g. \"num-server-rounds=3\"")
 
 
 def _run_worker(args):
@@ -496,6 +512,10 @@ def main(argv=None):
         return _run_plan(sub_parser(parser, "plan"), args, sys.stdout, sys.stderr)
     if args.command == "worker":
         return _run_worker(args)
+    if args.command == "flwr-run":
+        from keras_fedpriv.federated.flower.run_status import main as flwr_run_main
+
+        return flwr_run_main(args.app, args.connection, args.run_config)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
 

@@ -19,10 +19,8 @@ config key ``worker-socket``; the app's ClientApp must be a
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
-import re
 import shutil
 import signal
 import socket
@@ -31,6 +29,8 @@ import sys
 import tempfile
 import time
 from typing import Any, Mapping, Sequence
+
+from keras_fedpriv.federated.flower.run_status import flwr_run, run_status
 
 __all__ = ["LoopbackDeployment", "free_port", "kill_family", "process_family"]
 
@@ -434,40 +434,17 @@ class LoopbackDeployment:
             ``stdout``: the streamed logs of the ServerApp). ``flwr run``
             exits with 0 even when the ServerApp fails, so the return code is
             set from the run's status on the SuperLink (``flwr list``): 0 only
-            for ``finished:completed``; the status is appended to ``stdout``.
+            for ``finished:completed``; the status is appended to ``stdout``
+            (`keras_fedpriv.federated.flower.run_status.flwr_run`).
         """
-        args = [shutil.which("flwr", path=self._bin) or "flwr", "run", str(app_dir),
-                "loopback", "--stream"]
+        text = None
         if run_config:
-            args += ["--run-config",
-                     " ".join(f"{k}={_toml_value(v)}" for k, v in run_config.items())]
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=self.env, start_new_session=True, text=True)
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise
-        code = proc.returncode
-        status = self.run_status(out)
-        if code == 0 and status != "finished:completed":
-            code = 1
-        return subprocess.CompletedProcess(args, code, f"{out}\nrun status: {status}\n", "")
+            text = " ".join(f"{k}={_toml_value(v)}" for k, v in run_config.items())
+        return flwr_run(app_dir, "loopback", text, env=self.env, bindir=self._bin,
+                        timeout=timeout)
 
     def run_status(self, output: str) -> str:
         """The status (``finished:completed``, ``finished:failed``, ...) of the run that
         ``flwr run`` reported starting in ``output``, from the SuperLink; ``"unknown"``
         if it cannot be read."""
-        match = re.search(r"Successfully started run (\d+)", output)
-        if match is None:
-            return "unknown"
-        flwr = shutil.which("flwr", path=self._bin) or "flwr"
-        try:
-            done = subprocess.run([flwr, "list", "loopback", "--run-id", match.group(1),
-                                   "--format", "json"], capture_output=True, text=True,
-                                  env=self.env, timeout=60)
-            runs = json.loads(done.stdout).get("runs", [])
-        except (subprocess.TimeoutExpired, ValueError, AttributeError):
-            return "unknown"
-        return str(runs[0].get("status", "unknown")) if runs else "unknown"
+        return run_status("loopback", output, env=self.env, bindir=self._bin)
