@@ -115,8 +115,10 @@ def test_a_client_with_a_budget_refuses_the_reply_that_would_go_over_it(tmp_path
                                    upload_fn, seed=1, max_epsilon=12.0,
                                    budget_path=lambda ctx: str(
                                        tmp_path / f"client-{ctx.node_config['partition-id']}.json"))
+    # the two refused rounds fall below min_replies: a limit of 2 lets the run finish
     server = horizontal_server_app(model_fn, upload_fn, rounds=3, clients_per_round=3,
-                                   num_clients=3, seed=1, on_finish=lambda r: out.update(result=r))
+                                   num_clients=3, seed=1, max_failed_rounds=2,
+                                   on_finish=lambda r: out.update(result=r))
     with caplog.at_level(logging.WARNING, logger="keras_fedpriv.flower"):
         _simulate(client, server, 3)
     result = out["result"]
