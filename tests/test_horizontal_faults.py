@@ -275,3 +275,14 @@ def test_two_flower_clients_with_17_and_23_rows_send_reports_of_the_same_shape(i
     for partition, state in enumerate(counted):
         units = state["ledger"]["kinds"][0]["units"]
         assert units == {str(partition): 32}
+
+
+def test_one_hot_labels_of_another_width_are_named_with_a_categorical_loss():
+    model = _digits_model()
+    model.compile("sgd", keras.losses.CategoricalCrossentropy(from_logits=True))
+    x, _ = _client(17)
+    with pytest.raises(ClientDataError) as error:
+        HorizontalFL(model, [(x, np.eye(4)[np.arange(17) % 4]), (x, np.eye(3)[np.arange(17) % 3])])
+    assert str(error.value) == (
+        "client 1: labels must have shape (batch, 4) (one column per model output, loss "
+        "categorical_crossentropy); got (batch, 3).")

@@ -206,6 +206,7 @@ class HorizontalStrategy(Strategy):
             laplace_eval.set_model(model)
         self.node_of: dict[int, int] | None = None  # client id -> node id, this round
         self.claims: dict[int, int | None] = {}  # node id -> the client id it answered
+        self._last_node: dict[int, int] = {}  # client id -> the node it last took part from
         self._sent: list[Message] = []  # the messages of the step in progress
         self._timeout = self.connect_timeout  # how long a query waits (start: the round's)
         self._num_rounds: int | None = None
@@ -402,11 +403,11 @@ class HorizontalStrategy(Strategy):
                 logger.warning("%d connected nodes (%s) claim client id %d; it takes no part "
                                "while they do", len(owners), ", ".join(map(str, owners)), cid)
                 continue
-            old = (self.node_of or {}).get(cid)
+            old = self._last_node.get(cid)
             if old is not None and old != owners[0]:
                 logger.info("client %d is node %d now (was node %d): it takes part again",
                             cid, owners[0], old)
-            node_of[cid] = owners[0]
+            node_of[cid] = self._last_node[cid] = owners[0]
         return node_of
 
     def _answers(self, replies: Iterable[Message]) -> list[tuple[Message, int | None, int]]:
