@@ -17,6 +17,7 @@ from flwr.simulation import run_simulation  # noqa: E402
 from keras_fedpriv.callbacks import LaplaceEvaluation, MagRR  # noqa: E402
 from keras_fedpriv.federated import HorizontalFL, partition  # noqa: E402
 from keras_fedpriv.federated.flower import (  # noqa: E402
+    HorizontalStrategy,
     horizontal_client_app,
     horizontal_server_app,
 )
@@ -331,9 +332,17 @@ def test_a_client_id_claimed_twice_or_missing_takes_no_part():
         return Reply(RecordDict({"config": ConfigRecord({} if cid is None else
                                                          {"client-id": cid})}), node)
 
+    class Sent:  # a query as a grid that gives messages no ids leaves it
+        def __init__(self, node):
+            self.metadata = type("Metadata", (), {"message_id": "", "dst_node_id": node})()
+
     replies = [claim(10, 0), claim(11, 1), claim(12, 1), claim(13, None), claim(14, -2),
                claim(15, "x"), Reply(None, 16, error=True)]
-    assert _client_ids(replies) == {0: 10}
+    claims = _client_ids([Sent(n) for n in range(10, 17)], replies)
+    assert claims == {10: 0, 11: 1, 12: 1, 13: None, 14: None, 15: None, 16: None}
+    strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=1)
+    strategy.claims = claims
+    assert strategy._claimed(range(10, 17)) == {0: 10}  # client 1: two nodes, neither
 
 
 def test_the_example_client_takes_its_scheme_from_its_own_node_config_not_the_run_config():

@@ -6,7 +6,9 @@ The strategy's tests drive its four steps with a stand-in Grid that gives every 
 (as Flower's grids do when they push it) and answers as the test says.
 """
 
+import json
 import logging
+import re
 import uuid
 
 import keras
@@ -15,7 +17,15 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict  # noqa: E402
+from flwr.app import (  # noqa: E402
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    RecordDict,
+)
 
 from keras_fedpriv.callbacks import LaplaceEvaluation  # noqa: E402
 from keras_fedpriv.federated import HorizontalFL  # noqa: E402
@@ -218,7 +228,7 @@ def test_hfl_refuses_a_clients_data_up_front_in_one_line_that_names_no_value(bad
 ])
 def test_hfl_names_a_bad_dtype_non_finite_features_and_fractional_labels(check, message):
     x, y = check(*_client(17))
-    with pytest.raises(ClientDataError, match=r"^client 1: " + __import__("re").escape(message)):
+    with pytest.raises(ClientDataError, match=r"^client 1: " + re.escape(message)):
         HorizontalFL(_digits_model(), [_client(17), (x, y)])
 
 
@@ -268,7 +278,7 @@ def test_two_flower_clients_with_17_and_23_rows_send_reports_of_the_same_shape(i
         reply = app(ask, context)
         assert not reply.has_error(), reply.error.reason
         shapes.append(reply.content["report"]["report"].numpy().shape)
-        state = __import__("json").loads(context.state["keras-fedpriv"]["laplace"])
+        state = json.loads(context.state["keras-fedpriv"]["laplace"])
         counted.append(state)
     assert shapes == [(32, 4), (32, 4)]
     # each client's own ledger counts the 32 rows it sent, padding included

@@ -553,7 +553,9 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                            self.dp_event(),
                            "noisy softmax outputs: each evaluation releases every evaluated "
                            "example's output once; counted per row about its client (n rows: "
-                           "n releases)")
+                           "n releases); a report asked for max-rows rows has exactly that many "
+                           "(a client's rows repeated when it has fewer, each noised), so its "
+                           "size tells no data size")
 
     def privacy_ledger(self) -> ReleaseLedger:
         """Every row released so far, per client (`ReleaseLedger`, unit: client)."""
