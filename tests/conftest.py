@@ -52,7 +52,8 @@ def _restore_environment():
 
 # Modules whose tests each start Flower processes of their own (a SuperLink and SuperNodes
 # on free 127.0.0.1 ports) and share no module fixture: each test is a group of its own.
-_OWN_GROUP_MODULES = {"test_flower_loopback", "test_adversarial_vertical_faults"}
+_OWN_GROUP_MODULES = {"test_flower_loopback", "test_adversarial_vertical_faults",
+                      "test_flower_faults_horizontal"}
 _SIMULATION = "flower-simulation"
 
 

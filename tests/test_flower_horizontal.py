@@ -17,6 +17,7 @@ from flwr.simulation import run_simulation  # noqa: E402
 from keras_fedpriv.callbacks import LaplaceEvaluation, MagRR  # noqa: E402
 from keras_fedpriv.federated import HorizontalFL, partition  # noqa: E402
 from keras_fedpriv.federated.flower import (  # noqa: E402
+    HorizontalStrategy,
     horizontal_client_app,
     horizontal_server_app,
 )
@@ -115,8 +116,10 @@ def test_a_client_with_a_budget_refuses_the_reply_that_would_go_over_it(tmp_path
                                    upload_fn, seed=1, max_epsilon=12.0,
                                    budget_path=lambda ctx: str(
                                        tmp_path / f"client-{ctx.node_config['partition-id']}.json"))
+    # the two refused rounds fall below min_replies: a limit of 2 lets the run finish
     server = horizontal_server_app(model_fn, upload_fn, rounds=3, clients_per_round=3,
-                                   num_clients=3, seed=1, on_finish=lambda r: out.update(result=r))
+                                   num_clients=3, seed=1, max_failed_rounds=2,
+                                   on_finish=lambda r: out.update(result=r))
     with caplog.at_level(logging.WARNING, logger="keras_fedpriv.flower"):
         _simulate(client, server, 3)
     result = out["result"]
@@ -329,9 +332,17 @@ def test_a_client_id_claimed_twice_or_missing_takes_no_part():
         return Reply(RecordDict({"config": ConfigRecord({} if cid is None else
                                                          {"client-id": cid})}), node)
 
+    class Sent:  # a query as a grid that gives messages no ids leaves it
+        def __init__(self, node):
+            self.metadata = type("Metadata", (), {"message_id": "", "dst_node_id": node})()
+
     replies = [claim(10, 0), claim(11, 1), claim(12, 1), claim(13, None), claim(14, -2),
                claim(15, "x"), Reply(None, 16, error=True)]
-    assert _client_ids(replies) == {0: 10}
+    claims = _client_ids([Sent(n) for n in range(10, 17)], replies)
+    assert claims == {10: 0, 11: 1, 12: 1, 13: None, 14: None, 15: None, 16: None}
+    strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=1)
+    strategy.claims = claims
+    assert strategy._claimed(range(10, 17)) == {0: 10}  # client 1: two nodes, neither
 
 
 def test_the_example_client_takes_its_scheme_from_its_own_node_config_not_the_run_config():

@@ -96,8 +96,8 @@ def test_a_figure_logged_in_a_later_round_only_is_nan_in_the_earlier_ones():
 
 def test_the_server_counts_every_row_a_client_asked_to_evaluate_may_send():
     """A Laplace evaluation of n rows is n releases about the client: the server records, when
-    it asks, the most rows the request lets each client send (an upper bound); a client
-    records the rows it sent: equal when it holds that many, fewer otherwise."""
+    it asks, the rows the request asks each client to send; a client records the rows it
+    sent: exactly that many, whatever it holds (fewer rows are repeated, each noised)."""
     from keras_fedpriv.callbacks import LaplaceEvaluation
 
     server_side = LaplaceEvaluation(eps=2.0, seed=0, max_report_rows=7)
@@ -109,7 +109,7 @@ def test_the_server_counts_every_row_a_client_asked_to_evaluate_may_send():
     assert loop.ledger.units_seen(kind) == 3 and loop.ledger.total(kind) == 7
     model = _model()
     x = np.random.default_rng(0).normal(size=(9, 3)).astype("float32")
-    for rows, want in ((x, 7), (x[:4], 4)):  # 9 rows, capped at 7; 4 rows: 4 releases
+    for rows, want in ((x, 7), (x[:4], 7)):  # 9 rows, capped at 7; 4 rows, repeated to 7
         client_side = LaplaceEvaluation(eps=2.0, seed=0, from_logits=True, max_report_rows=7)
         outputs = client_side.client_outputs(model, rows, max_rows=request.max_rows)
         client_side.report_outputs(outputs, request.client_ids[0])

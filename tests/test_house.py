@@ -124,7 +124,10 @@ CROSS_CUTTING = {
     "test_docs_horizontal.py": "the horizontal guide's examples run",
     "test_examples.py": "the examples' defaults learn (examples/, in one process)",
     "test_export.py": "save, load and export of every object",
+    "test_flower_faults_horizontal.py": "a horizontal client killed and restarted on loopback",
     "test_house.py": "these rules",
+    "test_horizontal_faults.py": "horizontal FL's faults: lost and rejoining nodes, failed "
+                                 "rounds, client data, report sizes",
     "test_integration.py": "the layers inside Keras: tf.data, XLA, MirroredStrategy, fit",
     "test_mixed_precision.py": "mixed_float16 / bfloat16 end to end",
     "test_readme.py": "the README's examples run",

@@ -33,6 +33,7 @@ from keras_fedpriv.federated.horizontal_parties import (
     HorizontalServer,
     LocalTrainer,
     batch_norm_statistics,
+    check_client_data,
 )
 from keras_fedpriv.federated.horizontal_loop import HorizontalLoop, TrainReply, TrainRequest
 from keras_fedpriv.federated.laplace_eval import LaplaceEvaluation
@@ -151,6 +152,7 @@ class HorizontalFL:
         x0 = self.clients[0][0]
         if not model.built:
             model(x0[:1])
+        self._check_clients_data()
         self._bn_vars = batch_norm_statistics(model)
         if batch_norm is None:
             if self._bn_vars:
@@ -183,6 +185,12 @@ class HorizontalFL:
         if y.dtype.kind == "f":
             y = y.astype(np.float32, copy=False)
         return x, y
+
+    def _check_clients_data(self):
+        """Every client's data against the model, before anything is traced: a
+        `ClientDataError` naming the client and what is wrong, never a value."""
+        for i, (x, y) in enumerate(self.clients):
+            check_client_data(self.model, x, y, f"client {i}")
 
     # ----------------------------------------------------------------- clients
     def _parties(self):

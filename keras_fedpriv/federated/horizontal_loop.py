@@ -22,7 +22,9 @@ node). A round is
    `begin_evaluate` / `finish_evaluate` (or `evaluate_in_process`) add its
    clustering scores to the same round's row.
 
-`run_round` does 1-3 with an ``exchange`` callable. Every round has one row
+`run_round` does 1-3 with an ``exchange`` callable. Log lines and
+``rejected`` count rounds from 1 (as Keras counts epochs and Flower rounds);
+the ``round`` arguments and requests are the protocol's, from 0. Every round has one row
 in `history`: a figure that does not apply to a round (the step of a round
 with too few replies, the Laplace scores of a round without evaluation) is
 NaN there, so every key has exactly one entry per round.
@@ -85,6 +87,7 @@ class TrainReply:
         nbytes: the reply's size on the wire (0 in one process).
         extra: the reply carried more than the protocol releases (the
             sender's release of it is counted with the loop's ``extra_kind``).
+        node: the Flower node id the reply answers for, or None (in one process).
     """
 
     sender: int
@@ -93,6 +96,7 @@ class TrainReply:
     reason: str | None = None
     nbytes: int = 0
     extra: bool = False
+    node: int | None = None
 
 
 @dataclasses.dataclass
@@ -125,12 +129,14 @@ class EvaluateReport:
         asked: whether ``sender`` is a client asked.
         rows: the checked ``(n, K)`` float64 report, or None.
         reason: why the report cannot be used, or None.
+        node: the Flower node id the report answers for, or None (in one process).
     """
 
     sender: int
     asked: bool = True
     rows: np.ndarray | None = None
     reason: str | None = None
+    node: int | None = None
 
 
 Exchange = Callable[[TrainRequest], Sequence[TrainReply]]
@@ -182,6 +188,7 @@ class HorizontalLoop:
         self.validation_data = validation_data
         self.log_magrr = bool(log_magrr)
         self.rejected: list[tuple[int, int, str]] = []
+        self.failed_rounds: list[int] = []  # protocol rounds with fewer than min_replies
         self.rows: dict[int, dict[str, float]] = {}
         self._request: TrainRequest | None = None
         self._started = 0.0
@@ -202,7 +209,8 @@ class HorizontalLoop:
 
     # ----------------------------------------------------------------- rounds
     def begin_round(self, round: int, available: Sequence[int],  # noqa: A002
-                    clients_per_round: int, local_epochs: int = 1) -> TrainRequest:
+                    clients_per_round: int, local_epochs: int = 1,
+                    ask_none_if_short: bool = False) -> TrainRequest:
         """Choose the round's clients, count their releases and build the request.
 
         Args:
@@ -210,13 +218,17 @@ class HorizontalLoop:
             available: the ids of the clients that can be asked.
             clients_per_round: how many to ask (fewer if fewer are available).
             local_epochs: epochs of local training.
+            ask_none_if_short: with fewer clients available than
+                ``min_replies``, ask no one (the round falls below the
+                minimum) instead of raising.
 
         Returns:
             The `TrainRequest`.
 
         Raises:
             RuntimeError: fewer clients are available than ``min_replies``
-                (asking would spend their privacy on a round that cannot count).
+                (asking would spend their privacy on a round that cannot count),
+                without ``ask_none_if_short``.
         """
         rnd = validate_positive_int(round, "round", minimum=0)
         per_round = validate_positive_int(clients_per_round, "clients_per_round")
@@ -224,9 +236,14 @@ class HorizontalLoop:
         self._started = time.perf_counter()
         available = list(available)
         if len(available) < self.min_replies:
-            raise RuntimeError(f"round {rnd}: {len(available)} clients are connected, fewer "
-                               f"than min_replies={self.min_replies}.")
-        chosen = self.server.sample(available, min(per_round, len(available)))
+            short = (f"round {rnd + 1}: {len(available)} clients are connected, fewer than "
+                     f"min_replies={self.min_replies}")
+            if not ask_none_if_short:
+                raise RuntimeError(f"{short}.")
+            self.logger.warning("%s; no client is asked this round", short)
+            available = []
+        chosen = (self.server.sample(available, min(per_round, len(available)))
+                  if available else [])
         for kind in self.asked_kinds:
             self.ledger.record(kind, chosen)
         self._request = TrainRequest(rnd, chosen, local_epochs, self.server.global_weights(),
@@ -274,8 +291,10 @@ class HorizontalLoop:
                 batch_norm=[r.batch_norm for r in results] if with_bn else None,
                 global_weights=request.weights, global_bn=request.batch_norm))
         else:
+            self.failed_rounds.append(rnd)
             self.logger.warning("round %d: %d good replies, fewer than min_replies=%d; the global "
-                           "model is unchanged", rnd, len(good), self.min_replies)
+                                "model is unchanged (%d round(s) so far)", rnd + 1, len(good),
+                                self.min_replies, len(self.failed_rounds))
         if self.validation_data is not None:
             vx, vy = self.validation_data
             scores = self.server.model.evaluate(vx, vy, batch_size=1024, verbose=0,
@@ -408,22 +427,28 @@ class HorizontalLoop:
                 good[int(answer.sender)] = value
             else:
                 self.reject(rnd, answer.sender, reason,
-                            "reply" if what == "reply" else "evaluation")
+                            "reply" if what == "reply" else "evaluation", answer.asked,
+                            answer.node)
         return good
 
     # ------------------------------------------------------------------- logs
-    def reject(self, round: int, sender: int, reason: str, what: str = "reply"  # noqa: A002
-               ) -> None:
-        """Log and keep why a reply was dropped (``rejected``)."""
-        self.logger.warning("round %d: dropped the %s of client %s: %s", round, what, sender,
-                            reason)
-        self.rejected.append((int(round), int(sender), reason))
+    def reject(self, round: int, sender: int, reason: str, what: str = "reply",  # noqa: A002
+               asked: bool = True, node: int | None = None) -> None:
+        """Log and keep why a reply was dropped (``rejected``, rounds from 1).
+
+        The sender is named as ``client C (node N)``, or ``node N`` for a
+        sender that is no client asked (``sender`` is then its node id).
+        """
+        who = (f"client {sender}" + ("" if node is None else f" (node {node})") if asked
+               else f"node {sender} (no client asked)")
+        self.logger.warning("round %d: dropped the %s of %s: %s", round + 1, what, who, reason)
+        self.rejected.append((int(round) + 1, int(sender), reason))
 
     def log(self, round: int, logs: Mapping[str, float]) -> None:  # noqa: A002
         """Add figures to a round's row (a later value of a key replaces an earlier one)."""
         row = self.rows.setdefault(int(round), {})
         row.update({k: float(v) for k, v in logs.items()})
-        self.logger.info("round %d: %s", round, {k: _rounded(v) for k, v in logs.items()})
+        self.logger.info("round %d: %s", round + 1, {k: _rounded(v) for k, v in logs.items()})
 
     @property
     def history(self) -> dict[str, list[float]]:

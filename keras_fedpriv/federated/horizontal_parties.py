@@ -33,8 +33,8 @@ from keras_fedpriv.federated.uploads import ClientUpload, MalformedUpload
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 from keras_fedpriv.optimizers.signds import flatten_update, unflatten_update
 
-__all__ = ["ClientResult", "HorizontalClient", "HorizontalServer", "LocalTrainer",
-           "batch_norm_statistics", "shuffle_order"]
+__all__ = ["ClientDataError", "ClientResult", "HorizontalClient", "HorizontalServer",
+           "LocalTrainer", "batch_norm_statistics", "check_client_data", "shuffle_order"]
 
 
 _SHUFFLE_TAG = 0x5A0FF1E5
@@ -47,6 +47,106 @@ def batch_norm_statistics(model: keras.Model) -> list[Any]:
         if isinstance(layer, keras.layers.BatchNormalization):
             out += [layer.moving_mean, layer.moving_variance]
     return out
+
+
+class ClientDataError(ValueError):
+    """A client's data does not fit the model: names the client and the rule, never a value."""
+
+
+def _shape_text(dims: Sequence[Any]) -> str:
+    """``(batch, 64)``: a shape with its batch dimension named."""
+    return "(" + ", ".join(["batch"] + [str(d) for d in dims]) + ("," if not dims else "") + ")"
+
+
+def _loss_name(model: keras.Model) -> str:
+    """The compiled loss's name in lower case ("" if it has none)."""
+    loss = getattr(model, "loss", None)
+    if isinstance(loss, str):
+        return loss.lower()
+    name = getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
+    return str(name).lower()
+
+
+def _model_tensors(model: keras.Model, which: str) -> list[Any]:
+    """The model's symbolic ``inputs`` or ``outputs`` (empty where it has none: subclassed)."""
+    try:
+        return list(getattr(model, which, None) or [])
+    except (AttributeError, ValueError):  # an unbuilt or subclassed model
+        return []
+
+
+def _first_bad(ok: np.ndarray) -> tuple[int, int]:
+    """``(number of False entries, first False row)`` of a boolean array over rows."""
+    bad = np.flatnonzero(~ok.reshape(len(ok), -1).all(axis=1))
+    return int(bad.size), int(bad[0]) if bad.size else -1
+
+
+def _check_labels(model: keras.Model, y: np.ndarray, who: str) -> None:
+    """Labels against the model's outputs, for the crossentropy losses (others: finite only)."""
+    if y.dtype.kind not in "biuf":
+        raise ClientDataError(f"{who}: labels must be numbers (bool, int or float); got dtype "
+                              f"{y.dtype}.")
+    outputs = _model_tensors(model, "outputs")
+    width = int(outputs[0].shape[-1]) if outputs and outputs[0].shape[-1] is not None else None
+    loss = _loss_name(model)
+    if y.dtype.kind == "f":
+        count, row = _first_bad(np.isfinite(y))
+        if count:
+            raise ClientDataError(f"{who}: labels must be finite; {count} of {len(y)} rows are "
+                                  f"not (the first is row {row}).")
+    if width is None:
+        return
+    if "sparse_categorical" in loss or "sparsecategorical" in loss:
+        if y.ndim > 2 or (y.ndim == 2 and y.shape[1] != 1):
+            raise ClientDataError(f"{who}: labels must have shape (batch,) or (batch, 1) (class "
+                                  f"ids, for loss {loss}); got {_shape_text(y.shape[1:])}.")
+        flat = y.reshape(-1)
+        with np.errstate(invalid="ignore"):
+            ok = (flat == np.round(flat)) & (flat >= 0) & (flat < width)
+        count, row = _first_bad(ok)
+        if count:
+            raise ClientDataError(f"{who}: labels must be integer class ids in [0, {width}) "
+                                  f"(the model has {width} outputs, loss {loss}); {count} of "
+                                  f"{len(flat)} labels are not (the first is row {row}).")
+    elif "categorical" in loss and (y.ndim != 2 or y.shape[1] != width):
+        raise ClientDataError(f"{who}: labels must have shape (batch, {width}) (one column per "
+                              f"model output, loss {loss}); got {_shape_text(y.shape[1:])}.")
+
+
+def check_client_data(model: keras.Model, x: ArrayLike, y: ArrayLike, who: str) -> None:
+    """Check one client's data against the model before anything is traced or trained.
+
+    Features: numbers, finite, each example of the model's input shape.
+    Labels: numbers, finite; with a sparse categorical crossentropy, integer
+    class ids in ``[0, outputs)``; with a categorical one, one column per
+    output. Messages name ``who`` and what is wrong (shapes, dtypes, counts,
+    the first bad row), never a value of the data.
+
+    Args:
+        model: the built Keras model the client trains.
+        x, y: the client's features and labels (numpy arrays).
+        who: names the client in the message (``"client 2"``).
+
+    Raises:
+        ClientDataError: (a ValueError) the data cannot train the model.
+    """
+    x, y = np.asarray(x), np.asarray(y)
+    if x.dtype.kind not in "biuf":
+        raise ClientDataError(f"{who}: features must be numbers (bool, int or float); got dtype "
+                              f"{x.dtype}.")
+    inputs = _model_tensors(model, "inputs")
+    if len(inputs) == 1:
+        want = tuple(inputs[0].shape[1:])
+        got = tuple(x.shape[1:])
+        if len(got) != len(want) or any(w is not None and g != w for g, w in zip(got, want)):
+            raise ClientDataError(f"{who}: features must have shape {_shape_text(want)} (the "
+                                  f"model's input); got {_shape_text(got)}.")
+    if x.dtype.kind == "f":
+        count, row = _first_bad(np.isfinite(x))
+        if count:
+            raise ClientDataError(f"{who}: features must be finite; {count} of {len(x)} rows "
+                                  f"hold NaN or infinity (the first is row {row}).")
+    _check_labels(model, y, who)
 
 
 def shuffle_order(seed: int | None, client_id: int, round: int, num_examples: int,  # noqa: A002

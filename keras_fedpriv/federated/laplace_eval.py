@@ -53,7 +53,7 @@ from keras_fedpriv.mechanisms.validation import (
 )
 
 __all__ = ["MAX_EPS", "MAX_REPORT_ROWS", "MAX_SCORED_ROWS", "METRICS", "PROBABILITY_TOLERANCE",
-           "TAIL_SCALES", "LaplaceEvaluation"]
+           "TAIL_SCALES", "LaplaceEvaluation", "fixed_size_rows"]
 
 #: The reference implementation's eps domain is (0, MAX_EPS].
 MAX_EPS = 500000.0
@@ -152,6 +152,32 @@ def _split(eval_data, num_eval_clients):
     return list(np.array_split(x, num_eval_clients))
 
 
+def fixed_size_rows(x: ArrayLike, rows: int) -> np.ndarray:
+    """Exactly ``rows`` rows of a client's inputs ``x``, so a report's size says nothing of
+    ``len(x)``: its first ``rows`` rows, or, with fewer, its rows repeated in order (row ``i``
+    of the result is row ``i % len(x)``).
+
+    Each repeated row is one of the client's own examples and is noised like the others
+    (fresh noise per row): every row's release is eps-LDP whatever the clean probability
+    vector, so how many rows are real is covered by the same per-row releases, which the
+    client's ledger counts (``rows`` of them).
+
+    Args:
+        x: the client's inputs (at least one row).
+        rows: the report's size (an integer >= 1).
+
+    Returns:
+        ``(rows, ...)`` inputs.
+    """
+    x = np.asarray(x)
+    rows = validate_positive_int(rows, "rows")
+    if len(x) == 0:
+        raise ValueError("a client needs at least one row of inputs to report.")
+    if len(x) >= rows:
+        return x[:rows]
+    return x[np.arange(rows) % len(x)]
+
+
 def _evenly_spaced(n, cap):
     """Row indices ``i * n // cap`` (``i < cap``): at most ``cap`` of ``n`` rows, in order."""
     if n <= cap:
@@ -224,10 +250,19 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
     model that outputs logits needs ``from_logits=True`` (softmax is then
     applied on the client first). Multi-output models are not supported.
 
-    **Bounded server work.** A client reports at most ``max_report_rows``
-    rows (with ``eval_data=None``: the first ``max_report_rows`` of its own
-    inputs; a fixed ``eval_data`` client with more rows is refused when the
-    callback is built). On Flower the server sends this cap with its
+    **Bounded server work, and no data size.** A client asked for a report
+    of ``max_rows`` rows (`client_outputs`; on Flower the server's
+    ``max-rows``, and the client's own ``max_report_rows`` when the server
+    names none) reports exactly ``min(max_rows, max_report_rows)`` rows: its
+    first ones, or, when it holds fewer, its rows repeated in order
+    (`fixed_size_rows`), each noised like the others and counted as a release
+    about the client. So the report's shape does not tell the server how many
+    rows the client holds; set ``max_report_rows`` near the smallest client's
+    size (every row sent costs its eps). In one process (`HorizontalFL`,
+    ``eval_data=None``) the server is the same process and each client
+    reports its first ``max_report_rows`` rows at most, as many as it holds.
+    A fixed ``eval_data`` client with more rows than ``max_report_rows`` is
+    refused when the callback is built. On Flower the server sends this cap with its
     ``"evaluate"`` message and refuses a larger report from its byte size,
     before parsing it. The scores of one evaluation are computed on at most
     ``max_scored_rows`` rows: when the buffer holds more, on the evenly
@@ -518,7 +553,9 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                            self.dp_event(),
                            "noisy softmax outputs: each evaluation releases every evaluated "
                            "example's output once; counted per row about its client (n rows: "
-                           "n releases)")
+                           "n releases); a report asked for max-rows rows has exactly that many "
+                           "(a client's rows repeated when it has fewer, each noised), so its "
+                           "size tells no data size")
 
     def privacy_ledger(self) -> ReleaseLedger:
         """Every row released so far, per client (`ReleaseLedger`, unit: client)."""
@@ -573,7 +610,8 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
             return {}
         if self._clients is None:
             ids = [int(i) for i in client_inputs]
-            # each client reports at most max_report_rows rows: its first ones
+            # each client reports at most max_report_rows rows: its first ones (in one process
+            # the server is this process; on Flower the reports have a fixed size)
             inputs = [np.asarray(client_inputs[i])[:self.max_report_rows] for i in client_inputs]
         else:
             ids = list(range(len(self._clients)))
@@ -663,19 +701,23 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
 
         Args:
             model: the model to run.
-            x: the client's inputs; only the first ``min(max_report_rows,
-                max_rows)`` rows are used.
-            max_rows: None, or the most rows the server asked for (an integer
-                >= 1, e.g. from its ``"evaluate"`` message: it can only
-                lower what this client releases).
+            x: the client's inputs.
+            max_rows: None, or the report's size the server asked for (an
+                integer >= 1, e.g. from its ``"evaluate"`` message; it can
+                only lower what this client releases): the report then has
+                exactly ``min(max_report_rows, max_rows)`` rows
+                (`fixed_size_rows`: the first ones, or all of them repeated in
+                order when there are fewer), so its shape says nothing of
+                ``len(x)``. None: the first ``max_report_rows`` rows at most
+                (a local evaluation).
 
         Returns:
-            The ``(n, K)`` probability rows.
+            The ``(rows, K)`` probability rows.
         """
-        cap = self.max_report_rows
-        if max_rows is not None:
-            cap = min(cap, validate_positive_int(max_rows, "max_rows"))
-        return self._predict(model, [np.asarray(x)[:cap]])
+        if max_rows is None:
+            return self._predict(model, [np.asarray(x)[:self.max_report_rows]])
+        cap = min(self.max_report_rows, validate_positive_int(max_rows, "max_rows"))
+        return self._predict(model, [fixed_size_rows(x, cap)])
 
     def receive_reports(self, reports: Sequence[tuple[int, np.ndarray, np.ndarray | None]],
                         started: float | None = None) -> dict[str, float]:

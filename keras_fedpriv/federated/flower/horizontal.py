@@ -57,8 +57,14 @@ from keras_fedpriv.federated.flower.strategy import (  # noqa: F401 - FlowerRunR
     write_result,
 )
 from keras_fedpriv.federated.flower.central_dp import refuse_dp_mods
+from keras_fedpriv.federated.flower.party_store import durable_state_mod
 from keras_fedpriv.federated.flower.recent_runs import RecentRuns
-from keras_fedpriv.federated.horizontal_parties import HorizontalClient, LocalTrainer
+from keras_fedpriv.federated.horizontal_parties import (
+    ClientDataError,
+    HorizontalClient,
+    LocalTrainer,
+    check_client_data,
+)
 from keras_fedpriv.federated.uploads import as_upload
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, non_private_event
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
@@ -147,18 +153,33 @@ def _load_state(context: Context, client: HorizontalClient) -> None:
         client.own_batch_norm = context.state["keras-fedpriv-bn"].to_numpy_ndarrays()
 
 
-def _client_error(msg: Message, what: str, budget: bool = False) -> Message:
+def _who(context: Context) -> str:
+    """``client 2 (node 8812...)``: the node config's client id or partition id, and the node."""
+    config = context.node_config
+    name = next((f"client {config[k]}" for k in ("client-id", "partition-id") if k in config),
+                "this client")
+    return f"{name} (node {context.node_id})"
+
+
+def _client_error(msg: Message, what: str, context: Context, error: BaseException | None = None,
+                  budget: bool = False) -> Message:
     """An error reply that says nothing of the client's data (the details stay in its log).
 
     Flower would otherwise send ``str(exception)`` to the server, and a Keras or
-    TensorFlow error can quote the client's labels or features.
+    TensorFlow error can quote the client's labels or features. A
+    `ClientDataError` (data that cannot train the model) is logged as its one
+    line, which names no value; anything else with its traceback.
     """
+    who = _who(context)
     if budget:
-        logger.warning("the client refused a %r message: its privacy budget is spent", what)
+        logger.warning("%s refused a %r message: its privacy budget is spent", who, what)
         return Message(error=Error(code=2, reason=f"the client's privacy budget is spent; it "
                                                   f"refused the {what!r} message"),
                        reply_to=msg)
-    logger.exception("the client failed to answer a %r message", what)
+    if isinstance(error, ClientDataError):
+        logger.error("%s failed to answer a %r message: %s", who, what, error)
+    else:
+        logger.exception("%s failed to answer a %r message", who, what)
     return Message(error=Error(code=1, reason=f"the client failed to answer a {what!r} message "
                                               "(details in the client's own log)"),
                    reply_to=msg)
@@ -175,6 +196,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                           max_local_epochs: int = 100, max_epsilon: float | None = None,
                           budget_delta: float = 1e-5,
                           budget_path: str | Callable[[Context], str] | None = None,
+                          state_dir: str | Callable[[Context], str] | None = None,
                           mods: Sequence[Any] = (), **renamed: Any) -> ClientApp:
     """A Flower `ClientApp` that trains a horizontal-FL client and uploads through a scheme.
 
@@ -226,6 +248,16 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             remembers it. A reply carrying anything without DP (FedAvg, or
             BatchNormalization statistics with ``batch_norm="average"``)
             never fits a budget.
+        state_dir: None, or the absolute path of a folder on the client's
+            machine (its user's, mode 700) where the client keeps its node
+            state (`keras_fedpriv.federated.flower.party_store`): its release
+            counters, ledgers and FedBN statistics, written before each reply
+            leaves. A SuperNode restarted mid-run continues from that file:
+            its counters never rewind and no noise is drawn twice. Or
+            ``state_dir(context)`` returning one; the node config key
+            ``state-dir`` takes precedence. Without either, a restarted
+            SuperNode starts the run's counters again (a seeded client would
+            repeat its noise): set it wherever a SuperNode may restart.
         mods: Flower mods for the `ClientApp` (e.g. ``message_size_mod``).
             Flower's DP mods (``fixedclipping_mod``, ``adaptiveclipping_mod``,
             ``LocalDpMod``) are refused: they clip or noise the reply's arrays
@@ -253,7 +285,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         raise ValueError(f"`batch_norm` must be 'average' or 'local'; got {batch_norm!r}.")
     if max_epsilon is not None:
         PrivacyBudget(max_epsilon, budget_delta)  # checks the arguments now
-    app = ClientApp(mods=mods)
+    app = ClientApp(mods=[durable_state_mod(state_dir), *mods])
 
     def spend(context: Context, party: HorizontalClient, before: ReleaseLedger | None = None,
               clear: bool = False) -> ReleaseLedger | None:
@@ -298,6 +330,9 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                 clients.pop(key, None)
         x, y = data_fn(context)
         x, y = np.asarray(x), np.asarray(y)
+        if len(x) != len(y) or len(x) == 0:
+            raise ClientDataError(f"{_who(context)}: x and y must have the same non-zero number "
+                                  f"of rows; got {len(x)} and {len(y)}.")
         if x.dtype.kind == "f":
             x = x.astype(np.float32, copy=False)
         if y.dtype.kind == "f":
@@ -312,6 +347,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             trainers[tkey] = (model, LocalTrainer(model, batch_size, (x.shape[1:], x.dtype),
                                                    (y.shape[1:], y.dtype)))
         trainer = trainers[tkey][1]
+        check_client_data(trainer.model, x, y, _who(context))
         magrr = None
         eps = eps_rr(context) if callable(eps_rr) else eps_rr
         if eps is not None:
@@ -331,8 +367,8 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
     def query(msg: Message, context: Context) -> Message:
         try:
             party = client(context)
-        except Exception:  # noqa: BLE001 - the reason stays on the client
-            return _client_error(msg, "query")
+        except Exception as err:  # noqa: BLE001 - the reason stays on the client
+            return _client_error(msg, "query", context, err)
         return Message(wire.query_reply_content(party.client_id), reply_to=msg)
 
     @app.evaluate()
@@ -348,14 +384,17 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             for v, w in zip(party.trainer.bn_variables, order.batch_norm):
                 v.assign(w)
             before = spend(context, party)
-            outputs = party.laplace.client_outputs(model, party.x, max_rows=order.max_rows)
+            # a report of a fixed size: the server's max-rows, or this client's own cap when
+            # the server names none (a report's shape must not tell the client's data size)
+            rows = order.max_rows if order.max_rows is not None else party.laplace.max_report_rows
+            outputs = party.laplace.client_outputs(model, party.x, max_rows=rows)
             noisy, _ = party.laplace.report_outputs(outputs, party.client_id)
             spend(context, party, before)
             _save_state(context, party)
         except BudgetExhausted:
-            return _client_error(msg, "evaluate", budget=True)
-        except Exception:  # noqa: BLE001 - the reason stays on the client
-            return _client_error(msg, "evaluate")
+            return _client_error(msg, "evaluate", context, budget=True)
+        except Exception as err:  # noqa: BLE001 - the reason stays on the client
+            return _client_error(msg, "evaluate", context, err)
         return Message(wire.report_content(party.client_id, noisy), reply_to=msg)
 
     @app.train()
@@ -363,9 +402,9 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         try:
             return _train(msg, context)
         except BudgetExhausted:
-            return _client_error(msg, "train", budget=True)
-        except Exception:  # noqa: BLE001 - the reason stays on the client
-            return _client_error(msg, "train")
+            return _client_error(msg, "train", context, budget=True)
+        except Exception as err:  # noqa: BLE001 - the reason stays on the client
+            return _client_error(msg, "train", context, err)
 
     def _train(msg: Message, context: Context) -> Message:
         party = client(context)
@@ -397,6 +436,7 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
                           magrr: Any = None, laplace_eval: Any = None,
                           validation_data: tuple[Any, Any] | None = None,
                           round_timeout: float = 600.0, connect_timeout: float = 300.0,
+                          max_failed_rounds: int | None = None,
                           on_finish: Callable[[FlowerRunResult], None] | None = None
                           ) -> ServerApp:
     """A Flower `ServerApp` that runs horizontal FL rounds with keras-fedpriv's server half.
@@ -404,8 +444,16 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
     Run settings can be overridden per run with Flower's run config
     (``flwr run . --run-config "num-server-rounds=5 clients-per-round=3"``):
     ``num-server-rounds``, ``clients-per-round``, ``local-epochs``,
-    ``min-replies``, ``round-timeout``; ``result-path`` (a folder) makes the server write
-    ``history.json``, ``ledger.json`` and ``weights.npz`` there at the end.
+    ``min-replies``, ``round-timeout``, ``max-failed-rounds``; ``result-path`` (a folder)
+    makes the server write ``history.json``, ``ledger.json`` and ``weights.npz`` there at
+    the end (also when the run stops for too many failed rounds).
+
+    A round with fewer than ``min_replies`` good replies leaves the global
+    model unchanged and is counted (logged, ``below_min_replies`` in the
+    history, ``failed_rounds`` in the result); once more rounds than
+    ``max_failed_rounds`` fell so, the ServerApp raises a RuntimeError naming
+    the rounds and the clients that did not answer: the run's status on the
+    SuperLink is ``finished:failed`` (``flwr list``; ``flwr run`` itself exits 0).
 
     Args:
         model_fn: builds the compiled global Keras model (its initial weights
@@ -439,6 +487,9 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         round_timeout: seconds to wait for a round's replies; late replies
             are not used.
         connect_timeout: seconds to wait for ``num_clients`` clients.
+        max_failed_rounds: None or an integer >= 0: how many rounds may fall
+            below ``min_replies`` before the run stops (None: half the run's
+            rounds, rounded down).
         on_finish: called with a `FlowerRunResult` at the end (in the
             Simulation Engine this runs in the caller's process).
 
@@ -470,6 +521,8 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
         wait = float(run.get("round-timeout", round_timeout))
         if not wait > 0:
             raise ValueError(f"`round-timeout` must be > 0 seconds; got {wait!r}.")
+        limit = validate_positive_int(run.get("max-failed-rounds", max_failed_rounds),
+                                      "max-failed-rounds", minimum=0, allow_none=True)
         model = model_fn()
         magrr_ = magrr
         if callable(magrr) and not hasattr(magrr, "server_update"):
@@ -481,11 +534,17 @@ def horizontal_server_app(model_fn: Callable[[], keras.Model],
             model, call_with_context(upload_fn, context=context), clients_per_round=per_round,
             local_epochs=epochs, num_clients=num_clients, min_replies=need, seed=seed,
             batch_norm=batch_norm, magrr=magrr_, laplace_eval=laplace,
-            validation_data=validation_data, connect_timeout=connect_timeout)
-        strategy.start(grid, strategy.initial_arrays(), num_rounds=n_rounds, timeout=wait)
-        result = strategy.run_result()
-        if run.get("result-path"):
-            write_result(str(run["result-path"]), result)
+            validation_data=validation_data, connect_timeout=connect_timeout,
+            max_failed_rounds=limit)
+        try:
+            strategy.start(grid, strategy.initial_arrays(), num_rounds=n_rounds, timeout=wait)
+        finally:  # a run stopped for too many failed rounds leaves its record too
+            result = strategy.run_result()
+            logger.info("%d of %d rounds fell below min_replies=%d%s", len(result.failed_rounds),
+                        len(next(iter(result.history.values()), [])), need,
+                        f" (rounds {result.failed_rounds})" if result.failed_rounds else "")
+            if run.get("result-path"):
+                write_result(str(run["result-path"]), result)
         if on_finish is not None:
             on_finish(result)
 

@@ -5,9 +5,20 @@ it too (``strategy.start(grid, strategy.initial_arrays(), num_rounds=...)``)
 or call its four steps from a loop of its own. The strategy drives the same
 `HorizontalServer` that `HorizontalFL` drives in one process.
 
-Round numbers: Flower counts rounds from 1; keras-fedpriv's protocol (client
-shuffling, MagRR, the Laplace evaluation's schedule) counts from 0, so Flower's
-round ``r`` is the protocol's round ``r - 1``, the same round as in-process.
+Round numbers: every log line, ``rejected`` and the history count rounds from 1,
+as Flower does; keras-fedpriv's protocol (client shuffling, MagRR, the Laplace
+evaluation's schedule) counts from 0 inside the messages, so Flower's round
+``r`` is the protocol's round ``r - 1``, the same round as in-process.
+
+Parties that come and go: the strategy reads the connected nodes every round
+and asks every node it has not heard from which client it is (a SuperNode
+restarted mid-run gets a new node id and is asked again in the same run). A
+client id claimed by more than one connected node takes no part while it is
+so claimed: a killed SuperNode stays listed for up to two heartbeats, so a
+restarted client takes part again once its predecessor is no longer listed.
+Replies are matched to what was sent by the message they answer, never by
+sender id (Flower's "Node Unavailable" reply in a lost node's place has
+sender id 0).
 """
 
 from __future__ import annotations
@@ -59,17 +70,27 @@ class FlowerRunResult:
     Attributes:
         model: the global Keras model after the last round.
         history: per-round logs (``val_*`` metrics, ``global_lr``, the
-            number of good and dropped replies, bytes on the wire).
+            number of good and dropped replies, ``below_min_replies``,
+            bytes on the wire).
         ledger: the server's release ledger: a release per client asked to
             train, per client id (`keras_fedpriv.privacy.privacy_report` accepts it).
         rejected: ``(round, client id or node id, reason)`` of every dropped
-            reply.
+            reply (rounds from 1).
+        failed_rounds: the rounds (from 1) with fewer than ``min_replies``
+            good replies (the global model was left unchanged).
+        asked: per round, ``[client id, node id]`` of each client asked to
+            train (each is counted in ``ledger`` when asked).
+        replied: per round, ``[client id, node id]`` of each good reply
+            (a client that rejoined under a new node id shows the new one).
     """
 
     model: keras.Model
     history: dict[str, list[float]]
     ledger: ReleaseLedger
     rejected: list[tuple[int, int, str]]
+    failed_rounds: list[int] = dataclasses.field(default_factory=list)
+    asked: list[list[list[int]]] = dataclasses.field(default_factory=list)
+    replied: list[list[list[int]]] = dataclasses.field(default_factory=list)
 
     def privacy_ledger(self) -> ReleaseLedger:
         """The server's release ledger (so a result is a protection to `privacy_report`)."""
@@ -126,6 +147,11 @@ class HorizontalStrategy(Strategy):
             after every round (``val_*`` metrics), or None.
         connect_timeout: seconds to wait for ``num_clients`` clients and their
             answers to the first ``"query"`` (which tells each node's client id).
+        max_failed_rounds: None or an integer >= 0: the run stops with a
+            RuntimeError once more rounds than this fell below
+            ``min_replies`` (a round with fewer connected clients than
+            ``min_replies`` asks no one and counts as fallen). None: half
+            the rounds `start` runs (rounded down); without `start`, no limit.
 
     Example:
 
@@ -147,7 +173,7 @@ class HorizontalStrategy(Strategy):
                  num_clients: int | None = None, min_replies: int = 1,
                  seed: int | None = None, batch_norm: str = "average", magrr: Any = None,
                  laplace_eval: Any = None, validation_data: tuple[Any, Any] | None = None,
-                 connect_timeout: float = 300.0) -> None:
+                 connect_timeout: float = 300.0, max_failed_rounds: int | None = None) -> None:
         self.clients_per_round = validate_positive_int(clients_per_round, "clients_per_round")
         self.local_epochs = validate_positive_int(local_epochs, "local_epochs")
         self.min_replies = validate_positive_int(min_replies, "min_replies")
@@ -167,6 +193,8 @@ class HorizontalStrategy(Strategy):
             raise TypeError("`laplace_eval` must be a LaplaceEvaluation or None; got "
                             f"{type(laplace_eval).__name__}.")
         self.connect_timeout = float(connect_timeout)
+        self.max_failed_rounds = (None if max_failed_rounds is None else validate_positive_int(
+            max_failed_rounds, "max_failed_rounds", minimum=0))
         self.batch_norm = batch_norm
         self.validation_data = validation_data
         self.upload = as_upload(upload)
@@ -176,7 +204,14 @@ class HorizontalStrategy(Strategy):
         self.laplace = laplace_eval
         if laplace_eval is not None:
             laplace_eval.set_model(model)
-        self.node_of: dict[int, int] | None = None  # client id -> node id
+        self.node_of: dict[int, int] | None = None  # client id -> node id, this round
+        self.claims: dict[int, int | None] = {}  # node id -> the client id it answered
+        self._last_node: dict[int, int] = {}  # client id -> the node it last took part from
+        self._sent: list[Message] = []  # the messages of the step in progress
+        self._timeout = self.connect_timeout  # how long a query waits (start: the round's)
+        self._num_rounds: int | None = None
+        self.asked: list[list[list[int]]] = []  # per round: [client id, node id] asked
+        self.replied: list[list[list[int]]] = []  # per round: [client id, node id] of good replies
         event = getattr(self.upload, "dp_event", lambda: None)() or non_private_event()
         asked = [ReleaseKind(
             f"{type(self.upload).__name__} upload (received by the server)", "client data",
@@ -212,8 +247,28 @@ class HorizontalStrategy(Strategy):
 
     @property
     def rejected(self) -> list[tuple[int, int, str]]:
-        """``(round, client id or node id, reason)`` of every dropped reply."""
+        """``(round, client id or node id, reason)`` of every dropped reply (rounds from 1)."""
         return self.loop.rejected
+
+    @property
+    def failed_rounds(self) -> list[int]:
+        """The rounds (from 1) with fewer than ``min_replies`` good replies."""
+        return [r + 1 for r in self.loop.failed_rounds]
+
+    def failure_limit(self) -> int | None:
+        """How many rounds may fall below ``min_replies`` before the run stops (None: any)."""
+        if self.max_failed_rounds is not None:
+            return self.max_failed_rounds
+        return None if self._num_rounds is None else self._num_rounds // 2
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, **kwargs: Any) -> Any:
+        """Flower's `Strategy.start`, remembering ``num_rounds`` (for the default
+        ``max_failed_rounds``) and ``timeout`` (how long a late node's query waits)."""
+        self._num_rounds = validate_positive_int(num_rounds, "num_rounds")
+        self._timeout = min(float(timeout), self.connect_timeout)
+        return super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
+                             **kwargs)
 
     @property
     def model(self) -> keras.Model:
@@ -230,7 +285,9 @@ class HorizontalStrategy(Strategy):
 
     def run_result(self) -> FlowerRunResult:
         """The model, per-round history, ledger and dropped replies so far."""
-        return FlowerRunResult(self.server.model, self.history, self.ledger, self.rejected)
+        return FlowerRunResult(self.server.model, self.history, self.ledger, self.rejected,
+                               self.failed_rounds, [list(r) for r in self.asked],
+                               [list(r) for r in self.replied])
 
     def clip_uploads(self, clipping_norm: float, noise_multiplier: float = 0.0) -> Any:
         """Clip and noise the aggregate on the server (central DP; what `central_dp` calls).
@@ -313,13 +370,85 @@ class HorizontalStrategy(Strategy):
                     "on" if self.laplace else "off")
 
     def _connect(self, grid: Grid) -> None:
-        """Wait for the clients and ask each node its client id (the ledger's unit)."""
-        nodes = wait_for_nodes(grid, max(self.num_clients, self.clients_per_round),
-                                self.connect_timeout)
-        replies = grid.send_and_receive(
-            [Message(wire.query_content(), dst_node_id=n, message_type=wire.QUERY)
-             for n in nodes], timeout=self.connect_timeout)
-        self.node_of = _client_ids(replies)
+        """Learn which client each connected node is; the first time, wait for the clients.
+
+        Every node not yet heard from (new, or whose last query failed) is asked
+        its client id; a client id claimed by more than one connected node takes
+        no part while it is so claimed (see the module's docstring).
+        """
+        if self.node_of is None:
+            nodes = wait_for_nodes(grid, max(self.num_clients, self.clients_per_round),
+                                   self.connect_timeout)
+            timeout = self.connect_timeout
+        else:
+            nodes = sorted(grid.get_node_ids())
+            timeout = self._timeout
+        unknown = [n for n in nodes if self.claims.get(n) is None]
+        if unknown:
+            sent = [Message(wire.query_content(), dst_node_id=n, message_type=wire.QUERY)
+                    for n in unknown]
+            self.claims.update(_client_ids(sent, grid.send_and_receive(sent, timeout=timeout)))
+        self.node_of = self._claimed(nodes)
+
+    def _claimed(self, nodes: Sequence[int]) -> dict[int, int]:
+        """Client id -> node id among ``nodes``, for the ids exactly one of them claims."""
+        claims: dict[int, list[int]] = {}
+        for node in nodes:
+            cid = self.claims.get(node)
+            if cid is not None:
+                claims.setdefault(cid, []).append(node)
+        node_of = {}
+        for cid, owners in sorted(claims.items()):
+            if len(owners) > 1:
+                logger.warning("%d connected nodes (%s) claim client id %d; it takes no part "
+                               "while they do", len(owners), ", ".join(map(str, owners)), cid)
+                continue
+            old = self._last_node.get(cid)
+            if old is not None and old != owners[0]:
+                logger.info("client %d is node %d now (was node %d): it takes part again",
+                            cid, owners[0], old)
+            node_of[cid] = self._last_node[cid] = owners[0]
+        return node_of
+
+    def _answers(self, replies: Iterable[Message]) -> list[tuple[Message, int | None, int]]:
+        """``(reply, client id or None, node id)`` per reply, matched to the message it answers.
+
+        A reply is matched by ``metadata.reply_to_message_id`` (Flower's error
+        reply for a lost node carries sender id 0, not the node's); one that
+        answers no message sent in this step has no client id and is named by its
+        sender id. Only a grid that gave the sent messages no ids (a stand-in in
+        tests) is matched by sender id.
+        """
+        by_id = {m.metadata.message_id: m for m in self._sent if m.metadata.message_id}
+        by_node = {m.metadata.dst_node_id: m for m in self._sent}
+        client_of = {n: c for c, n in (self.node_of or {}).items()}
+        out = []
+        for reply in replies:
+            sender = reply.metadata.src_node_id
+            if by_id:
+                sent = by_id.get(getattr(reply.metadata, "reply_to_message_id", "") or "")
+            else:
+                sent = by_node.get(sender)
+            if sent is None:
+                out.append((reply, None, sender))
+                continue
+            node = sent.metadata.dst_node_id
+            out.append((reply, client_of.get(node), node))
+        return out
+
+    def _too_many_failed(self, request: Any) -> None:
+        """Raise once more rounds fell below ``min_replies`` than the limit allows."""
+        limit = self.failure_limit()
+        failed = self.failed_rounds
+        if limit is None or len(failed) <= limit:
+            return
+        missing = [c for c in request.client_ids if c not in self.loop.accepted]
+        raise RuntimeError(
+            f"{len(failed)} rounds fell below min_replies={self.min_replies} (rounds "
+            f"{failed}), more than max-failed-rounds={limit}: the run stops. Round "
+            f"{request.round + 1} asked clients {list(request.client_ids)}; no good reply "
+            f"from {_named(missing, self.node_of)}; connected clients: "
+            f"{_named(sorted(self.node_of or {}), self.node_of)}.")
 
     def _set_weights(self, arrays: ArrayRecord) -> None:
         weights = arrays.to_numpy_ndarrays()
@@ -337,20 +466,19 @@ class HorizontalStrategy(Strategy):
         """Sample the round's clients, count their releases and build their messages."""
         rnd = validate_positive_int(server_round, "server_round") - 1
         self._refuse_flower_dp(config)  # before any client is asked
-        if self.node_of is None:
-            self._connect(grid)
         self._set_weights(arrays)
         epochs = validate_positive_int(int(config.get(wire.LOCAL_EPOCHS, self.local_epochs)),
                                        "local-epochs")
-        # sample among the clients still connected (a crashed node drops out)
-        connected = set(grid.get_node_ids())
-        available = [c for c, n in self.node_of.items() if n in connected]
-        request = self.loop.begin_round(rnd, available, self.clients_per_round, epochs)
+        # the clients connected now: a crashed node drops out, a restarted one comes back
+        self._connect(grid)
+        request = self.loop.begin_round(rnd, sorted(self.node_of), self.clients_per_round,
+                                        epochs, ask_none_if_short=True)
+        self.asked.append([[c, self.node_of[c]] for c in request.client_ids])
         content = wire.train_content(request, dict(config.items()))
-        messages = [Message(content, dst_node_id=self.node_of[c], message_type=wire.TRAIN)
-                    for c in request.client_ids]
-        self._down = sum(message_nbytes(m) for m in messages)
-        return messages
+        self._sent = [Message(content, dst_node_id=self.node_of[c], message_type=wire.TRAIN)
+                      for c in request.client_ids]
+        self._down = sum(message_nbytes(m) for m in self._sent)
+        return list(self._sent)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -359,13 +487,10 @@ class HorizontalStrategy(Strategy):
         if request is None or request.round != server_round - 1:
             raise ValueError(f"aggregate_train for round {server_round} without its "
                              "configure_train.")
-        client_of = {self.node_of[c]: c for c in request.client_ids}
         with_magrr = self.magrr is not None
         parsed = []
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            cid = client_of.get(node)
-            answer = TrainReply(node if cid is None else cid, asked=cid is not None)
+        for reply, cid, node in self._answers(replies):
+            answer = TrainReply(node if cid is None else cid, asked=cid is not None, node=node)
             if reply.has_error():
                 answer.reason = f"error reply: {first_line(reply.error.reason)}"
             else:
@@ -378,11 +503,15 @@ class HorizontalStrategy(Strategy):
                         reply, self.server, with_magrr, self.batch_norm)
             parsed.append(answer)
         logs = self.loop.finish_round(parsed)
+        node_of_answer = {a.sender: a.node for a in parsed if a.asked}
+        self.replied.append([[c, node_of_answer[c]] for c in self.loop.accepted])
         wire_logs = {"wire_bytes_down": float(self._down),
                      "wire_bytes_up": float(sum(a.nbytes for a in parsed)),
                      "payload_bytes_up": logs["upload_bytes"]}
+        wire_logs["below_min_replies"] = float(logs["replies"] < self.min_replies)
         self.loop.log(request.round, wire_logs)
         logs.update(wire_logs)
+        self._too_many_failed(request)
         updated = not math.isnan(logs["global_lr"])
         metrics = MetricRecord({k: float(v) for k, v in logs.items()})
         return (self.initial_arrays() if updated else None), metrics
@@ -398,8 +527,9 @@ class HorizontalStrategy(Strategy):
             if getattr(model, "inputs", None) else None
         request = self.loop.begin_evaluate(rnd, width)  # asked: counted
         content = wire.evaluate_content(request)
-        return [Message(content, dst_node_id=self.node_of[c], message_type=wire.EVALUATE)
-                for c in request.client_ids]
+        self._sent = [Message(content, dst_node_id=self.node_of[c], message_type=wire.EVALUATE)
+                      for c in request.client_ids]
+        return list(self._sent)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:
@@ -407,14 +537,12 @@ class HorizontalStrategy(Strategy):
         request = self.loop.evaluating
         if request is None or request.round != server_round - 1:
             return None
-        client_of = {self.node_of[c]: c for c in request.client_ids}
         width = request.width
         bound = self.laplace.report_bound(width) if width else math.inf
         reports = []
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            cid = client_of.get(node)
-            report = EvaluateReport(node if cid is None else cid, asked=cid is not None)
+        for reply, cid, node in self._answers(replies):
+            report = EvaluateReport(node if cid is None else cid, asked=cid is not None,
+                                    node=node)
             if cid is not None and reply.has_error():
                 report.reason = "error reply to 'evaluate'"
             elif cid is not None:
@@ -435,27 +563,40 @@ def _read(parse: Any, reply: Message, *args: Any, what: str) -> tuple[Any, str |
         return None, f"malformed {what}: could not be read ({type(err).__name__})"
 
 
-def _client_ids(replies: Sequence[Message]) -> dict[int, int]:
-    """Client id -> node id from the query replies; an id two nodes claim is dropped."""
-    claims: dict[int, list[int]] = {}
+def _client_ids(sent: Sequence[Message], replies: Iterable[Message]) -> dict[int, int | None]:
+    """Node id -> the client id its ``"query"`` reply claims (None: no valid answer).
+
+    Replies are matched to the queries by the message they answer; a node
+    that did not answer (or answered with an error) maps to None and is asked
+    again next round.
+    """
+    node_of_message = {m.metadata.message_id: m.metadata.dst_node_id for m in sent
+                       if m.metadata.message_id}
+    out: dict[int, int | None] = {m.metadata.dst_node_id: None for m in sent}
     for reply in replies:
-        node = reply.metadata.src_node_id
+        node = node_of_message.get(getattr(reply.metadata, "reply_to_message_id", "") or "",
+                                   None if node_of_message else reply.metadata.src_node_id)
+        if node not in out:
+            continue
         if reply.has_error():
-            logger.warning("node %s did not answer the query", node)
+            logger.warning("node %s did not answer the query: %s", node,
+                           first_line(reply.error.reason))
             continue
         cid = wire.parse_client_id(reply)
         if cid is None:
             logger.warning("node %s answered the query without a valid client id", node)
             continue
-        claims.setdefault(cid, []).append(node)
-    node_of = {}
-    for cid, nodes in claims.items():
-        if len(nodes) > 1:
-            logger.warning("%d nodes claim client id %d; none of them takes part", len(nodes),
-                           cid)
-            continue
-        node_of[cid] = nodes[0]
-    return node_of
+        out[node] = cid
+    for node, cid in out.items():
+        if cid is not None:
+            logger.info("node %s is client %d", node, cid)
+    return out
+
+
+def _named(clients: Sequence[int], node_of: dict[int, int] | None) -> str:
+    """``client 2 (node 81..)``, ... for a message; "none" for no client."""
+    node_of = node_of or {}
+    return ", ".join(f"client {c} (node {node_of.get(c, '?')})" for c in clients) or "none"
 
 
 def write_result(folder: str, result: FlowerRunResult) -> None:
@@ -470,7 +611,9 @@ def write_result(folder: str, result: FlowerRunResult) -> None:
     """
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "history.json"), "w") as f:
-        json.dump({"history": result.history, "rejected": result.rejected}, f)
+        json.dump({"history": result.history, "rejected": result.rejected,
+                   "failed_rounds": result.failed_rounds, "asked": result.asked,
+                   "replied": result.replied}, f)
     with open(os.path.join(folder, "ledger.json"), "w") as f:
         json.dump(result.ledger.to_dict(), f)
     np.savez(os.path.join(folder, "weights.npz"),
