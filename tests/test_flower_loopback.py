@@ -290,6 +290,45 @@ def test_the_one_host_recipe_in_the_docs_runs_as_written():
     assert left == []
 
 
+@pytest.mark.parametrize("example", ["horizontal", "vertical"])
+def test_the_examples_one_host_commands_name_what_exists(example):
+    """docs/flower.md's commands for the two examples: each worker's ClientApp is defined
+    in its app folder, each SuperNode's party folder is one the recipe creates (private
+    socket and state), and every run-config key is one the app declares (Flower refuses
+    others)."""
+    import ast
+    import tomllib
+
+    lines = [line for line in _doc_block(f"one-host {example} example", "bash").splitlines()
+             if line.strip()]
+    assert [line.split()[0] for line in lines][:3] == ["install", "keras-fedpriv",
+                                                      "keras-fedpriv"]
+    folders = lines[0].split()[4:]
+    repo = DOC.parents[1]
+    for line in lines[1:3]:
+        app, app_dir = re.search(r"--app (\S+) --app-dir (\S+)", line).groups()
+        module, attr = app.split(":")
+        source = (repo / app_dir / (module.replace(".", "/") + ".py")).read_text()
+        assigned = {t.id for node in ast.walk(ast.parse(source))
+                    if isinstance(node, ast.Assign) for t in node.targets
+                    if isinstance(t, ast.Name)}
+        assert attr in assigned, line
+        assert re.search(r"--socket (\S+)/worker.sock", line).group(1) in folders
+    nodes = [line for line in lines if "flower-supernode" in line]
+    assert len(nodes) == 2
+    for line, folder in zip(nodes, folders):
+        config = re.search(r'--node-config "([^"]+)"', line).group(1)
+        assert f"worker-socket='{folder}/worker.sock'" in config
+        assert f"state-dir='{folder}'" in config
+        assert line.startswith(f"FLWR_HOME={folder}/home ")
+    app_dir, run_config = re.fullmatch(
+        r'keras-fedpriv flwr-run (\S+) loopback --run-config "([^"]+)"', lines[-1]).groups()
+    declared = tomllib.loads((repo / app_dir / "pyproject.toml").read_text())
+    declared = declared["tool"]["flwr"]["app"]["config"]
+    keys = {item.split("=")[0] for item in run_config.split()}
+    assert keys <= set(declared), keys - set(declared)
+
+
 def test_kill_family_kills_only_processes_that_are_still_the_ones_recorded():
     """A process id recorded before a stop may belong to another process by the time the
     leftovers are killed (ids are reused): `kill_family` compares start times first."""
