@@ -143,14 +143,19 @@ def load_local_state(layers: Iterable[Any], state: dict[str, Any]) -> None:
             counts = np.zeros(sub._id_count_variable().shape, np.int32)
             counts[ids] = values
             sub._id_count_variable().assign(counts)
+            if values.size:  # the running maximum: never behind the table it now holds
+                sub._raise_id_max_to(int(values.max()))
 
 
 class Snapshot:
     """`local_state` kept as tensors in memory (no copy to the host): see `snapshot`."""
 
-    def __init__(self, values: dict[str, Any], counts: dict[int, Any]) -> None:
+    def __init__(self, values: dict[str, Any], counts: dict[int, Any],
+                 maxima: dict[int, Any] | None = None) -> None:
         self.values = values
         self.counts = counts
+        # per layer, its ``release_id_max`` when the snapshot was taken (never below the table)
+        self.maxima = {} if maxima is None else maxima
 
     def to_state(self) -> dict[str, np.ndarray]:
         """The same snapshot in `local_state`'s format (numpy; per-example counts sparse)."""
@@ -171,7 +176,9 @@ def snapshot(layers: Iterable[Any]) -> Snapshot:
     entries, counted = _entries(layers)
     counts = {j: (None if sub._release_id_counts is None
                   else sub._release_id_counts.read_value()) for j, sub in counted}
-    return Snapshot({name: tf.identity(_value(v)) for name, v in entries}, counts)
+    maxima = {j: sub._release_id_max.read_value() for j, sub in counted
+              if sub._release_id_counts is not None}
+    return Snapshot({name: tf.identity(_value(v)) for name, v in entries}, counts, maxima)
 
 
 def restore(layers: Iterable[Any], state: Snapshot | dict[str, Any]) -> None:
@@ -186,5 +193,9 @@ def restore(layers: Iterable[Any], state: Snapshot | dict[str, Any]) -> None:
         t = state.counts.get(j)
         if t is not None:
             sub._id_count_variable().assign(t)
+            if j in state.maxima:  # never behind the table it now holds (a scalar, no scan)
+                sub._raise_id_max(tf.reshape(state.maxima[j], [1]))
+            else:
+                sub._raise_id_max(t)
         elif sub._release_id_counts is not None:
             sub._release_id_counts.assign(tf.zeros_like(sub._release_id_counts))
