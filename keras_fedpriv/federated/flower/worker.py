@@ -594,7 +594,6 @@ class PartyWorker:
         if header.get("kind") != "message":
             return self.handle(header, message_part, context_part)  # a ping, or refused
         request = _Request(header, message_part, context_part)
-        del message_part, context_part
         with self._queue_cond:
             if not self._accepting:
                 return _error_frame("the worker is stopping; the message was not handled")
