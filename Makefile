@@ -25,14 +25,17 @@ test: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q -n $(TEST_WORKERS) \
 		--dist loadgroup --durations 15 tests
 
-# The API reference needs the package (installed once, as for `make test`) and pdoc only: it
-# creates .venv and installs the package (no extras) only if they are missing, installs pdoc
-# (the version the `test` extra pins) only if it is missing, and never upgrades pip.
+# The API reference needs this checkout's package and pdoc 16 only: it creates .venv (with the
+# package's dependencies, no extras) only if it is missing, always installs this checkout
+# editable without dependencies (cheap; so the reference documents this code, not another
+# installed version), installs pdoc (the version the `test` extra pins) unless pdoc 16 is
+# there, and never upgrades pip.
 PDOC := pdoc>=16,<17
 api:
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip show --quiet keras-fedpriv >/dev/null 2>&1 || $(PY) -m pip install --quiet -e .
-	$(PY) -c "import pdoc" 2>/dev/null || $(PY) -m pip install --quiet "$(PDOC)"
+	test -x $(PY) || ($(PYTHON) -m venv $(VENV) && $(PY) -m pip install --quiet -e .)
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -c "import pdoc, sys; sys.exit(pdoc.__version__.split('.')[0] != '16')" 2>/dev/null \
+		|| $(PY) -m pip install --quiet "$(PDOC)"
 	$(PY) docs/build_api.py build/api
 
 bench: $(STAMP)

@@ -79,9 +79,12 @@ if __name__ == "__main__":
     quiet_tensorflow()  # before pdoc imports the package's modules (and TensorFlow)
     out = sys.argv[1] if len(sys.argv) > 1 else "build/api"
     try:
-        import pdoc  # noqa: F401
+        import pdoc
     except ImportError:
         sys.exit("the API reference needs pdoc: pip install 'pdoc>=16,<17' (or run `make api`)")
+    if pdoc.__version__.split(".")[0] != "16":
+        sys.exit(f"the API reference needs pdoc 16 (its templates are written for it); found "
+                 f"pdoc {pdoc.__version__}: pip install 'pdoc>=16,<17' (or run `make api`)")
     documented = build(out)
     sizes = {name: (Path(out) / name).stat().st_size / 1e6
              for name in ("keras_fedpriv.html", "search.js")}

@@ -279,8 +279,8 @@ def test_two_layers_whose_busiest_examples_differ_are_checked_on_exact_counts():
 
 def test_counts_restored_from_the_host_are_seen_from_the_first_batch_of_a_fit():
     """Per-example counts put in place without the layer's calls (a follower's restored state)
-    leave the running maximum behind; the check reads the table once when a fit starts, so
-    its first batch, about other examples, already sees 3 restored releases (plan: 2)."""
+    raise the running maximum as they are loaded, so the check's first batch, about other
+    examples, already sees 3 restored releases (plan: 2)."""
     from keras_fedpriv.layers.local_state import load_local_state, local_state
 
     plan = plan_run(4.0, releases=2, mechanism="embedding_dp", num_coordinates=3)
@@ -290,7 +290,7 @@ def test_counts_restored_from_the_host_are_seen_from_the_first_batch_of_a_fit():
     state = local_state([layer])
     state["0/release_id_values"] = np.full(4, 3, np.int64)  # as if restored: 3 each
     load_local_state([layer], state)
-    assert layer.release_id_max() == 1  # behind the table until it is read
+    assert layer.release_id_max() == 3  # caught up with the loaded table at once
     check = PlanCheck(plan, callbacks=[layer])
     check.on_train_begin()
     layer(x, training=True, example_ids=np.arange(4, 8))  # other examples: their maximum is 1

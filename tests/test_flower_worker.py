@@ -251,33 +251,128 @@ def _answered(conn):
     return bool(select.select([conn], [], [], 0)[0])
 
 
+def _open_stuck_connections(path):
+    """Five connections that send nothing and one that stops half-way through a ping."""
+    stuck = [_connect(path) for _ in range(5)]
+    half = _connect(path)
+    stuck.append(half)
+    request = w.encode_frame([json.dumps({"kind": "ping"}).encode(), b"", b""])
+    half.sendall(request[:len(request) // 2])
+    return stuck
+
+
 def test_silent_and_half_sent_connections_hold_up_no_message():
     """Five connections that send nothing and one that stops half-way through its request
     (a relay killed mid-send) are each read on their own: a ping and a message are answered
-    while all six are still waiting for their read deadline (15 s), and each of the six is
-    then dropped with an error. A worker that reads one connection at a time answers the
-    ping only after 6 x 15 s, past the ping's 10 s timeout."""
-    worker, thread, folder = _serve_in_thread(read_timeout=15.0)
+    while all six still wait for their read deadline (120 s: far longer than the ping and
+    the message take, however loaded the machine). A worker that reads one connection at a
+    time answers the ping only after 6 x 120 s, past the ping's 60 s timeout."""
+    worker, thread, folder = _serve_in_thread(read_timeout=120.0)
     path = str(worker.socket_path)
-    stuck = [_connect(path) for _ in range(5)]
+    stuck = _open_stuck_connections(path)
     try:
-        half = _connect(path)
-        stuck.append(half)
-        request = w.encode_frame([json.dumps({"kind": "ping"}).encode(), b"", b""])
-        half.sendall(request[:len(request) // 2])
-        assert w.ping(path, timeout=10) == "tests:stub"
+        assert w.ping(path, timeout=60) == "tests:stub"
         reply = w.relay_client_app("tests:stub")(
             _message("query", RecordDict({"config": ConfigRecord({"a": 4})})), _context(path))
         assert not reply.has_error() and reply.content["echo"]["a"] == 4
         assert not any(_answered(c) for c in stuck)  # all six still open and unanswered
-        for conn in stuck:
-            conn.settimeout(120)
-            header = json.loads(w._read_frame(conn, 1 << 20)[0])
-            assert header["ok"] is False and "read timeout" in header["error"]
     finally:
         for conn in stuck:
             conn.close()
         _stop_in_thread(worker, thread, folder)
+
+
+def test_silent_and_half_sent_connections_get_a_timeout_reply_at_their_deadline():
+    """With a 1 s read timeout, each of the six stuck connections is answered with an error
+    that names the read timeout (and the worker still answers a ping after)."""
+    worker, thread, folder = _serve_in_thread(read_timeout=1.0)
+    path = str(worker.socket_path)
+    stuck = _open_stuck_connections(path)
+    try:
+        for conn in stuck:
+            conn.settimeout(120)
+            header = json.loads(w._read_frame(conn, 1 << 20)[0])
+            assert header["ok"] is False and "read timeout" in header["error"]
+        assert w.ping(path, timeout=60) == "tests:stub"
+    finally:
+        for conn in stuck:
+            conn.close()
+        _stop_in_thread(worker, thread, folder)
+
+
+def test_a_large_request_waits_for_the_byte_budget_and_a_ping_does_not():
+    """With a budget of one 64 KiB frame, a second large message is not read while the
+    first (in the ClientApp) holds its bytes: it waits for the budget, a ping is answered
+    meanwhile, and once the first is answered the second is read and handled; at no time
+    were more bytes reserved than the budget."""
+    BLOCK.clear()
+    worker, thread, folder = _serve_in_thread(read_timeout=120.0, max_buffered=1 << 16)
+    path, replies, pad = str(worker.socket_path), {}, "x" * 40_000
+
+    def relay(name, kind):
+        replies[name] = w.relay_client_app("tests:stub")(
+            _message(kind, RecordDict({"config": ConfigRecord({"a": 1, "pad": pad})})),
+            _context(path))
+
+    first = threading.Thread(target=relay, args=("first", "query.block"))
+    second = threading.Thread(target=relay, args=("second", "query"))
+    try:
+        first.start()
+        assert IN_BLOCK.wait(timeout=60)
+        assert 40_000 < worker.budget.reserved <= 1 << 16
+        second.start()
+        _wait_for(lambda: worker.budget.waiting == 1, "the second message to wait")
+        assert w.ping(path, timeout=60) == "tests:stub"  # pings reserve nothing
+        assert worker.handled == 0 and "second" not in replies
+    finally:
+        BLOCK.set()
+        for t in (first, second):
+            if t.ident is not None:
+                t.join(timeout=60)
+        _stop_in_thread(worker, thread, folder)
+    assert not replies["first"].has_error() and not replies["second"].has_error()
+    assert replies["second"].content["echo"]["pad"] == pad and worker.handled == 2
+    assert worker.budget.peak <= 1 << 16 and worker.budget.reserved == 0
+
+
+def test_the_client_app_runs_on_the_thread_that_serves_and_keeps_its_keras_policy():
+    """An app that sets a global dtype policy when it is imported (on the main thread, as
+    `keras-fedpriv worker` imports it) sees that policy in its handler through the worker:
+    Keras keeps it per thread, so a handler run on a connection's thread would see float32."""
+    import keras
+
+    policy_app = ClientApp()
+
+    @policy_app.query()
+    def _policy(msg, context):
+        return Message(RecordDict({"c": ConfigRecord({
+            "policy": keras.mixed_precision.global_policy().name,
+            "thread": threading.current_thread().name})}), reply_to=msg)
+
+    before = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    folder, replies = _private_dir(), []
+    try:
+        worker = w.PartyWorker("tests:policy", os.path.join(folder, "s.sock"),
+                               client_app=policy_app, max_frame=1 << 16).listen()
+
+        def client():
+            try:
+                for _ in range(2):
+                    replies.append(w.relay_client_app("tests:policy")(
+                        _message("query", RecordDict()), _context(str(worker.socket_path))))
+            finally:
+                worker.stop_event.set()
+
+        sender = threading.Thread(target=client, daemon=True)
+        sender.start()
+        worker.serve()  # on this (the main) thread, as serve_worker does
+        sender.join(timeout=60)
+    finally:
+        keras.mixed_precision.set_global_policy(before)
+        os.rmdir(folder)
+    assert [r.content["c"]["policy"] for r in replies] == ["mixed_bfloat16"] * 2
+    assert {r.content["c"]["thread"] for r in replies} == {threading.current_thread().name}
 
 
 def test_at_most_max_connections_are_read_at_once():

@@ -89,3 +89,47 @@ def test_a_snapshot_does_not_follow_later_updates_and_converts_to_the_dict_forma
     assert set(converted) == set(before)
     for name, value in before.items():
         np.testing.assert_array_equal(converted[name], value)
+
+
+def _vae_state_saved_before_it_counted(seed):
+    """A VAEBottom's `local_state` as saved before the layer kept release counts."""
+    from keras_fedpriv import VAEBottom
+
+    old = VAEBottom(2, hidden_units=(3,), seed=seed)
+    old(np.ones((4, 5), "float32"))
+    state = local_state([old])
+    del state["0/release_totals"], state["0/key_used"]
+    return state
+
+
+def test_a_state_saved_before_a_vae_bottom_counted_loads_into_one_that_has_not_released():
+    """No `release_totals` / `key_used`: they load as zero (the new layer's are), and the
+    random counter is loaded (the noise goes on from where the saved layer stopped)."""
+    from keras_fedpriv import VAEBottom
+
+    state = _vae_state_saved_before_it_counted(seed=4)
+    fresh = VAEBottom(2, hidden_units=(3,), seed=4)
+    fresh.build((None, 5))
+    load_local_state([fresh], state)
+    assert not any(fresh.release_calls().values())
+    assert np.array_equal(fresh.rng_counter.numpy(), np.reshape(state["0/rng_counter"],
+                                                                 fresh.rng_counter.shape))
+
+
+def test_a_state_without_release_counts_is_refused_by_a_layer_that_has_released():
+    """Loading it would zero the counts of a VAEBottom that has released: refused, naming
+    the missing entry and the layer, and nothing is changed; another missing entry is
+    still a structure mismatch."""
+    from keras_fedpriv import VAEBottom
+
+    state = _vae_state_saved_before_it_counted(seed=4)
+    used = VAEBottom(2, hidden_units=(3,), seed=5, name="used_vae")
+    used(np.ones((4, 5), "float32"))
+    counter = used.rng_counter.numpy().copy()
+    with pytest.raises(ValueError, match="no '0/release_totals'.*'used_vae' has released"):
+        load_local_state([used], state)
+    assert used.release_calls()["fresh_without_ids"] == 1
+    assert np.array_equal(used.rng_counter.numpy(), counter)
+    del state["0/rng_counter"]
+    with pytest.raises(ValueError, match="another structure"):
+        load_local_state([VAEBottom(2, hidden_units=(3,), seed=4)], state)

@@ -166,3 +166,45 @@ def test_counts_loaded_from_a_file_raise_the_running_maximum():
     assert clone.release_id_max() == 3
     clone(X, training=True, example_ids=np.arange(2, 6))
     assert clone.release_id_max() == 4
+
+
+def test_a_snapshot_restored_into_a_copy_raises_its_running_maximum():
+    """`restore` of a snapshot puts the per-example table in place from the host: the copy's
+    maximum is the snapshot's at once (3), not 1 until the table is next read."""
+    from keras_fedpriv.layers.local_state import restore, snapshot
+
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    for _ in range(3):
+        layer(X, training=True, example_ids=np.arange(4))
+    taken = snapshot([layer])
+    copy = kf.EmbeddingDPLayer(1.0, seed=2)
+    copy(X, training=True, example_ids=np.arange(4, 8))
+    restore([copy], taken)
+    assert copy.release_id_max() == 3
+    restore([copy], taken.to_state())  # the dict form (load_local_state) likewise
+    assert copy.release_id_max() == 3
+
+
+def test_raising_the_maximum_from_the_host_keeps_a_count_made_meanwhile():
+    """The host-side raise is an ``assign_add`` of the excess: a call that counts between its
+    read and its write (simulated: +5 right after the read) is kept, never overwritten by
+    the smaller value (a read-compare-assign would leave 3, below the 6 counted)."""
+    layer = kf.EmbeddingDPLayer(1.0, seed=1)
+    layer(X, training=True, example_ids=np.arange(4))
+    variable = layer._release_id_max
+    reads = {"numpy": variable.numpy, "read_value": variable.read_value}
+
+    def racing(name):
+        def read(*args, **kwargs):
+            value = reads[name](*args, **kwargs)
+            variable.assign_add(5)  # a concurrent call's count, after this read
+            return value
+        return read
+
+    variable.numpy = racing("numpy")
+    variable.read_value = racing("read_value")
+    try:
+        layer._raise_id_max_to(3)
+    finally:
+        del variable.numpy, variable.read_value
+    assert layer.release_id_max() >= 6

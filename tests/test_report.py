@@ -199,3 +199,16 @@ def test_the_report_says_what_embedding_dp_eps_costs_an_example():
     assert math.isclose(report.per_release_epsilon(row), 16.0, rel_tol=1e-3)
     assert ("eps=4 randomizes each of its 8 coordinates at eps 2 (eps/2), so one release of an "
             "example's embedding is eps 16 (8 x 2)") in str(report)
+
+
+def test_the_embedding_dp_note_says_eps_over_2_only_where_it_is():
+    """At eps=100 each coordinate is pinned at ~22.18 (the flip probability's 2**-32 floor),
+    not eps/2 = 50: the note says so instead of "(eps/2)", and prices a 2-wide release at
+    2 x 22.2."""
+    layer = kf.EmbeddingDPLayer(eps=100.0, seed=0)
+    layer(np.ones((2, 2), "float32"), training=True, example_ids=np.arange(2))
+    text = str(privacy_report(layer))
+    assert "(eps/2)" not in text
+    assert ("eps=100 randomizes each of its 2 coordinates at eps 22.2 (below eps/2 = 50: the "
+            "flip probability is a multiple of 2**-32 and at least 2**-32), so one release of "
+            "an example's embedding is eps 44.4 (2 x 22.2)") in text

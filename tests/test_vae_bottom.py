@@ -332,18 +332,30 @@ def test_exported_from_the_package():
     assert keras.saving.get_registered_object("keras_fedpriv>VAEBottom") is VAEBottom
 
 
-def _vertical(bottom_a, n=64):
+def _vertical(bottom_a, n=64, embedding_dp=None, bottom_b=None, ids=True):
     from keras_fedpriv.federated import VerticalModel, with_example_ids
 
     rng = np.random.default_rng(0)
     xa = rng.normal(size=(n, 6)).astype("float32")
     xb = rng.normal(size=(n, 4)).astype("float32")
     y = (xa[:, 0] + xb[:, 0] > 0).astype("float32")
-    bottom_b = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4)])
-    top = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1, activation="sigmoid")])
-    model = VerticalModel({"party_a": bottom_a, "party_b": bottom_b}, top, leader="party_b")
+    if bottom_b is None:
+        bottom_b = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4)])
+    width = bottom_a.compute_output_shape((None, 6))[-1] + bottom_b.compute_output_shape(
+        (None, 4))[-1]
+    top = keras.Sequential([keras.Input((width,)), keras.layers.Dense(1, activation="sigmoid")])
+    model = VerticalModel({"party_a": bottom_a, "party_b": bottom_b}, top, leader="party_b",
+                          embedding_dp=embedding_dp)
     model.compile("adam", "binary_crossentropy")
-    return model, with_example_ids({"party_a": xa, "party_b": xb}), y
+    x = {"party_a": xa, "party_b": xb}
+    return model, (with_example_ids(x) if ids else x), y
+
+
+def _report_rows(model):
+    from keras_fedpriv.privacy import privacy_report
+
+    report = privacy_report(model, protects="features")
+    return report, {r.mechanism: r.count for r in report.releases}
 
 
 def test_a_follower_vae_bottom_counts_its_releases_per_example_id():
@@ -365,15 +377,84 @@ def test_a_follower_vae_bottom_counts_its_releases_per_example_id():
     assert vae.release_calls()["fresh_with_ids"] == 12
 
 
-def test_a_vae_bottom_inside_a_larger_bottom_is_counted_by_its_follower():
-    """Inside a Sequential the ids cannot reach the VAEBottom: the follower counts each
-    message (one per batch, for every example) and the layer records nothing twice."""
-    from keras_fedpriv.privacy import privacy_report
-
+def test_a_vae_bottom_inside_a_larger_bottom_records_each_message_once():
+    """Inside a Sequential the ids cannot reach the VAEBottom: it records each message (one
+    per batch, for every example) and the follower's own counter records nothing, so the
+    12 messages are counted once (before: by the follower alone, the layer recorded none)."""
     keras.utils.set_random_seed(0)
     vae = VAEBottom(4, hidden_units=(8,), beta=0.1, seed=3, name="vae")
     model, x, y = _vertical(keras.Sequential([keras.Input((6,)), vae]))
     model.fit(x, y, epochs=3, batch_size=16, shuffle=False, verbose=0)
-    rows = {r.mechanism: r.count for r in privacy_report(model, protects="features").releases}
-    assert rows == {"VerticalModel follower 'party_a'": 12}
-    assert not any(vae.release_calls().values())
+    report, rows = _report_rows(model)
+    assert rows == {"VAEBottom 'vae'": 12}
+    assert math.isinf(report.epsilon)
+    assert vae.release_calls()["fresh_without_ids"] == 12
+
+
+def test_a_vae_bottom_as_protection_without_ids_records_every_message():
+    """`embedding_dp=VAEBottom` fitted without example ids: each of the 4 messages is a
+    release without DP of every example (before: nothing was recorded, eps 0)."""
+    keras.utils.set_random_seed(0)
+    vae = VAEBottom(4, hidden_units=(4,), seed=1, name="vae")
+    model, x, y = _vertical(keras.Sequential([keras.Input((6,)), keras.layers.Dense(4)]),
+                            n=16, embedding_dp={"party_a": vae}, ids=False)
+    model.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
+    report, rows = _report_rows(model)
+    assert rows == {"VAEBottom 'vae'": 4}
+    assert math.isinf(report.epsilon)
+
+
+def test_a_vae_bottom_as_protection_with_ids_counts_fit_per_id_and_predict_for_all():
+    """With example ids, 2 epochs are 2 releases of each example; a prediction without ids
+    (one message of 16 rows) is one more release of every example (before: uncounted)."""
+    from keras_fedpriv.federated import with_example_ids
+
+    keras.utils.set_random_seed(0)
+    vae = VAEBottom(4, hidden_units=(4,), seed=1, name="vae")
+    model, x, y = _vertical(keras.Sequential([keras.Input((6,)), keras.layers.Dense(4)]),
+                            n=16, embedding_dp={"party_a": vae})
+    model.fit(x, y, epochs=2, batch_size=4, shuffle=False, verbose=0)
+    assert _report_rows(model)[1] == {"VAEBottom 'vae'": 2}
+    plain = {k: v for k, v in x.items() if k in ("party_a", "party_b")}
+    assert set(with_example_ids(plain)) == set(x)  # the ids were the only other input
+    with pytest.warns(UserWarning, match="without example ids"):
+        model.predict(plain, batch_size=16, verbose=0)
+    assert vae.release_calls()["fresh_with_ids"] == 8
+    assert vae.release_calls()["fresh_without_ids"] == 1
+    assert _report_rows(model)[1] == {"VAEBottom 'vae'": 3}
+
+
+def test_a_vae_bottom_whose_output_is_not_sent_records_nothing():
+    """A follower's VAEBottom under an EmbeddingDPLayer, and the leader's VAEBottom: their
+    samples never leave as computed, so only the DP layer's releases are in the report."""
+    from keras_fedpriv.layers import EmbeddingDPLayer
+
+    keras.utils.set_random_seed(0)
+    follower_vae = VAEBottom(4, hidden_units=(4,), seed=1, name="follower_vae")
+    leader_vae = VAEBottom(4, hidden_units=(4,), seed=2, name="leader_vae")
+    dp = EmbeddingDPLayer(eps=2.0, seed=5, name="dp")
+    model, x, y = _vertical(keras.Sequential([keras.Input((6,)), follower_vae]), n=16,
+                            embedding_dp={"party_a": dp},
+                            bottom_b=keras.Sequential([keras.Input((4,)), leader_vae]))
+    model.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
+    report, rows = _report_rows(model)
+    assert rows == {"EmbeddingDPLayer 'dp'": 1}
+    assert not any(follower_vae.release_calls().values())
+    assert not any(leader_vae.release_calls().values())
+    assert math.isfinite(report.epsilon)
+
+
+def test_a_vae_bottom_in_a_plain_model_records_its_calls():
+    """In a plain Keras model each call is a release without DP of every example: the report
+    is not private, with 2 calls counted (before: the layer's empty ledger gave eps 0)."""
+    from keras_fedpriv.privacy import privacy_report
+
+    keras.utils.set_random_seed(0)
+    vae = VAEBottom(4, hidden_units=(4,), seed=1, name="vae")
+    model = keras.Sequential([keras.Input((3,)), vae, keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    rng = np.random.default_rng(0)
+    model.fit(rng.random((8, 3)), rng.random((8, 1)), batch_size=4, verbose=0)
+    report = privacy_report(model, protects="features")
+    assert math.isinf(report.epsilon)
+    assert {r.mechanism: r.count for r in report.releases} == {"VAEBottom 'vae'": 2}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import dp_accounting
@@ -213,8 +214,18 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
         coordinates at eps 2 (eps/2), so one release of an example's embedding is eps 16"."""
         per_coordinate = quantize_realized_epsilon(self.eps)
         return (f"eps={self.eps:g} randomizes each of its {d} coordinates at eps "
-                f"{per_coordinate:.3g} (eps/2), so one release of an example's embedding is "
-                f"eps {d * per_coordinate:.3g} ({d} x {per_coordinate:.3g})")
+                f"{per_coordinate:.3g} ({self._why_per_coordinate(per_coordinate)}), so one "
+                f"release of an example's embedding is eps {d * per_coordinate:.3g} "
+                f"({d} x {per_coordinate:.3g})")
+
+    def _why_per_coordinate(self, per_coordinate):
+        """"eps/2" where the realized per-coordinate eps is that (to the 3 digits shown);
+        else why it is less (a flip probability is a multiple of 2**-32, at least 2**-32:
+        from eps ~44.4 on the realized value is pinned at ~22.18)."""
+        if math.isclose(per_coordinate, self.eps / 2, rel_tol=1e-3):
+            return "eps/2"
+        return (f"below eps/2 = {self.eps / 2:g}: the flip probability is a multiple of 2**-32 "
+                f"and at least 2**-32")
 
     def privacy_ledger(self) -> ReleaseLedger:
         """What this layer has released so far, as a `ReleaseLedger` (unit: example)."""

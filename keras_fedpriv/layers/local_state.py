@@ -35,6 +35,9 @@ __all__ = ["Snapshot", "load_local_state", "local_state", "restore", "snapshot"]
 
 # Local (non-Keras) variables of the package's layers, by attribute name.
 _LOCAL_ATTRS = ("rng_key", "rng_counter", "release_totals", "input_errors")
+# Entries a state saved by an older version may lack: they load as zero into a layer that has
+# not released (see `_check_missing`).
+_MAY_BE_MISSING = ("release_totals", "key_used")
 
 
 def _sublayers(layers):
@@ -120,20 +123,28 @@ def load_local_state(layers: Iterable[Any], state: dict[str, Any]) -> None:
     Arrays are reshaped to their variables' shapes (a transport that turns
     scalars into shape (1,) arrays is fine).
 
+    A state without a layer's ``release_totals`` / ``key_used`` (saved
+    before that layer counted its releases, e.g. an older `VAEBottom`) loads
+    them as zero into a layer that has not released, and is refused by one
+    that has (its counts would be zeroed).
+
     Args:
         layers: the layers given to `local_state` (or copies of them with
             the same structure).
         state: its result.
 
     Raises:
-        ValueError: the state does not fit the layers (another structure).
+        ValueError: the state does not fit the layers (another structure),
+            or lacks the release counts of a layer that has released.
     """
+    layers = list(layers)
     entries, counted = _entries(layers)
-    for name, v in entries:
+    for name, _ in entries:  # all checked first: a refused state changes nothing
         if name not in state:
-            raise ValueError(f"load_local_state: the state has no {name!r}; it was taken from "
-                             "layers of another structure.")
-        v.assign(np.reshape(state[name], v.shape))
+            _check_missing(name, layers)
+    for name, v in entries:
+        if name in state:  # a missing one may load as zero: the layer's value already is
+            v.assign(np.reshape(state[name], v.shape))
     for j, sub in counted:
         if f"{j}/release_id_slots" not in state:
             continue
@@ -143,14 +154,42 @@ def load_local_state(layers: Iterable[Any], state: dict[str, Any]) -> None:
             counts = np.zeros(sub._id_count_variable().shape, np.int32)
             counts[ids] = values
             sub._id_count_variable().assign(counts)
+            if values.size:  # the running maximum: never behind the table it now holds
+                sub._raise_id_max_to(int(values.max()))
+
+
+def _check_missing(name, layers):
+    """Raise unless the entry ``name``, missing from a state, may load as zero.
+
+    A state taken before a layer kept release counts (a `VAEBottom` saved by
+    an older version has no ``release_totals`` nor ``key_used``) loads into
+    a layer that has not released: its counts stay zero, as they were when
+    that state was taken. A layer that has released would lose its counts,
+    and any other missing entry means another structure: both refused.
+    """
+    j, _, attr = name.partition("/")
+    if attr in _MAY_BE_MISSING and j.isdigit():
+        layer = _sublayers(layers)[int(j)]
+        if not any(layer.release_calls().values()):
+            return
+        raise ValueError(f"load_local_state: the state has no {name!r} (saved by a version "
+                         f"that did not count this layer's releases), and "
+                         f"{type(layer).__name__} {layer.name!r} has released: loading it would "
+                         "zero its release counts. Load the state only into a copy that has "
+                         "not released.")
+    raise ValueError(f"load_local_state: the state has no {name!r}; it was taken from "
+                     "layers of another structure.")
 
 
 class Snapshot:
     """`local_state` kept as tensors in memory (no copy to the host): see `snapshot`."""
 
-    def __init__(self, values: dict[str, Any], counts: dict[int, Any]) -> None:
+    def __init__(self, values: dict[str, Any], counts: dict[int, Any],
+                 maxima: dict[int, Any] | None = None) -> None:
         self.values = values
         self.counts = counts
+        # per layer, its ``release_id_max`` when the snapshot was taken (never below the table)
+        self.maxima = {} if maxima is None else maxima
 
     def to_state(self) -> dict[str, np.ndarray]:
         """The same snapshot in `local_state`'s format (numpy; per-example counts sparse)."""
@@ -171,7 +210,9 @@ def snapshot(layers: Iterable[Any]) -> Snapshot:
     entries, counted = _entries(layers)
     counts = {j: (None if sub._release_id_counts is None
                   else sub._release_id_counts.read_value()) for j, sub in counted}
-    return Snapshot({name: tf.identity(_value(v)) for name, v in entries}, counts)
+    maxima = {j: sub._release_id_max.read_value() for j, sub in counted
+              if sub._release_id_counts is not None}
+    return Snapshot({name: tf.identity(_value(v)) for name, v in entries}, counts, maxima)
 
 
 def restore(layers: Iterable[Any], state: Snapshot | dict[str, Any]) -> None:
@@ -186,5 +227,9 @@ def restore(layers: Iterable[Any], state: Snapshot | dict[str, Any]) -> None:
         t = state.counts.get(j)
         if t is not None:
             sub._id_count_variable().assign(t)
+            if j in state.maxima:  # never behind the table it now holds (a scalar, no scan)
+                sub._raise_id_max(tf.reshape(state.maxima[j], [1]))
+            else:
+                sub._raise_id_max(t)
         elif sub._release_id_counts is not None:
             sub._release_id_counts.assign(tf.zeros_like(sub._release_id_counts))

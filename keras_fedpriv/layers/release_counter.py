@@ -22,8 +22,10 @@ shared by all replicas, never mirrored):
   that call's ids only (no scan of the whole table). It never under-states
   what the layer's calls counted (a race between concurrent calls can only
   over-state it); counts put in place from the host catch up at once
-  (``load_weights``, ``.keras`` files) or at the next full read of the table
-  (any ledger or report; `PlanCheck` makes one at the start of every fit).
+  (``load_weights``, ``.keras`` files, `keras_fedpriv.layers.local_state`'s
+  ``load_local_state`` and ``restore``), and a full read of the table (any
+  ledger or report; `PlanCheck` makes one at the start of every fit) raises
+  it to the table's maximum too.
   `PlanCheck` reads it after every batch to bound the per-example releases
   without reading the whole table (`busiest_bound`).
 
@@ -312,10 +314,13 @@ class ReleaseCounterMixin:
         return ids, counts[ids].astype(np.int64)
 
     def _raise_id_max_to(self, value):
-        """Host side: ``release_id_max`` = max(itself, ``value``)."""
+        """Host side: ``release_id_max`` = max(itself, ``value``).
+
+        The same ``assign_add`` of the excess as in the graph (`_raise_id_max`):
+        a call that counts in between is never overwritten by a smaller value.
+        """
         self._id_count_variable()
-        if int(self._release_id_max.numpy()) < value:
-            self._release_id_max.assign(np.int32(value))
+        self._raise_id_max(tf.constant([value], tf.int32))
 
     def release_id_max(self) -> int:
         """The most fresh-noise releases about one example id so far (a scalar read).

@@ -11,12 +11,15 @@ Called with ``example_ids`` (as a vertical follower's bottom does), each call
 is recorded per example id in the layer's release ledger, with the same
 counters as `EmbeddingDPLayer` (`keras_fedpriv.layers.release_counter`): a
 release without a DP guarantee (the sample's randomness is not a DP
-mechanism), counted once per example per pass, not once per batch.
+mechanism), counted once per example per pass, not once per batch. A call
+without ids is recorded as a release of every example.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+import threading
+from typing import Any, Iterator, Sequence
 
 import keras
 import numpy as np
@@ -38,7 +41,35 @@ from keras_fedpriv.mechanisms.validation import (
     validate_positive_int,
 )
 
-__all__ = ["VAEBottom", "kl_to_standard_normal"]
+__all__ = ["VAEBottom", "kl_to_standard_normal", "vae_release_scope"]
+
+_SCOPE = threading.local()  # `vae_release_scope` in this thread: (released, recorders)
+
+
+@contextlib.contextmanager
+def vae_release_scope(released: bool) -> Iterator[list[Any]]:
+    """Within it (this thread), whether a `VAEBottom`'s call is a release it records.
+
+    For a caller that knows whether the output leaves: a vertical party
+    whose embedding is not sent as computed (the leader's, or one that a DP
+    layer protects, which records the release itself) calls its bottom
+    model with ``released=False``, so a VAEBottom inside records nothing.
+    Outside any scope every call is recorded.
+
+    Args:
+        released: whether the calls made within are releases.
+
+    Yields:
+        A list, filled with each VAEBottom that recorded a call within the
+        scope (when traced by `tf.function`, at tracing: once per graph).
+    """
+    before = getattr(_SCOPE, "state", None)
+    recorders: list[Any] = []
+    _SCOPE.state = (bool(released), recorders)
+    try:
+        yield recorders
+    finally:
+        _SCOPE.state = before
 
 
 def kl_to_standard_normal(mu: tf.Tensor, logvar: tf.Tensor) -> tf.Tensor:
@@ -88,8 +119,11 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
     of E epochs counts E releases per example, not one per batch. The release
     has no DP guarantee (the internal randomness is not a DP mechanism), so a
     privacy report says "not private" for the features, as it would for an
-    unprotected embedding. Calls without ids are not recorded here (inside a
-    larger bottom model, the follower counts its messages itself).
+    unprotected embedding. A call without ids (inside a larger bottom model,
+    or a plain Keras model) is recorded as a release of every example, once
+    per call. A vertical party whose message is not this layer's output as
+    computed (the leader, or a follower with a DP layer in `embedding_dp`)
+    calls it within `vae_release_scope` ``(False)``: nothing is recorded.
 
     `encode` gives ``(mu, logvar)`` without sampling and `sigma` the standard
     deviation ``exp(0.5 * logvar)``; `keras_fedpriv.privacy.deldp` uses them to
@@ -223,27 +257,38 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
         mu, logvar = self._encode(inputs)
         if self.beta > 0:
             self.add_loss(self._kl(mu, logvar))
+        self._record_call(tf.shape(mu)[0], example_ids)
+        return self._sample(mu, logvar)
+
+    def _record_call(self, rows, example_ids):
+        """Count the call as a release: per example id, or of every example without ids."""
+        released, recorders = getattr(_SCOPE, "state", None) or (True, None)
+        if not released:
+            return
         if example_ids is not None:
             ids = tf.reshape(tf.convert_to_tensor(example_ids), [-1])
             if not ids.dtype.is_integer:
                 raise TypeError(f"VAEBottom: `example_ids` must be integers; got dtype "
                                 f"{ids.dtype.name}.")
-            self._count_release(rc.FRESH_IDS, tf.shape(mu)[0], ids)
-        return self._sample(mu, logvar)
+            self._count_release(rc.FRESH_IDS, rows, ids)
+        else:
+            self._count_release(rc.FRESH_ANON, rows)
+        if recorders is not None:
+            recorders.append(self)
 
     def privacy_ledger(self) -> ReleaseLedger:
-        """The calls made with example ids, as releases without DP (unit: example).
+        """The recorded calls, as releases without DP (unit: example).
 
         Returns:
             A `ReleaseLedger`: one kind, ``non_private_event()``, counted per
-            example id (a call whose ids do not name every row counts for
-            every example).
+            example id (a call without ids, or whose ids do not name every
+            row, counts for every example).
         """
         ledger = ReleaseLedger()
         kind = ReleaseKind(f"VAEBottom {self.name!r}", "features", EXAMPLE, non_private_event(),
                            "the follower's embedding, a sample of the VAE's posterior: its "
                            "internal randomness is no DP guarantee (deldp gives an empirical "
-                           "estimate); counted per example id")
+                           "estimate); counted per example id (a call without ids: every example)")
         self._record_fresh_releases(ledger, kind, self._release_totals())
         return ledger
 

@@ -9,7 +9,10 @@ long-lived ClientApp, so this module builds one from Flower's own pieces:
   a process the party starts beside its SuperNode. It imports the real
   ClientApp once, keeps TensorFlow, the models, traced functions and caches
   alive, and answers messages on a Unix domain socket: each connection is
-  read in its own thread, and the ClientApp handles one message at a time.
+  read in its own thread, and the ClientApp handles one message at a time,
+  always on the thread that runs the worker (the main thread of
+  ``keras-fedpriv worker``, the one that imported the app: Keras keeps its
+  global dtype policy, distribution and layer names per thread).
 * `relay_client_app` (``relay_client_app("my_app.client:app")``): the
   ClientApp the app's ``pyproject.toml`` names. In the ``flwr-clientapp``
   process it imports only Flower and the standard library, sends the
@@ -35,7 +38,13 @@ prefix before anything is allocated) and must arrive whole within
 raises or returns no Message, gets an error reply and the worker keeps
 serving. Each accepted connection is read in a thread of its own (at most
 ``max_connections`` at once; more wait in the socket's backlog), so a peer
-that connects and sends nothing, or stops half-way, holds up no one else. A failed message's reply names the exception's type only (its text,
+that connects and sends nothing, or stops half-way, holds up no one else.
+Before it reads a request's body, a connection reserves the body's size
+from a byte budget all connections share (``max_buffered``, default twice
+``max_frame``; a frame of at most 4 KiB, such as a ping, reserves nothing)
+and keeps it until its reply is sent, so requests waiting for the ClientApp
+hold at most that much memory; a message is parsed only when the ClientApp
+is about to handle it. A failed message's reply names the exception's type only (its text,
 which may quote data, stays in the party's log) and its ``context.state``
 changes are dropped, with or without a worker. The app name the relay sends
 is compared with ``--app`` to catch a misconfiguration (a relay for another
@@ -45,6 +54,7 @@ to the worker, as it may read the party's files.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import json
 import logging
@@ -71,9 +81,9 @@ from flwr.common.serde import (
 from flwr.proto.message_pb2 import Context as ProtoContext
 from flwr.proto.message_pb2 import Message as ProtoMessage
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_FRAME", "DEFAULT_READ_TIMEOUT", "SOCKET_KEY",
-           "TIMEOUT_KEY",
-           "FrameError", "PartyWorker", "check_peer", "check_private_folder", "decode_frame",
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_FRAME", "DEFAULT_READ_TIMEOUT", "SMALL_FRAME",
+           "SOCKET_KEY", "TIMEOUT_KEY",
+           "ByteBudget", "FrameError", "PartyWorker", "check_peer", "check_private_folder", "decode_frame",
            "encode_frame", "ping", "relay", "relay_client_app", "serve_worker"]
 
 logger = logging.getLogger("keras_fedpriv.flower")
@@ -91,6 +101,8 @@ _PART = struct.Struct("!Q")
 DEFAULT_READ_TIMEOUT = 10.0
 #: connections read at once; more wait in the socket's backlog
 DEFAULT_MAX_CONNECTIONS = 32
+#: a request body of at most this many bytes (a ping) is read without reserving from the budget
+SMALL_FRAME = 4096
 
 
 class FrameError(ValueError):
@@ -165,15 +177,80 @@ def decode_frame(body: bytes, num_parts: int) -> list[bytes]:
     return parts
 
 
-def _read_frame(conn: socket.socket, max_frame: int, num_parts: int = 3,
-                deadline: float | None = None) -> list[bytes]:
+def _read_head(conn: socket.socket, max_frame: int, deadline: float | None = None) -> int:
+    """Read a frame's header; the size of its body (checked against ``max_frame``)."""
     head = _recv_exactly(conn, _HEAD.size, deadline)
     magic, size = _HEAD.unpack(head)
     if magic != _MAGIC:
         raise FrameError("not a keras-fedpriv worker frame (bad magic)")
     if size > max_frame:
         raise FrameError(f"a frame of {size} bytes is over the limit of {max_frame} bytes")
+    return size
+
+
+def _read_frame(conn: socket.socket, max_frame: int, num_parts: int = 3,
+                deadline: float | None = None) -> list[bytes]:
+    size = _read_head(conn, max_frame, deadline)
     return decode_frame(_recv_exactly(conn, size, deadline), num_parts)
+
+
+class ByteBudget:
+    """Bytes that requests reserve before their bodies are read, shared by all connections.
+
+    Args:
+        capacity: the most bytes reserved at once (a positive int; every
+            reservation must be at most this).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.reserved = 0
+        self.waiting = 0  # how many reservations wait now
+        self.peak = 0  # the most bytes reserved at once so far
+        self._cond = threading.Condition()
+
+    def reserve(self, size: int, stop: threading.Event) -> bool:
+        """Wait until ``size`` more bytes fit and reserve them; False if ``stop`` is set first.
+
+        Raises:
+            ValueError: ``size`` is over the capacity (it would never fit).
+        """
+        if size > self.capacity:
+            raise ValueError(f"`size` must be at most the budget's {self.capacity} bytes; "
+                             f"got {size}.")
+        with self._cond:
+            self.waiting += 1
+            try:
+                while self.reserved + size > self.capacity:
+                    if stop.is_set():
+                        return False
+                    self._cond.wait(timeout=0.2)
+            finally:
+                self.waiting -= 1
+            self.reserved += size
+            self.peak = max(self.peak, self.reserved)
+            return True
+
+    def release(self, size: int) -> None:
+        """Give back ``size`` reserved bytes."""
+        with self._cond:
+            self.reserved -= size
+            self._cond.notify_all()
+
+
+class _Request:
+    """A message read whole, waiting for the ClientApp's thread, and its reply once made."""
+
+    def __init__(self, header: dict[str, Any], message_part: bytes, context_part: bytes) -> None:
+        self.parts = (header, message_part, context_part)
+        self.reply: bytes | None = None
+        self.done = threading.Event()
+
+    def answer(self, reply: bytes) -> None:
+        """Set the reply and wake the connection that waits for it."""
+        self.reply = reply
+        self.parts = None  # the request's bytes are not needed any more
+        self.done.set()
 
 
 def _header(part: bytes) -> dict[str, Any]:
@@ -303,15 +380,22 @@ def _answer(app: ClientApp, message: Message, context: Context) -> tuple[Message
 class PartyWorker:
     """Serve one ClientApp on a Unix socket in a long-lived process.
 
-    Each accepted connection is read in a thread of its own, with its own
-    deadline (``read_timeout``), so a peer that sends nothing or stops
-    half-way holds up no other connection; at most ``max_connections`` are
-    read at once (more wait in the socket's backlog until one ends). Pings
-    are answered at once. The ClientApp itself handles **one message at a
-    time**, whatever the run or node (one lock around the call): no two
-    messages draw from one node's random state at once, and the app's caches
-    and TensorFlow's state, which all runs share, are never used by two
-    messages at once. Messages of two runs at once are handled in turn.
+    `serve` accepts connections on a helper thread; each accepted connection
+    is read in a thread of its own, with its own deadline (``read_timeout``
+    for the frame's header, then again for its body), so a peer that sends
+    nothing or stops half-way holds up no other connection; at most
+    ``max_connections`` are read at once (more wait in the socket's backlog
+    until one ends). Before reading a body of more than `SMALL_FRAME` bytes a
+    connection reserves its size from a `ByteBudget` of ``max_buffered``
+    bytes, kept until its reply is sent. Pings are answered at once, by
+    their connection's thread. A message is queued for the thread that
+    called `serve`, which parses it and runs the ClientApp: **one message at
+    a time**, whatever the run or node, always on that one thread (Keras'
+    per-thread global state, such as a dtype policy the app set when it was
+    imported on that thread, holds in every handler). No two messages draw
+    from one node's random state at once, and the app's caches and
+    TensorFlow's state, which all runs share, are never used by two messages
+    at once. Messages of two runs at once are handled in turn.
 
     Args:
         app: the ClientApp's ``"package.module:attribute"``; the relay names
@@ -323,8 +407,10 @@ class PartyWorker:
         client_app: the ClientApp object to serve (default: import ``app``).
         read_timeout: seconds a connected peer has to send its whole request
             (and to take the whole reply).
-        max_connections: how many connections are read at once (each may
-            buffer up to ``max_frame`` bytes).
+        max_connections: how many connections are read at once.
+        max_buffered: the most bytes of request bodies held at once (read,
+            or waiting for the ClientApp); an int >= ``max_frame``, default
+            ``2 * max_frame``.
 
     Raises:
         OSError: the system cannot tell a connecting process's user
@@ -336,7 +422,8 @@ class PartyWorker:
                  app_dir: str | os.PathLike[str] | None = None,
                  max_frame: int = DEFAULT_MAX_FRAME, client_app: ClientApp | None = None,
                  read_timeout: float = DEFAULT_READ_TIMEOUT,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 max_buffered: int | None = None) -> None:
         if not hasattr(socket, "SO_PEERCRED"):
             raise OSError(f"the party worker needs SO_PEERCRED (Linux) to check which user "
                           f"connects; {sys.platform} has none: run the ClientApp without a "
@@ -351,6 +438,12 @@ class PartyWorker:
                 or not 1 <= max_connections <= 4096:
             raise ValueError(f"`max_connections` must be an integer from 1 to 4096; got "
                              f"{max_connections!r}.")
+        if max_buffered is None:
+            max_buffered = 2 * max_frame
+        if isinstance(max_buffered, bool) or not isinstance(max_buffered, int) \
+                or max_buffered < max_frame:
+            raise ValueError(f"`max_buffered` must be an integer >= `max_frame` ({max_frame}); "
+                             f"got {max_buffered!r}.")
         self.read_timeout = float(read_timeout)
         self.max_connections = max_connections
         self.socket_path = pathlib.Path(socket_path).absolute()
@@ -367,6 +460,11 @@ class PartyWorker:
         self._listener: socket.socket | None = None
         self._app_lock = threading.Lock()  # one message in the ClientApp at a time
         self._slots = threading.BoundedSemaphore(max_connections)
+        self.budget = ByteBudget(max_buffered)
+        # messages waiting for the ClientApp's thread; `_accepting` False once it stopped
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._queue_cond = threading.Condition()
+        self._accepting = True
         self._threads: set[threading.Thread] = set()
         self._threads_lock = threading.Lock()
 
@@ -396,11 +494,12 @@ class PartyWorker:
         return self
 
     def handle(self, header: dict[str, Any], message_part: bytes, context_part: bytes) -> bytes:
-        """Answer one request (already framed and checked for size); return the reply frame.
+        """Answer one request (already framed and checked for size) here; return the reply frame.
 
-        A ping is answered at once; a message waits for the ClientApp (one
-        message at a time) and is refused, unhandled, if the worker was told
-        to stop meanwhile.
+        A ping is answered at once; a message is parsed and handed to the
+        ClientApp on the calling thread (one message at a time) and is
+        refused, unhandled, if the worker was told to stop meanwhile. `serve`
+        calls it for each message on its own thread.
 
         Args:
             header: the request's header (``{"kind": "message", "app": ...}``
@@ -447,6 +546,9 @@ class PartyWorker:
     def serve_connection(self, conn: socket.socket) -> None:
         """Check the peer, read one request, answer it; never raises for a bad request.
 
+        A ping is answered here; a message is queued for the thread running
+        `serve` and answered once that thread has handled (or refused) it.
+
         Args:
             conn: an accepted connection; the peer's user is checked before
                 anything is read.
@@ -461,18 +563,78 @@ class PartyWorker:
             logger.error("refused a connection: %s", err)
             self._send(conn, _error_frame("refused: the worker answers its own user only"))
             return
+        reserved = 0
         try:
-            header, message_part, context_part = _read_frame(
-                conn, self.max_frame, deadline=time.monotonic() + self.read_timeout)
-            reply = self.handle(_header(header), message_part, context_part)
+            size = _read_head(conn, self.max_frame, time.monotonic() + self.read_timeout)
+            if size > SMALL_FRAME and self.budget.reserve(size, self.stop_event):
+                reserved = size
+            if size > SMALL_FRAME and not reserved:  # told to stop while waiting
+                reply = _error_frame("the worker is stopping; the message was not handled")
+            else:
+                body = _recv_exactly(conn, size, time.monotonic() + self.read_timeout)
+                header, message_part, context_part = decode_frame(body, 3)
+                del body
+                reply = self._reply_to(_header(header), message_part, context_part)
         except (FrameError, OSError) as err:
             logger.error("refused a malformed request: %s", err)
             reply = _error_frame(f"malformed request: {err}")
         except Exception:  # noqa: BLE001 - one bad request must not stop the worker
             logger.exception("failed on a request")
             reply = _error_frame("the worker failed on this request (details in its log)")
-        conn.settimeout(self.read_timeout)  # the reply: the whole sendall within it
-        self._send(conn, reply)
+        try:
+            conn.settimeout(self.read_timeout)  # the reply: the whole sendall within it
+            self._send(conn, reply)
+        finally:
+            if reserved:
+                self.budget.release(reserved)
+
+    def _reply_to(self, header: dict[str, Any], message_part: bytes,
+                  context_part: bytes) -> bytes:
+        """A ping's reply at once; a message's from the ClientApp's thread (queued, waited for)."""
+        if header.get("kind") != "message":
+            return self.handle(header, message_part, context_part)  # a ping, or refused
+        request = _Request(header, message_part, context_part)
+        with self._queue_cond:
+            if not self._accepting:
+                return _error_frame("the worker is stopping; the message was not handled")
+            self._queue.append(request)
+            self._queue_cond.notify_all()
+        request.done.wait()  # `serve` answers every queued request, or refuses it as it stops
+        assert request.reply is not None
+        return request.reply
+
+    def _next_request(self) -> _Request | None:
+        """The next queued message (waiting for one); None once the worker is told to stop."""
+        with self._queue_cond:
+            while not self._queue:
+                if self.stop_event.is_set():
+                    return None
+                self._queue_cond.wait(timeout=0.2)
+            if self.stop_event.is_set():
+                return None
+            return self._queue.popleft()
+
+    def _handle_requests(self) -> None:
+        """Run the ClientApp on each queued message, on this thread, until told to stop."""
+        while (request := self._next_request()) is not None:
+            try:
+                reply = self.handle(*request.parts)
+            except FrameError as err:
+                logger.error("refused a malformed request: %s", err)
+                reply = _error_frame(f"malformed request: {err}")
+            except Exception:  # noqa: BLE001 - one bad request must not stop the worker
+                logger.exception("failed on a request")
+                reply = _error_frame("the worker failed on this request (details in its log)")
+            request.answer(reply)
+
+    def _refuse_waiting(self) -> None:
+        """Stop queueing, and refuse (unhandled) every message still waiting."""
+        with self._queue_cond:
+            self._accepting = False
+            waiting = list(self._queue)
+            self._queue.clear()
+        for request in waiting:
+            request.answer(_error_frame("the worker is stopping; the message was not handled"))
 
     @staticmethod
     def _send(conn: socket.socket, frame: bytes) -> None:
@@ -498,31 +660,43 @@ class PartyWorker:
                 return True
         return False
 
+    def _accept_connections(self) -> None:
+        """Accept connections, each served in its own thread, until `stop_event` is set."""
+        assert self._listener is not None
+        while self._take_slot():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                self._slots.release()
+                continue
+            conn.settimeout(None)
+            thread = threading.Thread(target=self._connection_thread, args=(conn,),
+                                      name="kfp-worker-connection", daemon=True)
+            with self._threads_lock:
+                self._threads.add(thread)
+            thread.start()
+
     def serve(self) -> None:
         """Answer requests until `stop_event` is set; then close and remove the socket.
 
-        Each accepted connection is served in its own thread. Once stopped,
-        no connection is accepted; a message already in the ClientApp is
-        finished and answered, one still waiting for it is refused unhandled.
+        Connections are accepted on a helper thread and each is read in its
+        own; the ClientApp runs on the thread that called `serve`. Once
+        stopped, no connection is accepted; a message already in the
+        ClientApp is finished and answered, those still waiting for it are
+        refused unhandled.
         """
         if self._listener is None:
             self.listen()
-        assert self._listener is not None
+        acceptor = threading.Thread(target=self._accept_connections,
+                                    name="kfp-worker-accept", daemon=True)
+        acceptor.start()
         try:
-            while self._take_slot():
-                try:
-                    conn, _ = self._listener.accept()
-                except TimeoutError:
-                    self._slots.release()
-                    continue
-                conn.settimeout(None)
-                thread = threading.Thread(target=self._connection_thread, args=(conn,),
-                                          name="kfp-worker-connection", daemon=True)
-                with self._threads_lock:
-                    self._threads.add(thread)
-                thread.start()
+            self._handle_requests()
         finally:
+            self.stop_event.set()
+            acceptor.join()
             self.close()
+            self._refuse_waiting()
             self._join_connections()
 
     def _join_connections(self) -> None:
@@ -549,12 +723,13 @@ def serve_worker(app: str, socket_path: str | os.PathLike[str],
                  app_dir: str | os.PathLike[str] | None = None,
                  max_frame: int = DEFAULT_MAX_FRAME,
                  read_timeout: float = DEFAULT_READ_TIMEOUT,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 max_buffered: int | None = None) -> None:
     """Run a party's worker until SIGTERM or SIGINT (``keras-fedpriv worker``).
 
     Imports the ClientApp, listens, prints ``worker ready`` and answers
     messages (each connection read in its own thread, the ClientApp handling
-    one message at a time); on SIGTERM / SIGINT it finishes the message in
+    one message at a time on the main thread, which imported it); on SIGTERM / SIGINT it finishes the message in
     hand, closes and removes its socket, and returns.
 
     Args:
@@ -564,6 +739,8 @@ def serve_worker(app: str, socket_path: str | os.PathLike[str],
         max_frame: the largest request accepted, in bytes.
         read_timeout: seconds a connected peer has to send its whole request.
         max_connections: how many connections are read at once.
+        max_buffered: the most bytes of requests held at once (default
+            ``2 * max_frame``).
 
     Returns:
         None, once stopped.
@@ -571,7 +748,8 @@ def serve_worker(app: str, socket_path: str | os.PathLike[str],
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     worker = PartyWorker(app, socket_path, app_dir=app_dir, max_frame=max_frame,
-                         read_timeout=read_timeout, max_connections=max_connections).listen()
+                         read_timeout=read_timeout, max_connections=max_connections,
+                         max_buffered=max_buffered).listen()
 
     def stop(signum: int, frame: Any) -> None:
         worker.stop_event.set()

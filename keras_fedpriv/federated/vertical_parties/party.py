@@ -29,6 +29,7 @@ from keras_fedpriv.federated.vertical_parties.wire import EmbeddingSpec
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
 from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin, _MonotoneVariable
+from keras_fedpriv.layers.vae_bottom import vae_release_scope
 from keras_fedpriv.mechanisms.ledger import (
     EXAMPLE,
     ReleaseKind,
@@ -350,7 +351,9 @@ class PartyBottom:
 
         A follower's message is a release: its protection records it (with
         ``example_ids`` when it takes them); without a protection that keeps
-        a ledger, the party's counter records it as a release without DP.
+        a ledger, a VAEBottom in the bottom model records it, or else the
+        party's counter, as a release without DP (never both). A VAEBottom
+        whose output is not what is sent records nothing.
 
         Args:
             features: the party's features (a tensor or the bottom's input
@@ -366,18 +369,18 @@ class PartyBottom:
             party's layers.
         """
         protection = self.protection
-        # a follower's bottom that records its own releases (a VAEBottom) counts them per
-        # example id when its output is what is sent
-        counted_by_bottom = (self.sends and count and example_ids is not None
-                             and not is_protection(protection) and is_protection(self.bottom)
-                             and tf.as_dtype(example_ids.dtype).is_integer
-                             and takes_example_ids(self.bottom))
-        if counted_by_bottom:
-            z = self.bottom(features, training=training, example_ids=example_ids)
-        else:
-            z = self.bottom(features, training=training)
+        # the bottom's output is released as computed: a VAEBottom inside records it (per
+        # example id when the bottom is the VAEBottom and ids are given), else the party does
+        released = self.sends and count and not is_protection(protection)
+        with vae_release_scope(released) as recorders:
+            if (released and example_ids is not None and is_protection(self.bottom)
+                    and tf.as_dtype(example_ids.dtype).is_integer
+                    and takes_example_ids(self.bottom)):
+                z = self.bottom(features, training=training, example_ids=example_ids)
+            else:
+                z = self.bottom(features, training=training)
         losses = list(self.bottom.losses)
-        if self.sends and count and not is_protection(protection) and not counted_by_bottom:
+        if released and not recorders:
             self._counter.count(rows_of(z))
         if protection is None:
             return z, z, losses
