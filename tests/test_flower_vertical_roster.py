@@ -24,6 +24,7 @@ from flwr.common.serde import recorddict_from_proto, recorddict_to_proto  # noqa
 from keras_fedpriv.federated.flower.vertical import (  # noqa: E402
     _followers,
     vertical_client_app,
+    vertical_server_app,
 )
 from keras_fedpriv.federated.flower.vertical_roster import FollowerGone  # noqa: E402
 from keras_fedpriv.federated.vertical_parties import MalformedMessage  # noqa: E402
@@ -140,6 +141,48 @@ def test_a_restarted_node_whose_worker_is_not_up_yet_is_asked_again(in_a_run, ca
     assert "follower 'f1' is back as node 12 (was node 10)" in caplog.text
 
 
+def test_a_node_answering_errors_does_not_keep_a_live_follower_out(in_a_run, caplog):
+    """Review: f1's reply is lost (its node alive) and node 13 connects and answers every
+    query with an error. The leader asked only the nodes it had not asked before while there
+    were any, and a node that answered with an error stayed one of them: f1's own node was
+    never asked and the run stopped with FollowerGone naming a healthy f1. Now f1's own node
+    is asked beside node 13, f1 is taken back at the first look, and node 13 is sent queries
+    only."""
+    grid = FakeGrid()
+    grid.fault = _fault_at(F1, 2, "lost",
+                           then=lambda: grid.others.update({13: "ClientApp raised: no worker"}))
+    with _capture(caplog):
+        result = run_leader_on(grid, run_config={"follower-deadline": 60.0})
+    assert "follower 'f1' is back as node 10 (was node 10)" in caplog.text
+    assert set(grid.messages_to(13)) == {"query"}
+    assert grid.messages_to(F1).count("query") == 2  # its introduction, and one look
+    assert result.history["steps"][-1] > 0
+
+
+def test_a_silent_node_is_not_asked_again_after_two_looks(in_a_run, caplog):
+    """A connected node that never answers the query (each look then waits a whole round)
+    is asked at two looks, then no more; the follower's own node is asked at every look."""
+    grid = FakeGrid()
+    count = {"looks": 0}
+
+    def fault(to, kind, config):
+        if to == F1 and kind == "train" and not count["looks"]:
+            count["looks"] = 1
+            grid.silent.add(14)
+            return "lost"  # f1's replies are lost for two more looks, then it answers
+        if to == F1 and kind == "query" and count["looks"]:
+            count["looks"] += 1
+            return "lost" if count["looks"] <= 3 else None
+        return None
+
+    grid.fault = fault
+    with _capture(caplog):
+        run_leader_on(grid, run_config={"follower-deadline": 60.0})
+    assert grid.messages_to(14) == ["query", "query"]
+    assert "node 14 did not answer the query 2 times; it is not asked again" in caplog.text
+    assert "follower 'f1' is back as node 10 (was node 10)" in caplog.text
+
+
 def test_a_node_without_the_followers_token_is_refused_and_the_run_stops_naming_it(in_a_run,
                                                                                   caplog):
     """f1's node goes away; node 13 then claims f1 with another token (a rogue, or f1 started
@@ -176,6 +219,12 @@ def test_an_epoch_that_trains_nothing_stops_the_run_naming_the_follower(in_a_run
 def test_a_bad_follower_deadline_is_refused_by_name(in_a_run, key, value):
     with pytest.raises(ValueError, match=rf"`{key}` must be a number of seconds > 0; got "):
         run_leader_on(FakeGrid(), run_config={key: value})
+
+
+@pytest.mark.parametrize("value", [0, -1.0, "x", float("nan")])
+def test_a_bad_poll_interval_is_refused_by_name(value):
+    with pytest.raises(ValueError, match=r"`poll_interval` must be a number of seconds > 0; got "):
+        vertical_server_app(lambda: None, lambda: None, poll_interval=value)
 
 
 # -- the follower's side of a resynchronization ----------------------------------------------

@@ -452,7 +452,8 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                         on_finish: Callable[[VerticalRunResult], None] | None = None,
                         party_nodes: Mapping[str, int] | None = None,
                         on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
-                        follower_deadline: float = 600.0) -> ServerApp:
+                        follower_deadline: float = 600.0,
+                        poll_interval: float = 3.0) -> ServerApp:
     """A Flower `ServerApp`: the leader of vertical FL, which drives the run.
 
     Run settings can be overridden per run with Flower's run config:
@@ -514,6 +515,9 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
             its node gone) while the leader waits for it to rejoin; past it
             the run stops with `FollowerGone` naming the follower and its
             node id (run config ``follower-deadline``).
+        poll_interval: seconds between two looks for a missing follower
+            (the connected nodes are listed and the new ones asked to
+            introduce themselves).
 
     A run that cannot train stops with an error (the ServerApp raises, and
     Flower marks the run ``finished:failed``): an epoch in which every batch
@@ -535,6 +539,7 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
     if not isinstance(shuffle, bool):
         raise TypeError(f"`shuffle` must be a bool; got {shuffle!r}.")
     follower_deadline = _positive_seconds(follower_deadline, "follower_deadline")
+    poll_interval = _positive_seconds(poll_interval, "poll_interval")
     app = ServerApp()
 
     @app.main()
@@ -566,7 +571,7 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                                    n: "follower " + ", ".join(repr(p) for p, m in
                                                              sorted(pins.items()) if m == n)
                                    for n in set(pins.values())})
-        roster = FollowerRoster(grid, leader.follower_specs, pins, wait, gone)
+        roster = FollowerRoster(grid, leader.follower_specs, pins, wait, gone, poll_interval)
         roster.introduce(nodes)
         traffic = {"up": 0, "down": 0}
 
