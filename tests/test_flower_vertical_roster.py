@@ -35,7 +35,7 @@ from keras_fedpriv.federated.vertical_parties.loop import (  # noqa: E402
     serve_request,
 )
 
-from vertical_grid import F1, F2, N, X, FakeGrid, hello, in_a_run, model_fn  # noqa: E402, F401
+from vertical_grid import F1, F2, N, X, Y, FakeGrid, hello, in_a_run, model_fn  # noqa: E402, F401
 from vertical_grid import run_leader_on  # noqa: E402
 
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
@@ -212,6 +212,18 @@ def test_an_epoch_that_trains_nothing_stops_the_run_naming_the_follower(in_a_run
         run_leader_on(grid, epochs=2)
     assert grid.messages_to(F2).count("train") == BATCHES
     assert "query.finish" not in grid.messages_to(F1)
+
+
+def test_an_untrained_epoch_spends_no_release_on_validation(in_a_run):
+    """Review: an epoch that trained nothing was still scored on the validation data before the
+    run stopped, each follower spending a release per validation batch on a model that had
+    not changed. Now no validation message is sent for it."""
+    grid = FakeGrid()
+    grid.tables[F2] = FeatureTable(X["f2"][:4])  # f2 knows 4 of the 24 examples
+    with pytest.raises(UntrainedEpoch):
+        run_leader_on(grid, epochs=2, validation_fn=lambda: (np.arange(N), X["lead"], Y))
+    assert "evaluate" not in grid.messages_to(F1) + grid.messages_to(F2)
+    assert _releases(grid.followers[F1]) == BATCHES  # the training batches only
 
 
 @pytest.mark.parametrize("key, value", [("follower-deadline", 0), ("follower-deadline", "x"),

@@ -552,7 +552,10 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
         for p in followers:
             logs[f"bytes_up_{p}"] = float(up[p])
             logs[f"bytes_down_{p}"] = float(down[p])
-        if validation_data is not None:
+        if validation_data is not None and not totals["steps"]:
+            # nothing trained: the model is the one last scored; no release is spent on it
+            logs.update(_unmeasured(leader))
+        elif validation_data is not None:
             # the first validation request also carries the epoch's last gradients
             logs.update(_validate(leader, ask, followers, pending, validation_data,
                                   validation_batch_size, k, epoch))
@@ -590,10 +593,14 @@ def _validate(leader, ask, followers, pending, data, batch_size, k, epoch):
                                        step=first) for p in followers}
         # the gradients ride only on the first request; `ask` numbers them
         _, received = ask(requests, epoch, -1, [len(g) for g in group], False)
-        if received is None:  # not measured this epoch: NaN, so every figure has one per epoch
-            return {f"val_{key}": float("nan") for key in
-                    ["loss"] + [m.name for m in leader.metrics]}
+        if received is None:
+            return _unmeasured(leader)
         for p in followers:
             parts[p].extend(received[p])
     received = {p: np.concatenate(parts[p], axis=0) for p in followers}
     return {f"val_{key}": v for key, v in leader.evaluate(received, y, x).items()}
+
+
+def _unmeasured(leader):
+    """The validation logs of an epoch not scored: NaN, so every figure has one per epoch."""
+    return {f"val_{key}": float("nan") for key in ["loss"] + [m.name for m in leader.metrics]}
