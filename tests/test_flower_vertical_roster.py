@@ -76,38 +76,44 @@ def test_a_gone_nodes_reply_from_sender_0_is_matched_to_its_follower_which_rejoi
     followers up by sender id ("a reply from node 0, which was not asked"), and a follower
     restarted as a new node was never asked again. Now the reply is matched by the message it
     answers (its reason is recorded for f1 and node 10), the restarted f1 (node 12, its state
-    and token kept) is taken back, trains, and is told to finish."""
+    and token kept) is taken back, is asked the lost message's batch again, trains, and is
+    told to finish."""
     grid = FakeGrid()
-    f1 = grid.followers[F1]
+    f1, f2 = grid.followers[F1], grid.followers[F2]
     grid.fault = _fault_at(F1, 2, "gone", then=lambda: grid.move(F1, 12))
     with _capture(caplog):
         result = run_leader_on(grid, epochs=2)
     assert result.rejected == [(0, 1, "f1", "error reply: Node Unavailable")]
     assert "epoch 1 step 2: the reply of follower 'f1' (node 10) was not used: error reply: " \
         "Node Unavailable" in caplog.text
-    assert result.history["steps"] == [BATCHES - 1.0, BATCHES]
+    assert result.history["steps"] == [BATCHES, BATCHES]  # the batch is asked again
+    assert result.history["reasked"] == [1.0, 0.0] and result.history["skipped"] == [0.0, 0.0]
     assert grid.messages_to(12)[0] == "query" and grid.messages_to(12)[-1] == "query.finish"
-    assert grid.messages_to(12).count("train") == 2 * BATCHES - 1  # and the last gradients
+    # the batch asked again, the rest of both epochs, and the last gradients
+    assert grid.messages_to(12).count("train") == 2 * BATCHES
     assert "follower 'f1' is back as node 12 (was node 10)" in caplog.text
     assert "not asked" not in caplog.text and "None" not in caplog.text
     # every batch f1 embedded is counted once, none twice (the last message: gradients only)
-    assert len([s for s in grid.served if s[0] in (F1, 12)]) == 2 * BATCHES
-    assert _releases(f1) == 2 * BATCHES - 1
+    assert len([s for s in grid.served if s[0] in (F1, 12)]) == 2 * BATCHES + 1
+    assert _releases(f1) == 2 * BATCHES
+    # f2 embedded the batch twice (the leader used the second): both are counted
+    assert _releases(f2) == 2 * BATCHES + 1
     assert not f1.pending
 
 
 def test_a_lost_reply_leaves_the_follower_in_step_with_the_leader(in_a_run, caplog):
-    """f1 served its 2nd message but the reply was lost: the leader skips those batches, finds
-    f1 on its own node again, and its next message (numbered, without gradients) makes f1 drop
-    the batch it embedded; the release stays counted."""
+    """f1 served its 2nd message but the reply was lost: the leader finds f1 on its own node
+    again and asks the batch again as a new message (numbered, without gradients), which makes
+    f1 drop the batch it embedded and embed it again with fresh noise; both releases are
+    counted."""
     grid = FakeGrid()
     f1 = grid.followers[F1]
     grid.fault = _fault_at(F1, 2, "lost")
     with _capture(caplog):
         result = run_leader_on(grid, epochs=1)
     assert [r[:3] for r in result.rejected] == [(0, 1, "f1")]
-    assert result.history["steps"] == [BATCHES - 1.0]
-    assert _releases(f1) == BATCHES  # the lost one included: it was sent
+    assert result.history["steps"] == [BATCHES] and result.history["reasked"] == [1.0]
+    assert _releases(f1) == BATCHES + 1  # the lost one included: it was sent
     assert f1.last_message == grid.messages_to(F1).count("train")  # every one numbered
     assert not f1.pending
     assert "follower 'f1' is back as node 10 (was node 10)" in caplog.text
@@ -137,7 +143,7 @@ def test_a_restarted_node_whose_worker_is_not_up_yet_is_asked_again(in_a_run, ca
     with _capture(caplog):
         result = run_leader_on(grid)
     assert grid.messages_to(12)[:3] == ["query", "query", "train"]
-    assert result.history["steps"] == [BATCHES - 1.0]
+    assert result.history["steps"] == [BATCHES]
     assert "follower 'f1' is back as node 12 (was node 10)" in caplog.text
 
 
@@ -212,6 +218,35 @@ def test_an_epoch_that_trains_nothing_stops_the_run_naming_the_follower(in_a_run
         run_leader_on(grid, epochs=2)
     assert grid.messages_to(F2).count("train") == BATCHES
     assert "query.finish" not in grid.messages_to(F1)
+
+
+def test_an_epoch_sent_as_one_message_trains_after_a_lost_reply(in_a_run):
+    """Review: with every batch of an epoch in one message (the example's defaults), one lost
+    reply skipped the whole epoch and the run stopped with UntrainedEpoch, although f1 was
+    back at once. Now the epoch's batches are asked again once f1 is back: every epoch trains,
+    and f1 counts each embedding it made (the lost message's included)."""
+    grid = FakeGrid()
+    f1 = grid.followers[F1]
+    grid.fault = _fault_at(F1, 2, "lost")
+    result = run_leader_on(grid, epochs=3, batches_per_message=BATCHES)
+    assert result.history["steps"] == [BATCHES] * 3
+    assert result.history["reasked"] == [0.0, BATCHES, 0.0]
+    assert _releases(f1) == 4 * BATCHES
+    # 3 epochs, one message again, and the last gradients: every one numbered and served
+    assert f1.last_message == grid.messages_to(F1).count("train") == 5
+
+
+def test_a_follower_that_fails_again_is_asked_once_more_then_the_epoch_stops(in_a_run):
+    """A follower whose node answers every message with a Flower error reply is waited for,
+    taken back when it introduces itself (it answers the query), and asked the batches once
+    more; when that fails
+    too the batches are skipped, and an epoch of skipped batches still stops the run."""
+    grid = FakeGrid()
+
+    grid.fault = lambda to, kind, config: "error" if (to, kind) == (F2, "train") else None
+    with pytest.raises(UntrainedEpoch, match=r"^epoch 1 trained no step: all 3 batches"):
+        run_leader_on(grid, epochs=2, run_config={"follower-deadline": 60.0})
+    assert grid.messages_to(F2).count("train") == 2 * BATCHES  # each batch: once, and again
 
 
 def test_an_untrained_epoch_spends_no_release_on_validation(in_a_run):

@@ -81,7 +81,8 @@ class FakeGrid:
             "Node Unavailable" error reply, from sender 0.
         silent: node ids connected but never answering (no reply within the wait).
         fault: None, or ``fault(node, kind, config) -> None | "lost" | "gone"``: "lost" serves
-            the message and loses the reply; "gone" makes the node gone from then on.
+            the message and loses the reply; "gone" makes the node gone from then on;
+            "error": the node answers with a Flower error reply (its ClientApp raised).
         sent: ``(node, kind)`` of every message the leader sent.
         served: ``(node, message number)`` of every train/evaluate message a follower served.
     """
@@ -127,6 +128,9 @@ class FakeGrid:
                 replies.append(reply)
                 continue
             if node in self.silent:
+                continue
+            if fault == "error":
+                replies.append(Message(Error(0, "ClientApp raised ValueError"), reply_to=m))
                 continue
             reply = self._answer(node, kind, m)
             if fault != "lost":

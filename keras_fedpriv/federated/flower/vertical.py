@@ -44,7 +44,8 @@ The leader matches each reply to the message it answers and checks it
 error reply, a missing or malformed one is logged with its reason (never its
 data) and the message's batches are skipped, so nothing malformed is ever
 used. A follower whose reply is missing, or a Flower error, is waited for
-before the next message (up to the run config's ``follower-deadline``). A
+before the next message (up to the run config's ``follower-deadline``);
+once it is back, the skipped batches are asked once more as a new message. A
 follower checks the gradients it receives the same way (`decode_gradient`)
 and answers a malformed one with an error.
 
@@ -526,7 +527,10 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
     leader waits for a missing follower to come back
     (`keras_fedpriv.federated.flower.vertical_roster`): a restarted follower
     is taken back only with its rejoin token, and the numbered messages drop
-    the batches it embedded that the leader skipped.
+    the batches it embedded that the leader skipped. Once the followers are
+    back, the batches of the message whose replies were missing are asked
+    again, once, as a new message (fresh noise, each embedding counted by its
+    follower): an epoch sent as one message still trains after a lost reply.
 
     Returns:
         A `flwr.serverapp.ServerApp`.
@@ -613,7 +617,7 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                                 validation_data=validation,
                                 validation_batch_size=validation_batch_size,
                                 on_epoch_end=clock, stop_when_untrained=True,
-                                describe=roster.name)
+                                describe=roster.name, retry=roster.recover)
         except (UntrainedEpoch, FollowerGone) as error:
             logger.error("the run stops: %s", error)
             raise

@@ -281,14 +281,18 @@ class FollowerRoster:
                 self.missing.pop(party, None)
         return replies
 
-    def recover(self) -> None:
+    def recover(self) -> bool:
         """Wait until no follower is missing: take back each one that rejoins with its token.
+
+        Returns:
+            Whether a follower was missing (and is now back).
 
         Raises:
             FollowerGone: a follower has been missing for longer than the
                 deadline (the message names it, its last node id and what to
                 do).
         """
+        was_missing = bool(self.missing)
         while self.missing:
             self._check_deadline()
             ask = sorted(self._candidates(set(self.grid.get_node_ids())))
@@ -299,6 +303,7 @@ class FollowerRoster:
                 self._take_back(replies, ask)
             if self.missing:
                 time.sleep(self.poll_interval)
+        return was_missing
 
     def _candidates(self, nodes: set[int]) -> set[int]:
         """The connected nodes to ask for the missing followers: each missing follower's own

@@ -410,7 +410,8 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
                validation_batch_size: int = 256,
                on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
                stop_when_untrained: bool = False,
-               describe: Callable[[str], str] | None = None) -> VerticalRunResult:
+               describe: Callable[[str], str] | None = None,
+               retry: Callable[[], bool] | None = None) -> VerticalRunResult:
     """The leader's loop: epochs of batches, ``batches_per_message`` per round trip.
 
     Args:
@@ -441,6 +442,14 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
             every batch was skipped (no training step), instead of going on.
         describe: how log lines and errors name a follower (default
             ``follower 'f1'``; the Flower leader adds the node id).
+        retry: None, or called after a training message whose replies could
+            not all be used; True (the followers that were missing are back)
+            asks that message's batches once more, as a new numbered message
+            without gradients: the followers embed them again with fresh
+            noise, each embedding a release they count (the first one
+            included, if it was made). The Flower leader passes its roster's
+            wait for missing followers, so an epoch sent as one message
+            still trains when a reply was lost.
 
     Every message to a follower is numbered (`FollowerRequest.message`, from
     1) and gradients name the message whose batches they are for
@@ -515,9 +524,15 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
             rejected.append((epoch, step, p, reason))
         return replies, (None if reasons else received)
 
+    def count_up(replies):
+        """Add the payload bytes of a round's embedding replies to the epoch's ``up``."""
+        for p in followers:
+            if isinstance(replies.get(p), Mapping):
+                up[p] += _nbytes(replies[p])
+
     for epoch in range(epochs):
         order = epoch_order(seed, epoch, len(y), shuffle)
-        totals = {"loss": 0.0, "rows": 0, "steps": 0, "skipped": 0}
+        totals = {"loss": 0.0, "rows": 0, "steps": 0, "skipped": 0, "reasked": 0}
         up = {p: 0 for p in followers}
         down = {p: 0 for p in followers}
         batches = _batches(len(y), batch_size)
@@ -527,10 +542,16 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
             requests = {p: FollowerRequest(gradients=None if pending is None else pending[p],
                                            example_ids=group_ids, training=True, epoch=epoch,
                                            step=first) for p in followers}
-            replies, received = ask(requests, epoch, first, [len(i) for i in index], True)
-            for p in followers:
-                if isinstance(replies.get(p), Mapping):
-                    up[p] += _nbytes(replies[p])
+            rows = [len(i) for i in index]
+            replies, received = ask(requests, epoch, first, rows, True)
+            count_up(replies)
+            if received is None and retry is not None and retry():
+                totals["reasked"] += len(index)
+                # no gradients: those of the last message went with the unanswered one
+                again = {p: FollowerRequest(example_ids=group_ids, training=True, epoch=epoch,
+                                            step=first) for p in followers}
+                replies, received = ask(again, epoch, first, rows, True)
+                count_up(replies)
             if received is None:
                 pending = None
                 totals["skipped"] += len(index)
@@ -548,6 +569,7 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
                 totals["steps"] += 1
         logs = {"loss": totals["loss"] / totals["rows"] if totals["rows"] else float("nan"),
                 "steps": float(totals["steps"]), "skipped": float(totals["skipped"]),
+                "reasked": float(totals["reasked"]),
                 "bytes_up": float(sum(up.values())), "bytes_down": float(sum(down.values()))}
         for p in followers:
             logs[f"bytes_up_{p}"] = float(up[p])
