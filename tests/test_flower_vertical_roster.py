@@ -9,8 +9,10 @@ stand-in contexts: a node state one version behind the process's follower, and a
 restarted with its ``state-dir``.
 """
 
+import base64
 import logging
 import os
+import secrets
 import stat
 
 import numpy as np
@@ -187,6 +189,36 @@ def test_a_silent_node_is_not_asked_again_after_two_looks(in_a_run, caplog):
     assert grid.messages_to(14) == ["query", "query"]
     assert "node 14 did not answer the query 2 times; it is not asked again" in caplog.text
     assert "follower 'f1' is back as node 10 (was node 10)" in caplog.text
+
+
+def test_no_rejoin_token_reaches_a_log_line_the_history_or_the_result_files(in_a_run, caplog,
+                                                                            tmp_path):
+    """A follower's rejoin token is what takes it back: it never appears in any log record
+    (the package's loggers, at DEBUG), the history, the rejected replies or the leader's result files,
+    in any spelling (bytes, hex, base64, repr), through an introduction, a lost reply, a
+    restart under a new node id and a rogue presenting a token of its own."""
+    grid = FakeGrid()
+    rogue = secrets.token_bytes(32)
+
+    def restart():
+        grid.move(F1, 12)
+        grid.others[13] = hello("f1", grid.spec(12), rogue)
+
+    grid.fault = _fault_at(F1, 2, "gone", then=restart)
+    tokens = [*grid.tokens.values(), rogue]
+    with caplog.at_level(logging.DEBUG, logger="keras_fedpriv"):  # the package's loggers
+        result = run_leader_on(grid, epochs=2, run_config={"result-path": str(tmp_path / "r")})
+    assert "follower 'f1' is back as node 12" in caplog.text  # the token was used
+    texts = [caplog.text, repr([r.__dict__ for r in caplog.records]), repr(result.history),
+             repr(result.rejected)]
+    files = [f.read_bytes() for f in (tmp_path / "r").iterdir()]
+    assert len(files) == 2  # history.json and leader.npz
+    for token in tokens:
+        spellings = [token.hex(), repr(token), base64.b64encode(token).decode()]
+        for text in texts:
+            assert not any(s in text for s in spellings)
+        for data in files:
+            assert token not in data and not any(s.encode() in data for s in spellings)
 
 
 def test_a_node_without_the_followers_token_is_refused_and_the_run_stops_naming_it(in_a_run,
