@@ -194,8 +194,8 @@ def test_a_silent_node_is_not_asked_again_after_two_looks(in_a_run, caplog):
 def test_no_rejoin_token_reaches_a_log_line_the_history_or_the_result_files(in_a_run, caplog,
                                                                             tmp_path):
     """A follower's rejoin token is what takes it back: it never appears in any log record
-    (the package's loggers, at DEBUG), the history, the rejected replies or the leader's result files,
-    in any spelling (bytes, hex, base64, repr), through an introduction, a lost reply, a
+    (the package's loggers, at DEBUG), the history, the rejected replies or the leader's
+    result files, in any spelling (bytes, hex, base64, repr), through an introduction, a lost reply, a
     restart under a new node id and a rogue presenting a token of its own."""
     grid = FakeGrid()
     rogue = secrets.token_bytes(32)
