@@ -517,8 +517,8 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
             the run stops with `FollowerGone` naming the follower and its
             node id (run config ``follower-deadline``).
         poll_interval: seconds between two looks for a missing follower
-            (the connected nodes are listed and the new ones asked to
-            introduce themselves).
+            (each look lists the connected nodes and asks the follower's own
+            node and the nodes not refused before to introduce themselves).
 
     A run that cannot train stops with an error (the ServerApp raises, and
     Flower marks the run ``finished:failed``): an epoch in which every batch

@@ -15,8 +15,8 @@ authenticates SuperNodes by key).
   SuperLink's "Node Unavailable" reply, whose sender id is 0), is *missing*.
   Before the next message the leader waits for it: it lists the connected
   nodes, asks the missing follower's own node and pinned node, and each
-  other node it has not refused before or that has answered (a node silent
-  at two looks is not asked again), to introduce itself, and takes a node as
+  other node not refused before (a node silent at two looks is refused), to
+  introduce itself, all at once, and takes a node as
   the follower only if it presents the follower's token (and, when pinned,
   has the pinned node id). A node without the token is refused and logged,
   and never sent ids or gradients: a node that is not the follower, or the

@@ -360,7 +360,9 @@ class VerticalRunResult:
     Attributes:
         leader: the `VerticalLeader` (its top, and its own bottom, trained).
         history: per-epoch logs: ``loss`` (the leader's, mean over the epoch's
-            examples), ``steps`` and ``skipped`` batches, ``bytes_up`` /
+            examples), ``steps`` and ``skipped`` batches, ``reasked`` (batches
+            asked again after a message whose replies could not be used: see
+            `run_leader`'s ``retry``), ``bytes_up`` /
             ``bytes_down`` (payload bytes of the training messages, all
             followers; ``bytes_up_<party>``, ``bytes_down_<party>`` each) and
             with validation data ``val_loss`` and ``val_<metric>`` (NaN for an
