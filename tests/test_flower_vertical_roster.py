@@ -9,8 +9,10 @@ stand-in contexts: a node state one version behind the process's follower, and a
 restarted with its ``state-dir``.
 """
 
+import base64
 import logging
 import os
+import secrets
 import stat
 
 import numpy as np
@@ -24,6 +26,7 @@ from flwr.common.serde import recorddict_from_proto, recorddict_to_proto  # noqa
 from keras_fedpriv.federated.flower.vertical import (  # noqa: E402
     _followers,
     vertical_client_app,
+    vertical_server_app,
 )
 from keras_fedpriv.federated.flower.vertical_roster import FollowerGone  # noqa: E402
 from keras_fedpriv.federated.vertical_parties import MalformedMessage  # noqa: E402
@@ -34,7 +37,7 @@ from keras_fedpriv.federated.vertical_parties.loop import (  # noqa: E402
     serve_request,
 )
 
-from vertical_grid import F1, F2, N, X, FakeGrid, hello, in_a_run, model_fn  # noqa: E402, F401
+from vertical_grid import F1, F2, N, X, Y, FakeGrid, hello, in_a_run, model_fn  # noqa: E402, F401
 from vertical_grid import run_leader_on  # noqa: E402
 
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
@@ -75,38 +78,44 @@ def test_a_gone_nodes_reply_from_sender_0_is_matched_to_its_follower_which_rejoi
     followers up by sender id ("a reply from node 0, which was not asked"), and a follower
     restarted as a new node was never asked again. Now the reply is matched by the message it
     answers (its reason is recorded for f1 and node 10), the restarted f1 (node 12, its state
-    and token kept) is taken back, trains, and is told to finish."""
+    and token kept) is taken back, is asked the lost message's batch again, trains, and is
+    told to finish."""
     grid = FakeGrid()
-    f1 = grid.followers[F1]
+    f1, f2 = grid.followers[F1], grid.followers[F2]
     grid.fault = _fault_at(F1, 2, "gone", then=lambda: grid.move(F1, 12))
     with _capture(caplog):
         result = run_leader_on(grid, epochs=2)
     assert result.rejected == [(0, 1, "f1", "error reply: Node Unavailable")]
     assert "epoch 1 step 2: the reply of follower 'f1' (node 10) was not used: error reply: " \
         "Node Unavailable" in caplog.text
-    assert result.history["steps"] == [BATCHES - 1.0, BATCHES]
+    assert result.history["steps"] == [BATCHES, BATCHES]  # the batch is asked again
+    assert result.history["reasked"] == [1.0, 0.0] and result.history["skipped"] == [0.0, 0.0]
     assert grid.messages_to(12)[0] == "query" and grid.messages_to(12)[-1] == "query.finish"
-    assert grid.messages_to(12).count("train") == 2 * BATCHES - 1  # and the last gradients
+    # the batch asked again, the rest of both epochs, and the last gradients
+    assert grid.messages_to(12).count("train") == 2 * BATCHES
     assert "follower 'f1' is back as node 12 (was node 10)" in caplog.text
     assert "not asked" not in caplog.text and "None" not in caplog.text
     # every batch f1 embedded is counted once, none twice (the last message: gradients only)
-    assert len([s for s in grid.served if s[0] in (F1, 12)]) == 2 * BATCHES
-    assert _releases(f1) == 2 * BATCHES - 1
+    assert len([s for s in grid.served if s[0] in (F1, 12)]) == 2 * BATCHES + 1
+    assert _releases(f1) == 2 * BATCHES
+    # f2 embedded the batch twice (the leader used the second): both are counted
+    assert _releases(f2) == 2 * BATCHES + 1
     assert not f1.pending
 
 
 def test_a_lost_reply_leaves_the_follower_in_step_with_the_leader(in_a_run, caplog):
-    """f1 served its 2nd message but the reply was lost: the leader skips those batches, finds
-    f1 on its own node again, and its next message (numbered, without gradients) makes f1 drop
-    the batch it embedded; the release stays counted."""
+    """f1 served its 2nd message but the reply was lost: the leader finds f1 on its own node
+    again and asks the batch again as a new message (numbered, without gradients), which makes
+    f1 drop the batch it embedded and embed it again with fresh noise; both releases are
+    counted."""
     grid = FakeGrid()
     f1 = grid.followers[F1]
     grid.fault = _fault_at(F1, 2, "lost")
     with _capture(caplog):
         result = run_leader_on(grid, epochs=1)
     assert [r[:3] for r in result.rejected] == [(0, 1, "f1")]
-    assert result.history["steps"] == [BATCHES - 1.0]
-    assert _releases(f1) == BATCHES  # the lost one included: it was sent
+    assert result.history["steps"] == [BATCHES] and result.history["reasked"] == [1.0]
+    assert _releases(f1) == BATCHES + 1  # the lost one included: it was sent
     assert f1.last_message == grid.messages_to(F1).count("train")  # every one numbered
     assert not f1.pending
     assert "follower 'f1' is back as node 10 (was node 10)" in caplog.text
@@ -136,8 +145,80 @@ def test_a_restarted_node_whose_worker_is_not_up_yet_is_asked_again(in_a_run, ca
     with _capture(caplog):
         result = run_leader_on(grid)
     assert grid.messages_to(12)[:3] == ["query", "query", "train"]
-    assert result.history["steps"] == [BATCHES - 1.0]
+    assert result.history["steps"] == [BATCHES]
     assert "follower 'f1' is back as node 12 (was node 10)" in caplog.text
+
+
+def test_a_node_answering_errors_does_not_keep_a_live_follower_out(in_a_run, caplog):
+    """Review: f1's reply is lost (its node alive) and node 13 connects and answers every
+    query with an error. The leader asked only the nodes it had not asked before while there
+    were any, and a node that answered with an error stayed one of them: f1's own node was
+    never asked and the run stopped with FollowerGone naming a healthy f1. Now f1's own node
+    is asked beside node 13, f1 is taken back at the first look, and node 13 is sent queries
+    only."""
+    grid = FakeGrid()
+    grid.fault = _fault_at(F1, 2, "lost",
+                           then=lambda: grid.others.update({13: "ClientApp raised: no worker"}))
+    with _capture(caplog):
+        result = run_leader_on(grid, run_config={"follower-deadline": 60.0})
+    assert "follower 'f1' is back as node 10 (was node 10)" in caplog.text
+    assert set(grid.messages_to(13)) == {"query"}
+    assert grid.messages_to(F1).count("query") == 2  # its introduction, and one look
+    assert result.history["steps"][-1] > 0
+
+
+def test_a_silent_node_is_not_asked_again_after_two_looks(in_a_run, caplog):
+    """A connected node that never answers the query (each look then waits a whole round)
+    is asked at two looks, then no more; the follower's own node is asked at every look."""
+    grid = FakeGrid()
+    count = {"looks": 0}
+
+    def fault(to, kind, config):
+        if to == F1 and kind == "train" and not count["looks"]:
+            count["looks"] = 1
+            grid.silent.add(14)
+            return "lost"  # f1's replies are lost for two more looks, then it answers
+        if to == F1 and kind == "query" and count["looks"]:
+            count["looks"] += 1
+            return "lost" if count["looks"] <= 3 else None
+        return None
+
+    grid.fault = fault
+    with _capture(caplog):
+        run_leader_on(grid, run_config={"follower-deadline": 60.0})
+    assert grid.messages_to(14) == ["query", "query"]
+    assert "node 14 did not answer the query 2 times; it is not asked again" in caplog.text
+    assert "follower 'f1' is back as node 10 (was node 10)" in caplog.text
+
+
+def test_no_rejoin_token_reaches_a_log_line_the_history_or_the_result_files(in_a_run, caplog,
+                                                                            tmp_path):
+    """A follower's rejoin token is what takes it back: it never appears in any log record
+    (the package's loggers, at DEBUG), the history, the rejected replies or the leader's
+    result files, in any spelling (bytes, hex, base64, repr), through an introduction, a lost reply, a
+    restart under a new node id and a rogue presenting a token of its own."""
+    grid = FakeGrid()
+    rogue = secrets.token_bytes(32)
+
+    def restart():
+        grid.move(F1, 12)
+        grid.others[13] = hello("f1", grid.spec(12), rogue)
+
+    grid.fault = _fault_at(F1, 2, "gone", then=restart)
+    tokens = [*grid.tokens.values(), rogue]
+    with caplog.at_level(logging.DEBUG, logger="keras_fedpriv"):  # the package's loggers
+        result = run_leader_on(grid, epochs=2, run_config={"result-path": str(tmp_path / "r")})
+    assert "follower 'f1' is back as node 12" in caplog.text  # the token was used
+    texts = [caplog.text, repr([r.__dict__ for r in caplog.records]), repr(result.history),
+             repr(result.rejected)]
+    files = [f.read_bytes() for f in (tmp_path / "r").iterdir()]
+    assert len(files) == 2  # history.json and leader.npz
+    for token in tokens:
+        spellings = [token.hex(), repr(token), base64.b64encode(token).decode()]
+        for text in texts:
+            assert not any(s in text for s in spellings)
+        for data in files:
+            assert token not in data and not any(s.encode() in data for s in spellings)
 
 
 def test_a_node_without_the_followers_token_is_refused_and_the_run_stops_naming_it(in_a_run,
@@ -171,11 +252,58 @@ def test_an_epoch_that_trains_nothing_stops_the_run_naming_the_follower(in_a_run
     assert "query.finish" not in grid.messages_to(F1)
 
 
+def test_an_epoch_sent_as_one_message_trains_after_a_lost_reply(in_a_run):
+    """Review: with every batch of an epoch in one message (the example's defaults), one lost
+    reply skipped the whole epoch and the run stopped with UntrainedEpoch, although f1 was
+    back at once. Now the epoch's batches are asked again once f1 is back: every epoch trains,
+    and f1 counts each embedding it made (the lost message's included)."""
+    grid = FakeGrid()
+    f1 = grid.followers[F1]
+    grid.fault = _fault_at(F1, 2, "lost")
+    result = run_leader_on(grid, epochs=3, batches_per_message=BATCHES)
+    assert result.history["steps"] == [BATCHES] * 3
+    assert result.history["reasked"] == [0.0, BATCHES, 0.0]
+    assert _releases(f1) == 4 * BATCHES
+    # 3 epochs, one message again, and the last gradients: every one numbered and served
+    assert f1.last_message == grid.messages_to(F1).count("train") == 5
+
+
+def test_a_follower_that_fails_again_is_asked_once_more_then_the_epoch_stops(in_a_run):
+    """A follower whose node answers every message with a Flower error reply is waited for,
+    taken back when it introduces itself (it answers the query), and asked the batches once
+    more; when that fails
+    too the batches are skipped, and an epoch of skipped batches still stops the run."""
+    grid = FakeGrid()
+
+    grid.fault = lambda to, kind, config: "error" if (to, kind) == (F2, "train") else None
+    with pytest.raises(UntrainedEpoch, match=r"^epoch 1 trained no step: all 3 batches"):
+        run_leader_on(grid, epochs=2, run_config={"follower-deadline": 60.0})
+    assert grid.messages_to(F2).count("train") == 2 * BATCHES  # each batch: once, and again
+
+
+def test_an_untrained_epoch_spends_no_release_on_validation(in_a_run):
+    """Review: an epoch that trained nothing was still scored on the validation data before the
+    run stopped, each follower spending a release per validation batch on a model that had
+    not changed. Now no validation message is sent for it."""
+    grid = FakeGrid()
+    grid.tables[F2] = FeatureTable(X["f2"][:4])  # f2 knows 4 of the 24 examples
+    with pytest.raises(UntrainedEpoch):
+        run_leader_on(grid, epochs=2, validation_fn=lambda: (np.arange(N), X["lead"], Y))
+    assert "evaluate" not in grid.messages_to(F1) + grid.messages_to(F2)
+    assert _releases(grid.followers[F1]) == BATCHES  # the training batches only
+
+
 @pytest.mark.parametrize("key, value", [("follower-deadline", 0), ("follower-deadline", "x"),
                                         ("follower-deadline", float("inf"))])
 def test_a_bad_follower_deadline_is_refused_by_name(in_a_run, key, value):
     with pytest.raises(ValueError, match=rf"`{key}` must be a number of seconds > 0; got "):
         run_leader_on(FakeGrid(), run_config={key: value})
+
+
+@pytest.mark.parametrize("value", [0, -1.0, "x", float("nan")])
+def test_a_bad_poll_interval_is_refused_by_name(value):
+    with pytest.raises(ValueError, match=r"`poll_interval` must be a number of seconds > 0; got "):
+        vertical_server_app(lambda: None, lambda: None, poll_interval=value)
 
 
 # -- the follower's side of a resynchronization ----------------------------------------------

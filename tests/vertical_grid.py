@@ -79,8 +79,10 @@ class FakeGrid:
             string: an error reply); it answers every other message with an error reply.
         gone: node ids no longer connected: a message to one gets the SuperLink's
             "Node Unavailable" error reply, from sender 0.
+        silent: node ids connected but never answering (no reply within the wait).
         fault: None, or ``fault(node, kind, config) -> None | "lost" | "gone"``: "lost" serves
-            the message and loses the reply; "gone" makes the node gone from then on.
+            the message and loses the reply; "gone" makes the node gone from then on;
+            "error": the node answers with a Flower error reply (its ClientApp raised).
         sent: ``(node, kind)`` of every message the leader sent.
         served: ``(node, message number)`` of every train/evaluate message a follower served.
     """
@@ -92,6 +94,7 @@ class FakeGrid:
         self.tokens = {F1: secrets.token_bytes(32), F2: secrets.token_bytes(32)}
         self.others = dict(others or {})
         self.gone: set[int] = set()
+        self.silent: set[int] = set()
         self.fault = None
         self.sent = []
         self.served = []
@@ -107,7 +110,7 @@ class FakeGrid:
         self.gone.add(old)
 
     def get_node_ids(self):
-        return sorted(set([*self.followers, *self.others]) - self.gone)
+        return sorted(set([*self.followers, *self.others, *self.silent]) - self.gone)
 
     def send_and_receive(self, messages, timeout=None):
         replies = []
@@ -123,6 +126,11 @@ class FakeGrid:
                 reply = Message(Error(0, "Node Unavailable"), reply_to=m)
                 reply.metadata.__dict__["_src_node_id"] = 0  # as the SuperLink's in its place
                 replies.append(reply)
+                continue
+            if node in self.silent:
+                continue
+            if fault == "error":
+                replies.append(Message(Error(0, "ClientApp raised ValueError"), reply_to=m))
                 continue
             reply = self._answer(node, kind, m)
             if fault != "lost":
@@ -163,6 +171,7 @@ def run_leader_on(grid, run_config=None, epochs=1, **kwargs):
     """Run `vertical_server_app`'s leader on ``grid``; its `VerticalRunResult`."""
     out = {}
     kwargs.setdefault("connect_timeout", 5)
+    kwargs.setdefault("poll_interval", 0.01)  # no real wait between two looks for a follower
     app = vertical_server_app(lambda: model_fn().split_parties().leader,
                               lambda: (np.arange(N), X["lead"], Y), epochs=epochs, batch_size=8,
                               seed=0, on_finish=lambda r: out.update(r=r), **kwargs)

@@ -44,7 +44,8 @@ The leader matches each reply to the message it answers and checks it
 error reply, a missing or malformed one is logged with its reason (never its
 data) and the message's batches are skipped, so nothing malformed is ever
 used. A follower whose reply is missing, or a Flower error, is waited for
-before the next message (up to the run config's ``follower-deadline``). A
+before the next message (up to the run config's ``follower-deadline``);
+once it is back, the skipped batches are asked once more as a new message. A
 follower checks the gradients it receives the same way (`decode_gradient`)
 and answers a malformed one with an error.
 
@@ -455,7 +456,8 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                         on_finish: Callable[[VerticalRunResult], None] | None = None,
                         party_nodes: Mapping[str, int] | None = None,
                         on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
-                        follower_deadline: float = 600.0) -> ServerApp:
+                        follower_deadline: float = 600.0,
+                        poll_interval: float = 3.0) -> ServerApp:
     """A Flower `ServerApp`: the leader of vertical FL, which drives the run.
 
     Run settings can be overridden per run with Flower's run config:
@@ -517,6 +519,9 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
             its node gone) while the leader waits for it to rejoin; past it
             the run stops with `FollowerGone` naming the follower and its
             node id (run config ``follower-deadline``).
+        poll_interval: seconds between two looks for a missing follower
+            (each look lists the connected nodes and asks the follower's own
+            node and the nodes not refused before to introduce themselves).
 
     A run that cannot train stops with an error (the ServerApp raises, and
     Flower marks the run ``finished:failed``): an epoch in which every batch
@@ -525,7 +530,10 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
     leader waits for a missing follower to come back
     (`keras_fedpriv.federated.flower.vertical_roster`): a restarted follower
     is taken back only with its rejoin token, and the numbered messages drop
-    the batches it embedded that the leader skipped.
+    the batches it embedded that the leader skipped. Once the followers are
+    back, the batches of the message whose replies were missing are asked
+    again, once, as a new message (fresh noise, each embedding counted by its
+    follower): an epoch sent as one message still trains after a lost reply.
 
     Returns:
         A `flwr.serverapp.ServerApp`.
@@ -538,6 +546,7 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
     if not isinstance(shuffle, bool):
         raise TypeError(f"`shuffle` must be a bool; got {shuffle!r}.")
     follower_deadline = _positive_seconds(follower_deadline, "follower_deadline")
+    poll_interval = _positive_seconds(poll_interval, "poll_interval")
     app = ServerApp()
 
     @app.main()
@@ -569,7 +578,7 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                                    n: "follower " + ", ".join(repr(p) for p, m in
                                                              sorted(pins.items()) if m == n)
                                    for n in set(pins.values())})
-        roster = FollowerRoster(grid, leader.follower_specs, pins, wait, gone)
+        roster = FollowerRoster(grid, leader.follower_specs, pins, wait, gone, poll_interval)
         roster.introduce(nodes)
         traffic = {"up": 0, "down": 0}
 
@@ -611,7 +620,7 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
                                 validation_data=validation,
                                 validation_batch_size=validation_batch_size,
                                 on_epoch_end=clock, stop_when_untrained=True,
-                                describe=roster.name)
+                                describe=roster.name, retry=roster.recover)
         except (UntrainedEpoch, FollowerGone) as error:
             logger.error("the run stops: %s", error)
             raise

@@ -14,8 +14,9 @@ authenticates SuperNodes by key).
 * A follower whose reply is missing, or a Flower error (its node gone: the
   SuperLink's "Node Unavailable" reply, whose sender id is 0), is *missing*.
   Before the next message the leader waits for it: it lists the connected
-  nodes, asks each node it has not asked before (and the missing follower's
-  own node, and its pinned node) to introduce itself, and takes a node as
+  nodes, asks the missing follower's own node and pinned node, and each
+  other node not refused before (a node silent at two looks is refused), to
+  introduce itself, all at once, and takes a node as
   the follower only if it presents the follower's token (and, when pinned,
   has the pinned node id). A node without the token is refused and logged,
   and never sent ids or gradients: a node that is not the follower, or the
@@ -48,6 +49,9 @@ logger = logging.getLogger("keras_fedpriv.flower")
 
 #: bytes of a follower's rejoin token
 TOKEN_BYTES = 32
+#: a node that is not a follower's is no longer asked after this many queries it did not
+#: answer at all: each one makes a look for a missing follower wait a whole round
+RETIRE_AFTER = 2
 PIN_KEY = "party-node."  # run config: party-node.<party> = the node id pinned to that follower
 
 K = TypeVar("K", bound=Hashable)
@@ -150,8 +154,10 @@ class FollowerRoster:
         self.node_of: dict[str, int] = {}
         self.tokens: dict[str, bytes] = {}
         self.missing: dict[str, float] = {}  # follower -> when it went missing (monotonic)
-        # nodes that introduced themselves and were not taken (never asked again)
+        # nodes that introduced themselves and were not taken, or did not answer the query
+        # RETIRE_AFTER times (never asked again, unless a missing follower's own or pinned node)
         self.asked: set[int] = set()
+        self.silent: dict[int, int] = {}  # node -> queries it did not answer within the wait
 
     # -- names ------------------------------------------------------------------------------
     def name(self, party: str) -> str:
@@ -275,14 +281,18 @@ class FollowerRoster:
                 self.missing.pop(party, None)
         return replies
 
-    def recover(self) -> None:
+    def recover(self) -> bool:
         """Wait until no follower is missing: take back each one that rejoins with its token.
+
+        Returns:
+            Whether a follower was missing (and is now back).
 
         Raises:
             FollowerGone: a follower has been missing for longer than the
                 deadline (the message names it, its last node id and what to
                 do).
         """
+        was_missing = bool(self.missing)
         while self.missing:
             self._check_deadline()
             ask = sorted(self._candidates(set(self.grid.get_node_ids())))
@@ -293,16 +303,17 @@ class FollowerRoster:
                 self._take_back(replies, ask)
             if self.missing:
                 time.sleep(self.poll_interval)
+        return was_missing
 
     def _candidates(self, nodes: set[int]) -> set[int]:
-        """The connected nodes to ask for the missing followers: every node not asked before
-        and each missing follower's pinned node; the missing followers' own nodes only when
-        there is no new one (a dead node still listed would hold the round up)."""
-        pinned = {self.pins[p] for p in self.missing if p in self.pins} & nodes
+        """The connected nodes to ask for the missing followers: each missing follower's own
+        node and pinned node, and every node not yet retired (`asked`) or known as a
+        follower. The own nodes are always asked, beside the new ones: a node that never
+        introduces itself properly cannot keep a live follower from being taken back."""
+        own = {self.node_of[p] for p in self.missing}
+        pinned = {self.pins[p] for p in self.missing if p in self.pins}
         fresh = nodes - self.asked - set(self.node_of.values())
-        if fresh:
-            return fresh | pinned
-        return {self.node_of[p] for p in self.missing} & nodes | pinned
+        return fresh | (own | pinned) & nodes
 
     def _check_deadline(self) -> None:
         now = time.monotonic()
@@ -323,9 +334,7 @@ class FollowerRoster:
         for node in asked:
             reply = replies.get(node)
             if reply is None or reply.has_error():  # not up yet (e.g. its worker): ask again
-                if reply is not None:
-                    logger.info("node %s did not introduce itself: %s", node,
-                                first_line(reply.error.reason))
+                self._failed(node, reply)
                 continue
             party = self._rejoin_claim(node, reply)
             if party is None:
@@ -345,6 +354,23 @@ class FollowerRoster:
             if old != new:
                 self.asked.add(old)
             logger.warning("follower %r is back as node %s (was node %s)", party, new, old)
+
+    def _failed(self, node: int, reply: Message | None) -> None:
+        """Record that ``node`` did not introduce itself. A node that did not answer at all
+        at ``RETIRE_AFTER`` looks is retired (added to `asked`), unless it is a missing
+        follower's own or pinned node (always asked). A node that answers with an error is
+        asked again: a restarted follower's SuperNode answers so until its party worker is
+        up, and an error reply costs no wait."""
+        if reply is not None:
+            logger.info("node %s did not introduce itself: %s", node,
+                        first_line(reply.error.reason))
+            return
+        self.silent[node] = self.silent.get(node, 0) + 1
+        if self.silent[node] >= RETIRE_AFTER and node not in self.node_of.values() and \
+                node not in self.pins.values():
+            logger.info("node %s did not answer the query %d times; it is not asked again",
+                        node, self.silent[node])
+            self.asked.add(node)
 
     def _rejoin_claim(self, node: int, reply: Message) -> str | None:
         """The missing follower ``node`` may be taken back as, or None (refused, logged)."""

@@ -360,7 +360,9 @@ class VerticalRunResult:
     Attributes:
         leader: the `VerticalLeader` (its top, and its own bottom, trained).
         history: per-epoch logs: ``loss`` (the leader's, mean over the epoch's
-            examples), ``steps`` and ``skipped`` batches, ``bytes_up`` /
+            examples), ``steps`` and ``skipped`` batches, ``reasked`` (batches
+            asked again after a message whose replies could not be used: see
+            `run_leader`'s ``retry``), ``bytes_up`` /
             ``bytes_down`` (payload bytes of the training messages, all
             followers; ``bytes_up_<party>``, ``bytes_down_<party>`` each) and
             with validation data ``val_loss`` and ``val_<metric>`` (NaN for an
@@ -410,7 +412,8 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
                validation_batch_size: int = 256,
                on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
                stop_when_untrained: bool = False,
-               describe: Callable[[str], str] | None = None) -> VerticalRunResult:
+               describe: Callable[[str], str] | None = None,
+               retry: Callable[[], bool] | None = None) -> VerticalRunResult:
     """The leader's loop: epochs of batches, ``batches_per_message`` per round trip.
 
     Args:
@@ -441,6 +444,14 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
             every batch was skipped (no training step), instead of going on.
         describe: how log lines and errors name a follower (default
             ``follower 'f1'``; the Flower leader adds the node id).
+        retry: None, or called after a training message whose replies could
+            not all be used; True (the followers that were missing are back)
+            asks that message's batches once more, as a new numbered message
+            without gradients: the followers embed them again with fresh
+            noise, each embedding a release they count (the first one
+            included, if it was made). The Flower leader passes its roster's
+            wait for missing followers, so an epoch sent as one message
+            still trains when a reply was lost.
 
     Every message to a follower is numbered (`FollowerRequest.message`, from
     1) and gradients name the message whose batches they are for
@@ -515,9 +526,15 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
             rejected.append((epoch, step, p, reason))
         return replies, (None if reasons else received)
 
+    def count_up(replies):
+        """Add the payload bytes of a round's embedding replies to the epoch's ``up``."""
+        for p in followers:
+            if isinstance(replies.get(p), Mapping):
+                up[p] += _nbytes(replies[p])
+
     for epoch in range(epochs):
         order = epoch_order(seed, epoch, len(y), shuffle)
-        totals = {"loss": 0.0, "rows": 0, "steps": 0, "skipped": 0}
+        totals = {"loss": 0.0, "rows": 0, "steps": 0, "skipped": 0, "reasked": 0}
         up = {p: 0 for p in followers}
         down = {p: 0 for p in followers}
         batches = _batches(len(y), batch_size)
@@ -527,10 +544,16 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
             requests = {p: FollowerRequest(gradients=None if pending is None else pending[p],
                                            example_ids=group_ids, training=True, epoch=epoch,
                                            step=first) for p in followers}
-            replies, received = ask(requests, epoch, first, [len(i) for i in index], True)
-            for p in followers:
-                if isinstance(replies.get(p), Mapping):
-                    up[p] += _nbytes(replies[p])
+            rows = [len(i) for i in index]
+            replies, received = ask(requests, epoch, first, rows, True)
+            count_up(replies)
+            if received is None and retry is not None and retry():
+                totals["reasked"] += len(index)
+                # no gradients: those of the last message went with the unanswered one
+                again = {p: FollowerRequest(example_ids=group_ids, training=True, epoch=epoch,
+                                            step=first) for p in followers}
+                replies, received = ask(again, epoch, first, rows, True)
+                count_up(replies)
             if received is None:
                 pending = None
                 totals["skipped"] += len(index)
@@ -548,11 +571,15 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
                 totals["steps"] += 1
         logs = {"loss": totals["loss"] / totals["rows"] if totals["rows"] else float("nan"),
                 "steps": float(totals["steps"]), "skipped": float(totals["skipped"]),
+                "reasked": float(totals["reasked"]),
                 "bytes_up": float(sum(up.values())), "bytes_down": float(sum(down.values()))}
         for p in followers:
             logs[f"bytes_up_{p}"] = float(up[p])
             logs[f"bytes_down_{p}"] = float(down[p])
-        if validation_data is not None:
+        if validation_data is not None and not totals["steps"]:
+            # nothing trained: the model is the one last scored; no release is spent on it
+            logs.update(_unmeasured(leader))
+        elif validation_data is not None:
             # the first validation request also carries the epoch's last gradients
             logs.update(_validate(leader, ask, followers, pending, validation_data,
                                   validation_batch_size, k, epoch))
@@ -590,10 +617,14 @@ def _validate(leader, ask, followers, pending, data, batch_size, k, epoch):
                                        step=first) for p in followers}
         # the gradients ride only on the first request; `ask` numbers them
         _, received = ask(requests, epoch, -1, [len(g) for g in group], False)
-        if received is None:  # not measured this epoch: NaN, so every figure has one per epoch
-            return {f"val_{key}": float("nan") for key in
-                    ["loss"] + [m.name for m in leader.metrics]}
+        if received is None:
+            return _unmeasured(leader)
         for p in followers:
             parts[p].extend(received[p])
     received = {p: np.concatenate(parts[p], axis=0) for p in followers}
     return {f"val_{key}": v for key, v in leader.evaluate(received, y, x).items()}
+
+
+def _unmeasured(leader):
+    """The validation logs of an epoch not scored: NaN, so every figure has one per epoch."""
+    return {f"val_{key}": float("nan") for key in ["loss"] + [m.name for m in leader.metrics]}
