@@ -50,6 +50,17 @@ def _restore_environment():
         os.environ.update(saved)
 
 
+@pytest.fixture
+def in_a_run(monkeypatch):
+    """Flower builds a Message only inside a run: a stand-in run id for tests that build
+    Messages outside one (stand-in Grids)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
+
+
 # Modules whose tests each start Flower processes of their own (a SuperLink and SuperNodes
 # on free 127.0.0.1 ports) and share no module fixture: each test is a group of its own.
 _OWN_GROUP_MODULES = {"test_flower_loopback", "test_adversarial_vertical_faults",

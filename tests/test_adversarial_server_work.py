@@ -33,16 +33,6 @@ K = 10  # the test app model's outputs
 
 
 @pytest.fixture
-def in_a_run(monkeypatch):
-    """Flower builds a Message only inside a run: a stand-in run id for these tests."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
-
-
-@pytest.fixture
 def parsed(monkeypatch):
     """The sizes of the arrays the server deserialized (flwr's ``Array.numpy``)."""
     sizes = []

@@ -66,16 +66,6 @@ def test_a_users_own_server_app_runs_the_strategy_like_the_in_process_run():
 
 
 # ------------------------------------------------------- the four steps with a stand-in Grid
-@pytest.fixture
-def in_a_run(monkeypatch):
-    """Flower builds a Message only inside a run: a stand-in run id for these tests."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
-
-
 class _Grid:
     """A Grid stand-in: three connected nodes that answer queries with their client ids."""
 

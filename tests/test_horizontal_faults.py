@@ -39,16 +39,6 @@ pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
 NODE_UNAVAILABLE = "Node Unavailable: the node did not answer in time"
 
 
-@pytest.fixture
-def in_a_run(monkeypatch):
-    """Flower builds a Message only inside a run: a stand-in run id for these tests."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
-
-
 class _Grid:
     """Connected nodes ``{node id: client id}``; ``lost`` nodes stay listed but do not answer:
     the SuperLink answers for them with an error whose sender id is 0."""

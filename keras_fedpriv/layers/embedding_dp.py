@@ -178,14 +178,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
         self._count_coordinates(tf.reduce_prod(tf.shape(x)[1:]))
         if randomize:
             noisy = quantize_rr(x, self.eps, noise=self._next_words(tf.shape(x)))
-            if example_ids is not None:
-                ids = tf.reshape(tf.convert_to_tensor(example_ids), [-1])
-                if not ids.dtype.is_integer:
-                    raise TypeError(f"EmbeddingDPLayer: `example_ids` must be integers; got "
-                                    f"dtype {ids.dtype.name}.")
-                self._count_release(rc.FRESH_IDS, rows, ids)
-            else:
-                self._count_release(rc.FRESH_ANON, rows)
+            self._count_fresh_release(rows, example_ids, "EmbeddingDPLayer")
         else:
             noisy = quantize_rr(x, None)
             self._count_release(rc.NON_PRIVATE, rows)

@@ -280,6 +280,19 @@ class ReleaseCounterMixin:
             self._raise_id_max(counts.sparse_read(slots))
         self.release_totals.assign_add(update)
 
+    def _count_fresh_release(self, rows, example_ids, owner):
+        """Record a fresh-noise call over ``rows`` rows: per example id with
+        ``example_ids`` (integers, else a TypeError naming ``owner``), of
+        every example without."""
+        if example_ids is None:
+            self._count_release(FRESH_ANON, rows)
+            return
+        ids = tf.reshape(tf.convert_to_tensor(example_ids), [-1])
+        if not ids.dtype.is_integer:
+            raise TypeError(f"{owner}: `example_ids` must be integers; got dtype "
+                            f"{ids.dtype.name}.")
+        self._count_release(FRESH_IDS, rows, ids)
+
     # -- on the host --------------------------------------------------------------------
     def _release_totals(self):
         return self.release_totals.numpy()

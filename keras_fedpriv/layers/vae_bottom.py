@@ -265,14 +265,7 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
         released, recorders = getattr(_SCOPE, "state", None) or (True, None)
         if not released:
             return
-        if example_ids is not None:
-            ids = tf.reshape(tf.convert_to_tensor(example_ids), [-1])
-            if not ids.dtype.is_integer:
-                raise TypeError(f"VAEBottom: `example_ids` must be integers; got dtype "
-                                f"{ids.dtype.name}.")
-            self._count_release(rc.FRESH_IDS, rows, ids)
-        else:
-            self._count_release(rc.FRESH_ANON, rows)
+        self._count_fresh_release(rows, example_ids, "VAEBottom")
         if recorders is not None:
             recorders.append(self)
 

@@ -260,7 +260,7 @@ class LoopbackDeployment:
 
     def _start_workers(self) -> None:
         """One worker per SuperNode, each on a socket in its own 0700 temporary folder."""
-        from keras_fedpriv.federated.flower.worker import SOCKET_KEY, ping
+        from keras_fedpriv.federated.flower.worker import SOCKET_KEY
 
         for i, config in enumerate(self.node_configs):
             folder = tempfile.mkdtemp(prefix="kfp-w-")  # mode 0700, a short path
@@ -270,21 +270,29 @@ class LoopbackDeployment:
             config[SOCKET_KEY] = path
             self._spawn(f"worker-{i}", self._worker_args(i))
         deadline = time.monotonic() + self.worker_startup_timeout
-        for i, path in enumerate(self.worker_sockets):
-            while True:
-                try:
-                    ping(path, timeout=5.0)
-                    break
-                except OSError:
-                    pass
-                proc = self.processes[f"worker-{i}"]
-                if proc.poll() is not None:
-                    raise RuntimeError(f"worker {i} exited with code {proc.returncode}:\n"
-                                       f"{self.log(f'worker-{i}')[-2000:]}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"worker {i} did not answer on {path} within "
-                                       f"{self.worker_startup_timeout:g} s")
-                time.sleep(0.2)
+        for i in range(len(self.worker_sockets)):
+            self._wait_for_worker(i, deadline)
+
+    def _wait_for_worker(self, index: int, deadline: float) -> None:
+        """Return once worker ``index`` answers a ping; raise if it exits or ``deadline``
+        (``time.monotonic()``) passes first."""
+        from keras_fedpriv.federated.flower.worker import ping
+
+        path = self.worker_sockets[index]
+        while True:
+            try:
+                ping(path, timeout=5.0)
+                return
+            except OSError:
+                pass
+            proc = self.processes[f"worker-{index}"]
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker {index} exited with code {proc.returncode}:\n"
+                                   f"{self.log(f'worker-{index}')[-2000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {index} did not answer on {path} within "
+                                   f"{self.worker_startup_timeout:g} s")
+            time.sleep(0.2)
 
     def __enter__(self) -> LoopbackDeployment:
         return self.start()
@@ -316,47 +324,29 @@ class LoopbackDeployment:
         except subprocess.TimeoutExpired:  # pragma: no cover - a process SIGKILL cannot stop
             pass
 
-    def kill_supernode(self, index: int) -> None:
-        """Kill SuperNode ``index`` (and what it spawned) at once, as a crashing client."""
-        proc = self.processes[f"supernode-{index}"]
+    def _kill(self, name: str) -> None:
+        proc = self.processes[name]
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         proc.wait(timeout=10)
+
+    def kill_supernode(self, index: int) -> None:
+        """Kill SuperNode ``index`` (and what it spawned) at once, as a crashing client."""
+        self._kill(f"supernode-{index}")
 
     def kill_worker(self, index: int) -> None:
         """Kill party worker ``index`` at once (its socket file stays, as after a crash)."""
-        proc = self.processes[f"worker-{index}"]
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
+        self._kill(f"worker-{index}")
 
     def restart_worker(self, index: int) -> None:
         """Start party worker ``index`` again on its socket; return once it answers."""
-        from keras_fedpriv.federated.flower.worker import ping
-
         if self.processes[f"worker-{index}"].poll() is None:
             raise RuntimeError(f"worker {index} is still running: kill_worker({index}) first.")
-        path = self.worker_sockets[index]
         self._logs.pop(f"worker-{index}").close()
         self._spawn(f"worker-{index}", self._worker_args(index), append=True)
-        deadline = time.monotonic() + self.worker_startup_timeout
-        while True:
-            try:
-                ping(path, timeout=5.0)
-                return
-            except OSError:
-                pass
-            proc = self.processes[f"worker-{index}"]
-            if proc.poll() is not None:
-                raise RuntimeError(f"worker {index} exited with code {proc.returncode}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker {index} did not answer on {path} within "
-                                   f"{self.worker_startup_timeout:g} s")
-            time.sleep(0.2)
+        self._wait_for_worker(index, time.monotonic() + self.worker_startup_timeout)
 
     def _worker_args(self, index: int) -> list[str]:
         args = [sys.executable, "-m", "keras_fedpriv", "worker", "--app",
