@@ -42,7 +42,7 @@ def _closed_form(x):
 
 @pytest.mark.parametrize("training", [True, False])
 def test_samples_have_mean_mu_and_std_exp_half_logvar(training):
-    layer = _affine_bottom()
+    layer = _affine_bottom(seed=31)  # seeded: the bands and KS tests below are deterministic
     n = 25_000
     row = X2[:1]
     mu, logvar = (a[0] for a in _closed_form(row))
@@ -64,7 +64,7 @@ def test_samples_have_mean_mu_and_std_exp_half_logvar(training):
 
 
 def test_each_row_gets_its_own_mu_and_sigma():
-    layer = _affine_bottom()
+    layer = _affine_bottom(seed=32)  # seeded: the bands below are deterministic
     n = 20_000
     x = np.tile(X2, (n, 1))  # rows 0, 1, 2, 0, 1, 2, ...
     z = layer(x).numpy().astype(np.float64).reshape(n, 3, 3)
@@ -239,7 +239,8 @@ def test_get_config_round_trip():
 
 def test_exported_saved_model_samples(tmp_path):
     inp = keras.Input((2,))
-    model = keras.Model(inp, _affine_bottom(name="vae")(inp))
+    # seeded (the key is saved with the export): the bands below are deterministic
+    model = keras.Model(inp, _affine_bottom(seed=33, name="vae")(inp))
     path = os.path.join(tmp_path, "sm")
     model.export(path, verbose=False)
     served = tf.saved_model.load(path)
