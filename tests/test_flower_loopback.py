@@ -164,7 +164,9 @@ def test_a_leader_and_two_followers_train_the_vertical_example_as_separate_proce
     nodes = [{"party": "f1"}, {"party": "f2"}]
     with LoopbackDeployment(2, node_configs=nodes, worker_app="flower_vertical.party:app",
                             worker_app_dir=VERTICAL) as deployment:
-        done = deployment.run(VERTICAL, {"num-epochs": 2, "batch-size": 200,
+        # 3 epochs: the example is unseeded (fresh keys in every party), and over 40 runs of it
+        # in one process the loss fell by 6.7 standard deviations of its fall (2 epochs: 5.3)
+        done = deployment.run(VERTICAL, {"num-epochs": 3, "batch-size": 200,
                                          "result-path": str(tmp_path)}, timeout=360)
         pids = deployment.alive()
         worker_logs = [deployment.log(f"worker-{i}") for i in range(2)]
@@ -173,7 +175,7 @@ def test_a_leader_and_two_followers_train_the_vertical_example_as_separate_proce
     assert done.returncode == 0, done.stdout[-3000:]
     out = json.loads((tmp_path / "history.json").read_text())
     h = out["history"]
-    assert out["rejected"] == [] and h["skipped"] == [0.0, 0.0]
+    assert out["rejected"] == [] and h["skipped"] == [0.0] * 3
     assert h["loss"][-1] < h["loss"][0]  # the model learned
     assert h["val_auc"][-1] > 0.9
     # each follower sent what EmbeddingDP promises: packed bits, one byte per example of its
@@ -182,7 +184,7 @@ def test_a_leader_and_two_followers_train_the_vertical_example_as_separate_proce
     n = len(breast_cancer_vertical()[2])  # the leader's training labels
     assert out["wire"] == {p: {"keys": ["bits"], "dtype": "uint8", "bytes_per_example": 1}
                            for p in ("f1", "f2")}
-    assert h["bytes_up_f1"] == h["bytes_up_f2"] == [float(n)] * 2
+    assert h["bytes_up_f1"] == h["bytes_up_f2"] == [float(n)] * 3
     assert all(w > b for w, b in zip(h["wire_bytes_up"], h["bytes_up"]))
     # the leader's report: its labels released once per example
     assert "LabelDPLayer" in done.stdout and "run status: finished:completed" in done.stdout

@@ -23,8 +23,11 @@ def test_label_quick_start():
     exec(_python_blocks()[0], namespace)  # noqa: S102 - our own README
     y, y_private = namespace["y"], namespace["y_private"]
     assert y_private.shape == y.shape and y_private.dtype == y.dtype
-    flipped = np.mean(y_private != y)  # eps=2: 1/(1+e^2) = 0.119
-    assert 0.07 < flipped < 0.17
+    # eps=2 flips a label with q = 1/(1+e^2) = 0.119. The README draws a fresh secret, so this
+    # band on its 1000 labels is 6.5 standard deviations wide (outside: 7.6e-11); it still
+    # excludes eps=1 (0.269) and eps=4 (0.018).
+    flipped = np.mean(y_private != y)
+    assert 0.05 < flipped < 0.19
     assert namespace["model"].evaluate(namespace["x"], y, verbose=0)[1] > 0.75
 
 

@@ -129,8 +129,11 @@ def test_rng_key_holds_64_bits_of_os_entropy():
         assert np.all((key > 0) & (key < 2**32))  # both 32-bit words non-zero
         keys.append(key)
     words = np.concatenate(keys)
-    assert len({tuple(k) for k in keys}) == len(layers)
-    assert len(set(words.tolist())) == words.size  # every word fresh
+    assert len({tuple(k) for k in keys}) == len(layers)  # a repeat by chance: 190 / 2**64
+    # Every word fresh: a key maker that reuses a word repeats it in every key (20 repeats). Two of
+    # the 40 independent 32-bit words coincide with probability 780 / 2**32 = 1.8e-7, so one
+    # coincidence is allowed; two or more have probability < (780 / 2**32)**2 = 3.3e-14.
+    assert len(set(words.tolist())) >= words.size - 1
     # All 32 bits of the words are used (a 31-bit, int32-cast seed would never reach 2**31);
     # failing by chance has probability 2**-40.
     assert np.any(words >= 2**31)
