@@ -119,8 +119,9 @@ def test_make_api_documents_this_checkout_with_pdoc_16_and_never_upgrades_pip():
 
     if shutil.which("make") is None:
         pytest.skip("no make")
-    out = subprocess.run(["make", "-n", "api"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
+    # --no-print-directory: under `make test` (MAKELEVEL set) make prints "Entering directory"
+    out = subprocess.run(["make", "-n", "--no-print-directory", "api"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     commands = out.stdout.replace("\\\n", "").splitlines()
     assert not any("--upgrade" in c or "[test" in c or "[bench" in c for c in commands)

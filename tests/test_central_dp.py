@@ -41,7 +41,6 @@ from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
 from flower_stubs import Reply, model_fn  # noqa: E402
-from test_flower_strategy import in_a_run  # noqa: E402, F401 - a stand-in run id (a fixture)
 
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
 DELTA = 1e-5
