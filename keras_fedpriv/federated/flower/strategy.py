@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import keras
 import numpy as np
@@ -419,18 +419,13 @@ class HorizontalStrategy(Strategy):
         sender id. Only a grid that gave the sent messages no ids (a stand-in in
         tests) is matched by sender id.
         """
-        by_id = {m.metadata.message_id: m for m in self._sent if m.metadata.message_id}
-        by_node = {m.metadata.dst_node_id: m for m in self._sent}
+        answers = _reply_matcher(self._sent)
         client_of = {n: c for c, n in (self.node_of or {}).items()}
         out = []
         for reply in replies:
-            sender = reply.metadata.src_node_id
-            if by_id:
-                sent = by_id.get(getattr(reply.metadata, "reply_to_message_id", "") or "")
-            else:
-                sent = by_node.get(sender)
+            sent = answers(reply)
             if sent is None:
-                out.append((reply, None, sender))
+                out.append((reply, None, reply.metadata.src_node_id))
                 continue
             node = sent.metadata.dst_node_id
             out.append((reply, client_of.get(node), node))
@@ -563,6 +558,20 @@ def _read(parse: Any, reply: Message, *args: Any, what: str) -> tuple[Any, str |
         return None, f"malformed {what}: could not be read ({type(err).__name__})"
 
 
+def _reply_matcher(sent: Sequence[Message]) -> Callable[[Message], Message | None]:
+    """``answers(reply)`` -> the message of ``sent`` that ``reply`` answers, or None.
+
+    Matched by ``metadata.reply_to_message_id`` (Flower's error reply for a
+    lost node carries sender id 0, not the node's). Only messages without ids
+    (a stand-in grid in tests) are matched by the reply's sender id.
+    """
+    by_id = {m.metadata.message_id: m for m in sent if m.metadata.message_id}
+    if not by_id:
+        by_node = {m.metadata.dst_node_id: m for m in sent}
+        return lambda reply: by_node.get(reply.metadata.src_node_id)
+    return lambda reply: by_id.get(getattr(reply.metadata, "reply_to_message_id", "") or "")
+
+
 def _client_ids(sent: Sequence[Message], replies: Iterable[Message]) -> dict[int, int | None]:
     """Node id -> the client id its ``"query"`` reply claims (None: no valid answer).
 
@@ -570,14 +579,13 @@ def _client_ids(sent: Sequence[Message], replies: Iterable[Message]) -> dict[int
     that did not answer (or answered with an error) maps to None and is asked
     again next round.
     """
-    node_of_message = {m.metadata.message_id: m.metadata.dst_node_id for m in sent
-                       if m.metadata.message_id}
+    answers = _reply_matcher(sent)
     out: dict[int, int | None] = {m.metadata.dst_node_id: None for m in sent}
     for reply in replies:
-        node = node_of_message.get(getattr(reply.metadata, "reply_to_message_id", "") or "",
-                                   None if node_of_message else reply.metadata.src_node_id)
-        if node not in out:
+        query = answers(reply)
+        if query is None:
             continue
+        node = query.metadata.dst_node_id
         if reply.has_error():
             logger.warning("node %s did not answer the query: %s", node,
                            first_line(reply.error.reason))
