@@ -1,0 +1,65 @@
+"""Every Keras or TensorFlow private API the package reaches, in one place.
+
+A Keras or TensorFlow upgrade that moves one of these breaks this file only
+(and `tests/test_house.py` fails if any other module reaches ``keras.src``,
+``tensorflow.python`` or a private attribute of a Keras object).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+__all__ = ["compile_loss", "compute_output_spec", "flatten_layers", "loss_tracker",
+           "resource_variable_class", "unscale_loss_for_distribution"]
+
+
+def flatten_layers(layer: Any, include_self: bool = True) -> Iterable[Any]:
+    """``layer`` and all its sublayers, recursively (Keras' ``Layer._flatten_layers``)."""
+    return layer._flatten_layers(include_self=include_self, recursive=True)
+
+
+def compute_output_spec(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Keras' symbolic shape inference of ``fn(*args)`` (``keras.src.backend``)."""
+    from keras.src import backend as keras_backend
+
+    return keras_backend.compute_output_spec(fn, *args, **kwargs)
+
+
+def compile_loss(loss: Any) -> Any:
+    """Keras' ``CompileLoss`` for ``loss`` (what ``model.compile(loss=...)`` builds)."""
+    from keras.src.trainers.compile_utils import CompileLoss
+
+    return CompileLoss(loss)
+
+
+def unscale_loss_for_distribution(value: Any) -> Any:
+    """The loss unscaling Keras' own ``train_step`` applies under ``tf.distribute``
+    before updating the loss tracker (no public equivalent in Keras 3.15)."""
+    from keras.src.losses import loss as keras_loss_module
+
+    return keras_loss_module.unscale_loss_for_distribution(value)
+
+
+def model_compile_loss(model: Any) -> Any:
+    """The compiled loss of ``model`` (``Model._compile_loss``)."""
+    return model._compile_loss
+
+
+def loss_tracker(model: Any) -> Any:
+    """The mean metric ``model.fit`` reports as ``loss`` (``Model._loss_tracker``)."""
+    return model._loss_tracker
+
+
+def resource_variable_class() -> type:
+    """TensorFlow's ``ResourceVariable`` (to subclass a variable that is no Keras weight)."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    return resource_variable_ops.ResourceVariable
+
+
+def seed_generator_class() -> type:
+    """Keras' ``SeedGenerator``: a layer tracks an attribute of this type as random state,
+    carried through JAX's functional ``fit`` but never among the layer's weights."""
+    import keras
+
+    return keras.random.SeedGenerator
