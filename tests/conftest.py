@@ -11,14 +11,33 @@ import pathlib
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-_cpus = tf.config.list_physical_devices("CPU")
-try:
-    tf.config.set_logical_device_configuration(
-        _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
-except RuntimeError:  # runtime already initialized (e.g. by a plugin)
-    pass
+#: The Keras backend of this test process (``KERAS_BACKEND``; TensorFlow by default).
+BACKEND = os.environ.get("KERAS_BACKEND", "tensorflow")
+
+if BACKEND == "tensorflow":
+    import tensorflow as tf  # noqa: E402
+
+    _cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(
+            _cpus[0],
+            [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
+    except RuntimeError:  # runtime already initialized (e.g. by a plugin)
+        pass
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under ``KERAS_BACKEND=jax`` only modules marked ``jax`` run (backend-neutral tests),
+    and in them the tests marked ``tensorflow_only`` are skipped."""
+    if BACKEND == "tensorflow":
+        return
+    if item.get_closest_marker("jax") is None:
+        pytest.skip(f"not a backend-neutral test (no `jax` mark); KERAS_BACKEND={BACKEND}")
+    marker = item.get_closest_marker("tensorflow_only")
+    if marker is not None:
+        reason = marker.args[0] if marker.args else "needs TensorFlow"
+        pytest.skip(f"TensorFlow only: {reason}")
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +48,8 @@ def strategy():
     same collective group keys and abort each other's all-reduces ("Shape
     mismatch in the collective instance"), so every test module shares this one.
     """
+    if BACKEND != "tensorflow":
+        pytest.skip("MirroredStrategy is TensorFlow's")
     if len(tf.config.list_logical_devices("CPU")) < 2:
         pytest.skip("needs the two logical CPUs configured in conftest.py")
     return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
