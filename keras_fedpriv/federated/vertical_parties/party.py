@@ -226,15 +226,13 @@ def validate_class_weight(class_weight: Any, owner: str) -> dict[int, float]:
 def counter_variable(size: int) -> Any:
     """A new counter of ``size`` slots (zeros) that a restore can only move forward.
 
-    Not a Keras weight. On TensorFlow an int64 variable whose checkpoint
-    restore keeps the larger count; on JAX an int32 Keras variable held the
-    way Keras holds a ``SeedGenerator``'s state, so a layer that keeps the
-    result as an attribute carries it through JAX's functional ``fit`` as
-    state. Either has ``shape``, ``dtype``, ``numpy()``, ``assign`` and
-    ``assign_add``.
+    Not a Keras weight (the backend's ``local_variable``): on TensorFlow an
+    int64 variable whose checkpoint restore keeps the larger count; on JAX an
+    int32 slot that a layer keeping it as an attribute carries through
+    ``fit`` as state.
     """
-    return backend.impl().counter_variable(np.zeros(int(size), np.int64),
-                                           "unprotected_releases")
+    return backend.impl().local_variable(None, np.zeros(int(size), np.int64),
+                                         "unprotected_releases", monotone=True)
 
 
 def backend_variables(counter: Any) -> list[Any]:
