@@ -328,12 +328,22 @@ def stateful_call(variables: list[Any], fn: Callable[[], Any]) -> Any:
 
 def party_function(fn: Callable[..., Any], signature: list[Any],
                    variables: Callable[[], list[Any]]) -> Callable[..., Any]:
-    """A party's step: ``fn(*args)`` run by `stateful_call` over ``variables()`` (every
-    variable it reads or updates; ``signature`` is TensorFlow's)."""
+    """A party's step, compiled: ``fn(*args)`` as a `jax.jit` function of the values of
+    ``variables()`` (every variable it reads or updates) and of ``args``, the new values
+    assigned after each call (``signature`` is TensorFlow's; JAX traces once per shape)."""
     del signature
+    compiled: dict[tuple[int, ...], Any] = {}
 
     def call(*args):
-        return stateful_call(variables(), lambda: fn(*args))
+        state = list(variables())
+        key = tuple(map(id, state))
+        if key not in compiled:
+            compiled[key] = jax.jit(
+                lambda values, args: _in_step(state, values, lambda: fn(*args)))
+        out, values = compiled[key]([v.value for v in state], args)
+        for v, value in zip(state, values):
+            v.assign(value)
+        return out
 
     return call
 
