@@ -268,7 +268,8 @@ _STEPS: list[tuple[list[Any], Any]] = []
 def _in_step(variables, values, fn):
     """``(fn(), new values)``: ``fn`` run in a `keras.StatelessScope` mapping ``variables`` to
     ``values``, with `vjp` able to see them."""
-    with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+    with keras.StatelessScope(state_mapping=list(zip(variables, values)),
+                              collect_losses=True) as scope:
         _STEPS.append((variables, scope))
         try:
             out = fn()
@@ -299,8 +300,8 @@ def vjp(fn: Callable[[Any], tuple[list[Any], Any]], variables: list[Any],
     def forward(weights, inputs):
         mapping = list(zip(variables, weights)) + [
             (v, outer.get_current_value(v)) for v in others]
-        with keras.StatelessScope(state_mapping=mapping) as scope:
-            outputs, aux = fn(inputs)
+        with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+            outputs, aux = fn(inputs)  # add_loss inside: in this scope (read by `.losses`)
         return outputs, (aux, [scope.get_current_value(v) for v in others])
 
     weights = [outer.get_current_value(v) for v in variables]

@@ -512,8 +512,8 @@ class VerticalModel(keras.Model):
         differentiates its own.
         """
         del x, training
-        return leader_loss(self._compile_loss, y, y_pred, sample_weight,
-                           self._get_own_losses() + list(self.top.losses))
+        return leader_loss(private.model_compile_loss(self), y, y_pred, sample_weight,
+                           private.own_losses(self) + list(self.top.losses))
 
     def _input_flag_layers(self):
         layers = [self.label_dp] + [self.protections[p] for p in self._followers]
@@ -615,8 +615,8 @@ class VerticalModel(keras.Model):
     def _leader_loss_fn(self, x):
         """``loss_fn(y, y_pred, sample_weight)``: the compiled loss of a training step."""
         def loss_fn(y_true, y_pred, weights):
-            return self._compute_loss(x=x, y=y_true, y_pred=y_pred, sample_weight=weights,
-                                      training=True)
+            return private.model_compute_loss(self, x=x, y=y_true, y_pred=y_pred,
+                                              sample_weight=weights, training=True)
         return loss_fn
 
     def _train_logs(self, step):
@@ -664,8 +664,8 @@ class VerticalModel(keras.Model):
             if losses:
                 total_local.append(sum_losses(losses))
         y_pred = self.top(self._combine(sent), training=False)
-        loss = self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                  training=False)
+        loss = private.model_compute_loss(self, x=x, y=y, y_pred=y_pred,
+                                          sample_weight=sample_weight, training=False)
         for extra in total_local:
             loss = loss + keras.ops.cast(extra, loss.dtype)
         private.loss_tracker(self).update_state(

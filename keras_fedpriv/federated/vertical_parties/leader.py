@@ -186,7 +186,7 @@ class VerticalLeader:
 
     def _resolve_top_rule(self, sent):
         owner = self._owner
-        struct = getattr(self.top, "_inputs_struct", None)
+        struct = private.inputs_struct(self.top)
         names = None
         if isinstance(struct, dict):
             names = list(struct)

@@ -123,7 +123,7 @@ def batch_signature(spec: Any) -> Any:
 
 def bottom_input_spec(party: str, bottom: keras.layers.Layer, owner: str) -> Any:
     """Symbolic inputs (KerasTensors, possibly nested) of a built bottom model."""
-    struct = getattr(bottom, "_inputs_struct", None)
+    struct = private.inputs_struct(bottom)
     if struct is not None:
         return tree.map_structure(_spec_of, struct)
     try:
@@ -132,7 +132,7 @@ def bottom_input_spec(party: str, bottom: keras.layers.Layer, owner: str) -> Any
         inputs = None
     if inputs:
         return _spec_of(inputs[0]) if len(inputs) == 1 else [_spec_of(t) for t in inputs]
-    shapes = getattr(bottom, "_build_shapes_dict", None) or {}
+    shapes = private.build_shapes(bottom)
     if bottom.built and len(shapes) == 1:
         shape = next(iter(shapes.values()))
         if shape is not None and not isinstance(shape, dict):
