@@ -7,7 +7,6 @@ computation, the bytes in the history equal hand-computed totals."""
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_fedpriv as kf
 from keras_fedpriv.federated import (
@@ -16,7 +15,16 @@ from keras_fedpriv.federated import (
     VerticalModel,
     with_example_ids,
 )
-from vertical_stubs import bottom, compile_model, is_zero_one, top, two_party_data
+from vertical_stubs import (
+    PENDING_JAX_LAYERS,
+    bottom,
+    compile_model,
+    is_zero_one,
+    top,
+    two_party_data,
+)
+
+pytestmark = [pytest.mark.jax]
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +32,12 @@ def data():
     return two_party_data()
 
 
+@pytest.mark.tensorflow_only("the independent gradient is a tf.GradientTape's")
 def test_messages_are_the_protocol_gradients(data):
     """g_p = d loss / d e_p computed independently, and the bottom's SGD update comes from g_p
     (plus the party's own regularization loss) alone."""
+    import tensorflow as tf
+
     keras.utils.set_random_seed(3)
     lr, n = 0.5, 64
     bottom_a = bottom(15, 12, "bottom_a", kernel_regularizer=keras.regularizers.L2(0.05))
@@ -79,6 +90,7 @@ def test_messages_are_the_protocol_gradients(data):
         assert np.abs(got_w - b).max() > 1e-5
 
 
+@PENDING_JAX_LAYERS
 def test_bytes_in_history_equal_hand_computed_totals(data):
     """Three parties, dict-input top: 1-bit packed bits up for EmbeddingDP, float32 otherwise."""
     keras.utils.set_random_seed(4)
@@ -117,7 +129,10 @@ def test_bytes_in_history_equal_hand_computed_totals(data):
     assert set(model.protections) == {"party_a", "party_c"} and model.protections["party_c"] is None
 
 
+@pytest.mark.tensorflow_only("tf.data")
 def test_with_example_ids_for_arrays_tuples_and_datasets(data):
+    import tensorflow as tf
+
     x = with_example_ids(data["train"])
     np.testing.assert_array_equal(x["example_ids"], np.arange(len(data["y"])))
     assert x["example_ids"].dtype == np.int64 and "example_ids" not in data["train"]
@@ -144,6 +159,7 @@ def _x(data, n=64):
     return {"party_a": xa[:, :8], "party_c": xa[:, 8:], "party_b": data["train"]["party_b"][:n]}
 
 
+@PENDING_JAX_LAYERS
 def test_the_recorder_keeps_the_chosen_epochs_steps_and_parties_of_its_latest_fit(data):
     model, x, y = _three_party(), _x(data), data["y"][:64]
     recorder = MessageRecorder(epochs=(1, 2), max_steps=1, parties="party_c")
@@ -165,6 +181,7 @@ def test_the_recorder_keeps_the_chosen_epochs_steps_and_parties_of_its_latest_fi
         recorder.steps()  # cleared at the start of every fit: epoch 0 only, not recorded
 
 
+@PENDING_JAX_LAYERS
 def test_a_recorder_for_an_unknown_party_fails_at_the_start_of_fit(data):
     with pytest.raises(ValueError, match=r"\['party_z'\] are not followers.*party_a"):
         _three_party().fit(_x(data), data["y"][:64], epochs=1, verbose=0,

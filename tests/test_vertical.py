@@ -19,7 +19,15 @@ import numpy as np
 import pytest
 
 from crosspath import assert_bits_are_the_sign
-from vertical_stubs import bottom, compile_model, is_zero_one, top, two_party, two_party_data
+from vertical_stubs import (
+    PENDING_JAX_LAYERS,
+    bottom,
+    compile_model,
+    is_zero_one,
+    top,
+    two_party,
+    two_party_data,
+)
 
 import keras_fedpriv as kf
 from keras_fedpriv.federated import (
@@ -31,11 +39,6 @@ from keras_fedpriv.federated import (
 from keras_fedpriv.backend import BackendNotSupportedError
 
 pytestmark = [pytest.mark.jax]
-
-# The protection layers (EmbeddingDPLayer, LabelDPLayer) on JAX come with their own port;
-# until then the tests that train with them run on TensorFlow only.
-PENDING_JAX_LAYERS = pytest.mark.skipif(
-    keras.backend.backend() == "jax", reason="EmbeddingDPLayer / LabelDPLayer not yet on JAX")
 
 
 @pytest.fixture(scope="module")
