@@ -13,12 +13,11 @@ Target: VerticalModel >= 0.9x the plain model.
 
 Usage::
 
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/vertical_throughput.py            # full run
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/vertical_throughput.py --quick    # smoke run
-    KERAS_BACKEND=jax .venv/bin/python bench/vertical_throughput.py                 # on JAX
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/vertical_throughput.py          # updates docs
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/vertical_throughput.py --quick  # no docs
+    KERAS_BACKEND=jax .venv/bin/python bench/vertical_throughput.py               # on JAX
 
-Prints a table (it does not write docs/benchmarks.md: the numbers are per backend and
-machine; record them there by hand with the command).
+A full run writes the section ``vertical_throughput_<backend>`` of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -34,8 +33,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+import _report  # noqa: E402
 from keras_fedpriv.federated import VerticalModel  # noqa: E402
 
 PARTIES = ("alice", "bob", "carol")
@@ -101,10 +102,23 @@ def main(argv=None):
     plain = rows_per_second(plain_model(), x, y, batch_size, epochs)
     vertical = rows_per_second(vertical_model(), x, y, batch_size, epochs)
     ratio = vertical / plain
-    print(f"backend {keras.backend.backend()}, {rows} rows, batch {batch_size}, "
-          f"{len(PARTIES)} parties (leader {LEADER!r} with a bottom), best of {epochs} epochs")
-    print(f"| model | rows/s |\n|---|---|\n| plain keras.Model | {plain:,.0f} |\n"
-          f"| VerticalModel | {vertical:,.0f} |\n| ratio | {ratio:.2f} (target >= {TARGET}) |")
+    backend = keras.backend.backend()
+    setup = (f"Keras backend {backend}, {rows} rows, batch {batch_size}, {len(PARTIES)} parties "
+             f"(leader {LEADER!r} with a bottom), best of {epochs} epochs after a warm-up epoch")
+    table = _report.markdown_table(
+        ["model", "training rows/s"],
+        [["plain keras.Model", f"{plain:,.0f}"], ["VerticalModel", f"{vertical:,.0f}"],
+         ["ratio", f"{ratio:.2f} (target >= {TARGET})"]])
+    print(setup)
+    print(table)
+    if not args.quick:
+        command = ("KERAS_BACKEND=jax " if backend == "jax" else "TF_CPP_MIN_LOG_LEVEL=3 ") + \
+            ".venv/bin/python bench/vertical_throughput.py"
+        body = (f"## VerticalModel training speed ({backend})\n\n"
+                f"`{command}` ({_report.today()}; {_report.machine()}). {setup}. "
+                f"VerticalModel.fit against one keras.Model of the same layers, same data.\n\n"
+                f"{table}\n")
+        print(f"updated {_report.update_section(f'vertical_throughput_{backend}', body)}")
     return 0
 
 

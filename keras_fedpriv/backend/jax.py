@@ -387,14 +387,24 @@ def traced_check_errors() -> tuple[type, ...]:
     return ()
 
 
-def wrap_step_function(function: Callable[..., Any],
-                       after: Callable[[Any], Any]) -> Callable[..., Any]:
+def wrap_step_function(function: Callable[..., Any], after: Callable[[Any], Any],
+                       model: Any) -> Callable[..., Any]:
     """Keras' JAX step function ``function(state, iterator) -> (outputs, state)``, with
-    ``after(outputs)`` run on the outputs of every call."""
+    ``after(outputs)`` run on the outputs of every call.
+
+    During JAX's ``fit``/``evaluate``/``predict`` the model's variables do not hold their
+    values (the state does), so ``after`` runs in a `keras.StatelessScope` that maps the
+    model's trainable and non-trainable variables to the new state: what it reads (e.g. a
+    layer's input-error flags) is the value after the step.
+    """
 
     def step(state, iterator):
         outputs, state = function(state, iterator)
-        return after(outputs), state
+        variables = list(model.trainable_variables) + list(model.non_trainable_variables)
+        values = list(state[0]) + list(state[1])
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            outputs = after(outputs)
+        return outputs, state
 
     return step
 

@@ -367,10 +367,11 @@ def traced_check_errors() -> tuple[type, ...]:
     return (tf.errors.InvalidArgumentError,)
 
 
-def wrap_step_function(function: Callable[..., Any],
-                       after: Callable[[Any], Any]) -> Callable[..., Any]:
+def wrap_step_function(function: Callable[..., Any], after: Callable[[Any], Any],
+                       model: Any) -> Callable[..., Any]:
     """Keras' step function ``function(iterator) -> outputs``, with ``after(outputs)``
-    run on what every call returns."""
+    run on what every call returns (the model's variables hold their values)."""
+    del model
 
     def step(iterator):
         return after(function(iterator))
