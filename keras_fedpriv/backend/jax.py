@@ -388,19 +388,24 @@ def traced_check_errors() -> tuple[type, ...]:
 
 
 def wrap_step_function(function: Callable[..., Any], after: Callable[[Any], Any],
-                       model: Any) -> Callable[..., Any]:
+                       reads_state: Callable[[], bool], model: Any) -> Callable[..., Any]:
     """Keras' JAX step function ``function(state, iterator) -> (outputs, state)``, with
     ``after(outputs)`` run on the outputs of every call.
 
     During JAX's ``fit``/``evaluate``/``predict`` the model's variables do not hold their
-    values (the state does), so ``after`` runs in a `keras.StatelessScope` that maps the
-    model's trainable and non-trainable variables to the new state: what it reads (e.g. a
-    layer's input-error flags) is the value after the step.
+    values (the state does). When ``reads_state()``, ``after`` runs in a
+    `keras.StatelessScope` that maps the model's trainable and non-trainable variables to
+    the new state: what it reads (e.g. a layer's input-error flags) is the value after the
+    step.
     """
+    variables = []
 
     def step(state, iterator):
         outputs, state = function(state, iterator)
-        variables = list(model.trainable_variables) + list(model.non_trainable_variables)
+        if not reads_state():
+            return after(outputs), state
+        if not variables:  # fixed once the step function exists
+            variables.extend(list(model.trainable_variables) + list(model.non_trainable_variables))
         values = list(state[0]) + list(state[1])
         with keras.StatelessScope(state_mapping=list(zip(variables, values))):
             outputs = after(outputs)

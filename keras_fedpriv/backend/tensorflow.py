@@ -368,10 +368,11 @@ def traced_check_errors() -> tuple[type, ...]:
 
 
 def wrap_step_function(function: Callable[..., Any], after: Callable[[Any], Any],
-                       model: Any) -> Callable[..., Any]:
+                       reads_state: Callable[[], bool], model: Any) -> Callable[..., Any]:
     """Keras' step function ``function(iterator) -> outputs``, with ``after(outputs)``
-    run on what every call returns (the model's variables hold their values)."""
-    del model
+    run on what every call returns (the model's variables hold their values: JAX's
+    ``reads_state`` and ``model`` are not needed)."""
+    del reads_state, model
 
     def step(iterator):
         return after(function(iterator))

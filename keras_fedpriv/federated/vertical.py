@@ -815,6 +815,10 @@ class VerticalModel(keras.Model):
             self._dispatch(logs.pop(_MESSAGES_KEY))
         return logs
 
+    def _after_reads_state(self):
+        """Whether `_after_step` reads variables (the input-error flags of the layers)."""
+        return bool(self._input_flag_layers())
+
     def _after_step(self, outputs):
         self.check_input_errors()
         return outputs
@@ -824,7 +828,8 @@ class VerticalModel(keras.Model):
             return self.train_function
         super().make_train_function(force=True)
         self.train_function = backend.impl().wrap_step_function(self.train_function,
-                                                                self._after_train_step, self)
+                                                                self._after_train_step,
+                                                                self._after_reads_state, self)
         return self.train_function
 
     def make_test_function(self, force: bool = False) -> Callable[..., Any]:
@@ -832,7 +837,8 @@ class VerticalModel(keras.Model):
             return self.test_function
         super().make_test_function(force=True)
         self.test_function = backend.impl().wrap_step_function(self.test_function,
-                                                               self._after_step, self)
+                                                               self._after_step,
+                                                               self._after_reads_state, self)
         return self.test_function
 
     def make_predict_function(self, force: bool = False) -> Callable[..., Any]:
@@ -840,7 +846,8 @@ class VerticalModel(keras.Model):
             return self.predict_function
         super().make_predict_function(force=True)
         self.predict_function = backend.impl().wrap_step_function(self.predict_function,
-                                                                  self._after_step, self)
+                                                                  self._after_step,
+                                                                  self._after_reads_state, self)
         return self.predict_function
 
     def _dispatch(self, captured):
