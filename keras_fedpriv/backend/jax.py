@@ -287,11 +287,11 @@ def vjp(fn: Callable[[Any], tuple[list[Any], Any]], variables: list[Any],
     ``(gradients of variables, gradients of inputs)`` (zeros where an output
     does not depend on one). Here ``fn`` runs as a function of the values of
     ``variables`` (and of ``inputs``) under `jax.vjp`, inside the step that
-    `stateful_call` or a `VerticalModel` step opened: the other variables'
+    `party_function` or a `VerticalModel` step opened: the other variables'
     updates (random counters, release counts) go back into that step.
     """
     if not _STEPS:
-        raise RuntimeError("keras_fedpriv.backend.jax.vjp runs inside stateful_call or a "
+        raise RuntimeError("keras_fedpriv.backend.jax.vjp runs inside party_function or a "
                            "VerticalModel step.")
     step_variables, outer = _STEPS[-1]
     ids = {id(v) for v in variables}
@@ -315,16 +315,6 @@ def vjp(fn: Callable[[Any], tuple[list[Any], Any]], variables: list[Any],
         return pull(seeds)
 
     return outputs, aux, pullback
-
-
-def stateful_call(variables: list[Any], fn: Callable[[], Any]) -> Any:
-    """``fn()``, which reads and updates ``variables``: run in a step over their current
-    values (so `vjp` works inside), the new values assigned after."""
-    variables = list(variables)
-    out, values = _in_step(variables, [v.value for v in variables], fn)
-    for v, value in zip(variables, values):
-        v.assign(value)
-    return out
 
 
 def party_function(fn: Callable[..., Any], signature: list[Any],

@@ -327,12 +327,6 @@ def vjp(fn: Callable[[Any], tuple[list[Any], Any]], variables: list[Any],
     return outputs, aux, pullback
 
 
-def stateful_call(variables: list[Any], fn: Callable[[], Any]) -> Any:
-    """``fn()``, which reads and updates ``variables`` (TensorFlow: as is)."""
-    del variables
-    return fn()
-
-
 def party_function(fn: Callable[..., Any], signature: list[Any],
                    variables: Callable[[], list[Any]]) -> Callable[..., Any]:
     """A party's step, compiled once for any batch size: a `tf.function` with the input
