@@ -156,3 +156,22 @@ def inside_trace():
 
 
 # == end of training steps ==
+
+
+# == attacks (attacks/gradient_inversion.py) ==
+
+
+def value_and_grad(fn):
+    """``fn``'s value and its gradients with respect to all its (array) arguments, as a
+    function of the same arguments; differentiable again."""
+    def value_and_grads(*args):
+        return jax.value_and_grad(fn, argnums=tuple(range(len(args))))(*args)
+    return value_and_grads
+
+
+def compiled(fn):
+    """``fn`` compiled with ``jax.jit``."""
+    return jax.jit(fn)
+
+
+# == end of attacks ==
