@@ -387,8 +387,9 @@ def _idlg(flat, tv, sizes, num_classes, lr_local, rng):
 def _quiet_retracing():
     """Silence TensorFlow's "triggered tf.function retracing" warning for one attack.
 
-    Every call builds its own small tf.function around the caller's model; the
-    warning (after 5 such calls) would be noise. The logger's level is restored.
+    On TensorFlow every call builds its own small tf.function around the
+    caller's model; the warning (after 5 such calls) would be noise. The
+    logger's level is restored (on JAX nothing logs there).
     """
     import logging
 
@@ -562,8 +563,8 @@ def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
             after every step (e.g. ``(0, 1)`` for images scaled to [0, 1]).
         restarts: number of random restarts (integer >= 1).
         seed: None or a non-negative int for the dummy initialization and
-            iDLG's tie-breaking (reproducible on one machine with one
-            TensorFlow build). No global RNG is read or changed.
+            iDLG's tie-breaking (reproducible on one machine with one Keras
+            backend and build). No global RNG is read or changed.
         history_every: record the distance every this many steps.
 
     Returns:
