@@ -39,7 +39,8 @@ def local_training(model, batch_size, x_spec, y_spec, bn_variables):
     ``jax.value_and_grad``, ``optimizer.stateless_apply``) run over the
     mini-batches from the host; the model's whole state (weights,
     BatchNormalization statistics, random-generator states, optimizer) is
-    carried through the steps and written back at the end. A step is compiled
+    carried through the steps and written back at the end (after an error too:
+    random states and release counters never go back). A step is compiled
     once per batch shape: the full batch and each distinct short last batch.
     """
     import jax
@@ -84,13 +85,15 @@ def local_training(model, batch_size, x_spec, y_spec, bn_variables):
         starts = [(e * n + b, e * n + min(b + batch_size, n))
                   for e in range(len(order) // n) for b in range(0, n, batch_size)]
         losses = []
-        for start, stop in starts:
-            idx = order[start:stop]
-            state, loss = step(state, x[idx], y[idx])
-            losses.append(loss)
-        for refs, values in zip((tv_refs, ntv_refs, opt_refs), state):
-            for v, value in zip(refs, values):
-                v.assign(value)
+        try:
+            for start, stop in starts:
+                idx = order[start:stop]
+                state, loss = step(state, x[idx], y[idx])
+                losses.append(loss)
+        finally:  # even after an error: random states and counters never go back
+            for refs, values in zip((tv_refs, ntv_refs, opt_refs), state):
+                for v, value in zip(refs, values):
+                    v.assign(value)
         deltas = [np.asarray(v, np.float32) - np.asarray(w, np.float32)
                   for v, w in zip(state[0], global_weights)]
         total = float(np.sum(np.asarray(jax.device_get(losses), np.float32)))
