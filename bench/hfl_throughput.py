@@ -242,7 +242,8 @@ def main(argv=None):
         return
     train_table = _report.markdown_table(
         ["local epochs E", "client updates/s, HorizontalFL", "client updates/s, model.fit loop",
-         "rows/s, HorizontalFL", "rows/s, model.fit loop", "speed-up (median)", "IQR", f">= {TRAIN_TARGET:g}x?"], train_rows)
+         "rows/s, HorizontalFL", "rows/s, model.fit loop", "speed-up (median)", "IQR",
+         f">= {TRAIN_TARGET:g}x?"], train_rows)
     magrr_table = _report.markdown_table(
         ["clients per round", "ms per client, one eager call per client (before)",
          "ms per client, vectorized", "speed-up (median)", f"<= {MAGRR_TARGET_MS:g} ms?"],
