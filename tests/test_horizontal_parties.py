@@ -9,6 +9,8 @@ import pytest
 from keras_fedpriv.callbacks import MagRR
 from keras_fedpriv.federated.horizontal_parties import HorizontalServer, LocalTrainer, shuffle_order
 from keras_fedpriv.federated.uploads import GaussianUpload, MalformedUpload
+from keras_fedpriv.layers.release_counter import FRESH_ANON, ReleaseCounterMixin
+from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.optimizers import SignDSEncoder
 from keras_fedpriv.optimizers.signds import flatten_update
@@ -163,3 +165,41 @@ def test_local_training_carries_the_models_random_state_from_call_to_call():
     first, _, _ = trainer.train(start, x[:32], y[:32], order, [])
     second, _, _ = trainer.train(start, x[:32], y[:32], order, [])
     assert not np.allclose(first, second)
+
+
+@keras.saving.register_keras_serializable(package="test_horizontal_parties")
+class _Flip(ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
+    """Negates each input with probability 1/2 from the layer's secret per-call words."""
+
+    _rng_salt = 0x4F1
+
+    def __init__(self, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self._init_rng(seed)
+        self._init_release_counter()
+
+    def call(self, x):
+        words = self._next_words(keras.ops.shape(x))
+        self._count_release(FRESH_ANON, keras.ops.shape(x)[0])
+        return keras.ops.where(keras.ops.less(words, np.uint32(2**31)), -x, x)
+
+
+def test_local_training_advances_a_layers_secret_stream_and_counts_every_step():
+    """A protection layer inside the client's model: its counter moves once per step and its
+    release counts grow, across calls (the stream is never rewound or replayed)."""
+    x, y = digits()
+    keras.utils.set_random_seed(1)
+    flip = _Flip(name="flip")
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(8), flip,
+                              keras.layers.Dense(10)])
+    model.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    start = [w.copy() for w in model.get_weights()]
+    trainer = LocalTrainer(model, 16, (x.shape[1:], x.dtype), (y.shape[1:], y.dtype))
+    order = np.arange(40, dtype=np.int32)  # batches of 16, 16 and 8
+    first, _, _ = trainer.train(start, x[:40], y[:40], order, [])
+    assert flip.noise_draws == 3 and flip.release_calls()["fresh_without_ids"] == 3
+    second, _, _ = trainer.train(start, x[:40], y[:40], order, [])
+    assert flip.noise_draws == 6 and flip.release_calls()["fresh_without_ids"] == 6
+    assert not np.allclose(first, second)  # fresh signs, not the first call's again
+    assert len(model.get_weights()) == len(start)  # the stream is no weight
