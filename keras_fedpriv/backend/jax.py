@@ -253,7 +253,8 @@ COUNT_DTYPE = "int32"
 
 # -- horizontal: local training --
 
-def local_training(model, batch_size, x_spec, y_spec, bn_variables):
+def local_training(model: Any, batch_size: int, x_spec: Any, y_spec: Any,
+                   bn_variables: Any) -> Any:
     """A client's whole local training with a compiled Keras model (the contract:
     `keras_fedpriv.backend.tensorflow.local_training`).
 
@@ -266,10 +267,6 @@ def local_training(model, batch_size, x_spec, y_spec, bn_variables):
     random states and release counters never go back). A step is compiled
     once per batch shape: the full batch and each distinct short last batch.
     """
-    import jax
-    import keras
-    import numpy as np
-
     del x_spec, y_spec  # every batch shape is compiled on first use
     opt = model.optimizer
     tv_refs = list(model.trainable_variables)

@@ -288,7 +288,8 @@ COUNT_DTYPE = "int64"
 
 # -- horizontal: local training --
 
-def local_training(model, batch_size, x_spec, y_spec, bn_variables):
+def local_training(model: Any, batch_size: int, x_spec: Any, y_spec: Any,
+                   bn_variables: Any) -> Any:
     """A client's whole local training as one traced function of a compiled Keras model.
 
     The returned ``train(global_weights, x, y, order, bn_start)`` sets the
@@ -304,9 +305,6 @@ def local_training(model, batch_size, x_spec, y_spec, bn_variables):
     every client and round (``x_spec``, ``y_spec``: ``(shape, dtype)`` of one
     example's features and label).
     """
-    import numpy as np
-    import tensorflow as tf
-
     opt = model.optimizer
     tv = list(model.trainable_variables)
     if not opt.built:
