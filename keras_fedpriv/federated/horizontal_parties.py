@@ -12,7 +12,7 @@ same global model, because nothing a half computes depends on the runtime:
 * the server samples a round's clients from the sorted list of client ids
   with its own generator, and aggregates the uploads in client-id order.
 
-`LocalTrainer` is the traced local training of a compiled Keras model;
+`LocalTrainer` is the compiled local training of a compiled Keras model;
 `HorizontalClient` is one client (its data, the trainer, the upload scheme's
 client side, MagRR's client side); `HorizontalServer` is the server (client
 sampling, the check of every received upload, aggregation, BatchNormalization
