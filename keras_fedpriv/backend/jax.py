@@ -39,6 +39,15 @@ def graph_assert(condition: Any, data: list, summarize: int | None = None) -> No
     del condition, data, summarize
 
 
+def run_after(deps: list) -> Any:
+    """A context that changes nothing: JAX runs a traced function's operations in data
+    order and has no asserts to wait for (``deps`` is empty or None entries)."""
+    import contextlib
+
+    del deps
+    return contextlib.nullcontext()
+
+
 def non_dense_kind(value: Any) -> str | None:
     """What ``value`` is if it is a JAX sparse array, else None."""
     from jax.experimental import sparse

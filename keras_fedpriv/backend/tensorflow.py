@@ -70,6 +70,15 @@ def graph_assert(condition: Any, data: list, summarize: int | None = None) -> An
     return tf.debugging.Assert(condition, data, summarize=summarize)
 
 
+def run_after(deps: list) -> Any:
+    """A context whose operations run only after ``deps`` (the graph's asserts), so a
+    failed assert stops the draws and counts of the call (`tf.control_dependencies`: in a
+    ``tf.function`` an assert and a variable update are otherwise unordered)."""
+    import tensorflow as tf
+
+    return tf.control_dependencies([d for d in deps if d is not None])
+
+
 def non_dense_kind(value: Any) -> str | None:
     """What ``value`` is if it is one of TensorFlow's non-dense tensors, else None."""
     import tensorflow as tf

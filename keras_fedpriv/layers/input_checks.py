@@ -218,14 +218,12 @@ class InputErrorFlagMixin:
             self, np.zeros(len(self._input_error_reasons), np.int64), "input_errors")
 
     def _count_input_errors(self, bad, deps=()):
-        """Add the bool flags ``bad`` (one per reason) to the counter (traced path).
-
-        ``deps`` is accepted for callers that name what the count follows; the
-        counter's update is a stateful operation, which runs in program order
-        both in a TensorFlow function and in JAX's functional state updates.
-        """
-        del deps
-        return backend.impl().assign_add(self.input_errors, ops.cast(ops.stack(bad), "int32"))
+        """Add the bool flags ``bad`` (one per reason) to the counter (traced path),
+        after ``deps`` (TensorFlow graph ops, e.g. the asserts: where one fails, the
+        call raises and nothing is counted)."""
+        with backend.impl().run_after(list(deps)):
+            return backend.impl().assign_add(self.input_errors,
+                                             ops.cast(ops.stack(bad), "int32"))
 
     def check_input_errors(self):
         """Raise if a compiled call met invalid inputs since the last check.

@@ -209,25 +209,37 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
         mode, k = label_formats.resolve_mode(self.mode, tuple(labels.shape), self.num_classes)
         self._resolved = (mode, k)
         # Eagerly every check raises; in a trace (tf.function, XLA, jax.jit) the checks
-        # also give flags, and `_guard` makes the output safe where no assert runs.
-        # Stateful operations (asserts, counts, draws) run in program order on both
-        # backends, so every check precedes the draws and counts below.
+        # give flags and TensorFlow graph asserts, and `_guard` makes the output safe where
+        # no assert runs (XLA, JAX).
         eager = not any(backend.impl().is_traced(x) for x in (labels, example_ids, prior)
                         if x is not None)
         labels_ok = ids_ok = prior_ok = None
+        asserts = []
         if eager:
             label_formats.validate_eager(labels, mode, k)
         else:
             row_ok, _ = label_formats.rows_ok(labels, mode, k)
             labels_ok = ops.all(row_ok)
-            label_formats.graph_assert(labels, mode, k, row_ok=row_ok)
+            asserts.append(label_formats.graph_assert(labels, mode, k, row_ok=row_ok))
         class_ids = label_formats.to_class_ids(labels, mode)
         n = ops.shape(class_ids)[0]  # an int where static, else a scalar tensor
         ids = None
         if example_ids is not None:
-            ids, ids_ok, _ = input_checks.check_example_ids(example_ids, n, eager)
+            ids, ids_ok, id_asserts = input_checks.check_example_ids(example_ids, n, eager)
+            asserts += id_asserts
         if prior is not None:  # checked before anything is drawn or counted
-            prior, prior_ok, _ = label_formats.check_prior(prior, mode, k, n, eager)
+            prior, prior_ok, prior_asserts = label_formats.check_prior(prior, mode, k, n, eager)
+            asserts += prior_asserts
+        with backend.impl().run_after(asserts):  # nothing is drawn or counted for a failed check
+            noisy, words = self._randomize(class_ids, ids, prior, k, n)
+            if not eager:
+                noisy = self._guard(noisy, words, k, labels_ok, ids_ok, prior_ok)
+            out = label_formats.from_class_ids(noisy, labels, mode, k)
+        return ops.cast(out, "bool") if out_dtype == "bool" else out
+
+    def _randomize(self, class_ids, ids, prior, k, n):
+        """Randomized class ids and the two noise words per label they came from; counts
+        the release."""
         if prior is not None or self.per_batch:
             # Fresh noise: a new release of every example in the call.
             both = self._next_words((2, n))
@@ -250,13 +262,8 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
                 "epochs: E epochs cost E * eps).")
         if prior is not None:
             self._count_release(rc.PRIOR, n)
-            noisy = rr_with_prior(class_ids, prior, self.eps, noise=list(words))
-        else:
-            noisy = kary_randomized_response(class_ids, k, self.eps, noise=list(words))
-        if not eager:
-            noisy = self._guard(noisy, words, k, labels_ok, ids_ok, prior_ok)
-        out = label_formats.from_class_ids(noisy, labels, mode, k)
-        return ops.cast(out, "bool") if out_dtype == "bool" else out
+            return rr_with_prior(class_ids, prior, self.eps, noise=list(words)), words
+        return kary_randomized_response(class_ids, k, self.eps, noise=list(words)), words
 
     def _guard(self, noisy, words, k, labels_ok, ids_ok, prior_ok):
         """Traced path: where no assert runs (XLA, JAX), never release a batch
