@@ -97,7 +97,7 @@ def test_the_xla_error_counter_raises_once_on_the_host_and_resets():
                                          r"Those outputs were replaced"):
         layer.check_input_errors()
     layer.check_input_errors()  # reset by the first check
-    assert np.asarray(layer.input_errors).tolist() == [0, 0]
+    assert layer.input_errors.numpy().tolist() == [0, 0]
 
 
 def test_find_repeat_names_the_position_and_the_earlier_one():
