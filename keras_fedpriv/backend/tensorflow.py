@@ -4,11 +4,267 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import tensorflow as tf
+
+from keras_fedpriv.backend.private import resource_variable_class
+
 # Each section below is one part of the interface; keras_fedpriv/backend/tensorflow.py and
 # keras_fedpriv/backend/jax.py define the same names in the same sections.
 
 # == secret random stream and local state (layers/secret_rng.py, layers/release_counter.py) ==
 
+
+_SKIP = 256  # RngReadAndSkip(delta=1) advances a Philox state by 256 (tests pin this)
+_PHILOX = 1  # TensorFlow's RNG algorithm id for Philox-4x32-10
+
+
+class _LocalVariable(resource_variable_class()):
+    """A variable built directly, bypassing `tf.distribute`'s creator: one copy
+    shared by all replicas, and (not being a `keras.Variable`) no Keras weight."""
+
+
+class _MonotoneVariable(_LocalVariable):
+    """A local variable that a checkpoint restore can only move forward.
+
+    `tf.train.Checkpoint.restore` / ``read`` (and every path built on it)
+    assign ``max(live value, saved value)`` elementwise: restoring a file
+    saved earlier never rewinds a random counter (which would replay noise
+    already sent) or a release count (which would under-count).
+    """
+
+    def _restore_from_tensors(self, restored_tensors):
+        restored = tf.cast(restored_tensors["VARIABLE_VALUE"], self.dtype)
+        return self.assign(tf.maximum(self.read_value(), tf.reshape(restored, self.shape)))
+
+
+class SecretKeyVariable(_LocalVariable):
+    """Key variable whose value is left out of every TensorFlow checkpoint.
+
+    Unless ``keep_when_saved`` (the key came from an explicit seed), it
+    serializes as zeros (flag 0 = "no key") and restoring draws a fresh key
+    (``fresh_value``, set by the layer).
+    """
+
+    keep_when_saved = False
+
+    def _serialize_to_tensors(self):
+        if self.keep_when_saved:
+            return super()._serialize_to_tensors()
+        return {"VARIABLE_VALUE": tf.zeros(self.shape, self.dtype)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        if self.keep_when_saved:
+            return super()._restore_from_tensors(restored_tensors)
+        for hook in self.fresh_key_hooks:  # e.g. the layer's key-generation count
+            hook()
+        return self.assign(self.fresh_value())
+
+
+class _FreshKeyAtLoad(tf.saved_model.experimental.TrackableResource):
+    """Draws a fresh key for an unseeded ``rng_key`` when a SavedModel is loaded.
+
+    Saved SavedModel resources are initialized by the loader right after the
+    variables are restored (``tf.saved_model.load`` runs ``_initialize``
+    eagerly; the C++ loader runs it in the model's init op), never inside a
+    compiled serving function. A key restored as zeros (flag 0, "no key")
+    gets two words from `_nondeterministic_key`, which is OS-entropy seeded
+    there; a seeded key (flag 1) is kept.
+    """
+
+    def __init__(self, key_variable):
+        super().__init__()
+        self._key_variable = key_variable
+        # Saved with the resource even where no endpoint captures the key.
+        self._track_trackable(key_variable, name="key")
+
+    def _create_resource(self):
+        # A placeholder handle: the resource exists only for its initializer.
+        return tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[], shared_name="")
+
+    def _initialize(self):
+        key = self._key_variable
+        value = key.read_value()
+        fresh = tf.concat([_nondeterministic_key(), tf.constant([1], tf.int64)], axis=0)
+        return key.assign(tf.where(tf.equal(value[2], 0), fresh, value))
+
+
+def _nondeterministic_key():
+    """Two fresh key words from TF's per-kernel OS-entropy seeding (seed=seed2=0).
+
+    Run by `_FreshKeyAtLoad` when a SavedModel is loaded (outside XLA). As a
+    last resort `key_words` also uses it if the key is still unset at call
+    time (a loader that skipped the init op). This op is NOT a secret source
+    under XLA (XLA seeds it deterministically), which is why keys are always
+    drawn on the host or at load time.
+    """
+    return tf.raw_ops.RandomUniformInt(
+        shape=[2], minval=tf.constant(1, tf.int64), maxval=tf.constant(2**32, tf.int64),
+        seed=0, seed2=0)
+
+
+def new_key_variable(owner: Any, value: np.ndarray, keep_when_saved: bool, fresh_value: Any):
+    """The layer's ``rng_key``: ``value`` = ``[k0, k1, 1]`` (int64).
+
+    Left out of every TensorFlow checkpoint unless ``keep_when_saved``
+    (restoring draws ``fresh_value()``), and given a fresh key when a
+    SavedModel is loaded (a `_FreshKeyAtLoad` resource kept on ``owner``).
+    """
+    key = SecretKeyVariable(np.asarray(value, np.int64), trainable=False, name="rng_key")
+    key.keep_when_saved = keep_when_saved
+    key.fresh_key_hooks = []
+    key.fresh_value = fresh_value
+    owner._key_at_load = _FreshKeyAtLoad(key)
+    return key
+
+
+def add_fresh_key_hook(key: Any, hook: Any) -> None:
+    """Call ``hook()`` whenever a restore gives ``key`` a fresh value."""
+    key.fresh_key_hooks.append(hook)
+
+
+def new_counter_variable(owner: Any):
+    """The layer's ``rng_counter``: a Philox state that `next_call` advances atomically."""
+    return _MonotoneVariable(np.zeros(3, np.int64), trainable=False, name="rng_counter")
+
+
+def local_variable(owner: Any, value: Any, name: str, monotone: bool = False,
+                   cls: type | None = None):
+    """A variable that is not a Keras weight (never in ``get_weights``), shared by all
+    replicas; ``monotone``: a checkpoint restore only moves it forward. ``cls``: a
+    subclass of `local_variable_class` with its own restore rule."""
+    cls = cls or (_MonotoneVariable if monotone else _LocalVariable)
+    return cls(np.asarray(value), trainable=False, name=name)
+
+
+def local_variable_class() -> type:
+    """The class of `local_variable`'s variables (to subclass its restore rule)."""
+    return _LocalVariable
+
+
+def is_local_variable(value: Any) -> bool:
+    """Whether ``value`` is one of the package's local variables (or any TF variable)."""
+    return isinstance(value, tf.Variable)
+
+
+def read(variable: Any) -> Any:
+    """The variable's current value as a tensor (in a trace: the traced value)."""
+    return variable.read_value()
+
+
+def to_numpy(variable: Any) -> np.ndarray:
+    """The variable's value on the host."""
+    return np.asarray(variable.numpy())
+
+
+def assign(variable: Any, value: Any) -> Any:
+    return variable.assign(tf.cast(value, variable.dtype))
+
+
+def assign_add(variable: Any, delta: Any) -> Any:
+    return variable.assign_add(tf.cast(delta, variable.dtype))
+
+
+def scatter_add(variable: Any, indices: Any, values: Any) -> Any:
+    """``variable[indices] += values`` (duplicates add up), atomic under concurrent calls."""
+    return variable.scatter_add(tf.IndexedSlices(tf.cast(values, variable.dtype), indices))
+
+
+def gather(variable: Any, indices: Any) -> Any:
+    return variable.sparse_read(indices)
+
+
+def outside_trace():
+    """A context where variables are created outside any trace (``tf.init_scope``)."""
+    return tf.init_scope()
+
+
+def key_words(key: Any) -> Any:
+    """The two key words (int64 tensor (2,)); a fresh key if the key is unset (flag 0)."""
+    value = key.read_value()
+    return tf.cond(tf.equal(value[2], 0), _nondeterministic_key, lambda: value[:2])
+
+
+def _next_key_counter(key, counter, salt):
+    """Philox key (uint64 (1,)) and a fresh counter (uint64 (2,)) for one call.
+
+    Key: the 64-bit secret with ``salt`` XOR-ed into its high word. Counter:
+    ``[0, call index]``; the call index comes from an atomic fetch-and-add on
+    the shared counter variable, so concurrent calls and replicas never get
+    the same one.
+    """
+    # The read registers the variable as captured (a raw handle is not), so
+    # model.export() tracks it; the read itself is pruned from the graph.
+    counter.read_value()
+    state = tf.raw_ops.RngReadAndSkip(resource=counter.handle, alg=1,
+                                      delta=tf.constant(1, tf.uint64))
+    words = tf.cast(key_words(key), tf.int64)
+    high = tf.bitwise.bitwise_xor(words[1], tf.constant(salt, tf.int64))
+    key64 = tf.bitwise.bitwise_or(words[0], tf.bitwise.left_shift(high, tf.constant(32, tf.int64)))
+    call = tf.bitcast(state[0] // _SKIP, tf.uint64)
+    return (tf.reshape(tf.bitcast(key64, tf.uint64), [1]),
+            tf.stack([tf.constant(0, tf.uint64), call]))
+
+
+def next_words(key: Any, counter: Any, salt: int, shape: Any) -> Any:
+    """uint32 words of ``shape``, fresh at every call (the counter advances)."""
+    k, c = _next_key_counter(key, counter, salt)
+    return tf.raw_ops.StatelessRandomUniformFullIntV2(
+        shape=shape, key=k, counter=c, alg=_PHILOX, dtype=tf.uint32)
+
+
+def next_normal(key: Any, counter: Any, salt: int, shape: Any, dtype: Any) -> Any:
+    """Standard normal noise of ``shape``, fresh at every call."""
+    k, c = _next_key_counter(key, counter, salt)
+    return tf.raw_ops.StatelessRandomNormalV2(
+        shape=shape, key=k, counter=c, alg=_PHILOX, dtype=dtype)
+
+
+def noise_draws(counter: Any) -> int:
+    """How many calls drew from ``counter``."""
+    return int(counter.numpy()[0]) // _SKIP
+
+
+def counter_for_file(counter: Any) -> np.ndarray:
+    """The counter as saved in `.keras` files: ``[draws * 256, 0, 0]`` (int64), on every
+    backend (TensorFlow's Philox state), so files move between backends."""
+    return np.asarray(counter.numpy(), np.int64)
+
+
+def load_counter(counter: Any, saved: Any) -> None:
+    """Take the larger of the live and the saved counter (never rewind)."""
+    saved = np.asarray(saved, np.int64).reshape(counter.shape)
+    counter.assign(np.maximum(counter.numpy(), saved))
+
+
+
+class _ReleaseTotalsVariable(_LocalVariable):
+    """``release_totals``: a checkpoint restore merges with the layer's ``merge`` rule."""
+
+    def _restore_from_tensors(self, restored_tensors):
+        restored = restored_tensors["VARIABLE_VALUE"]
+        if not tf.executing_eagerly():  # a graph-mode restore: never rewind, keep the lineage
+            restored = tf.cast(tf.reshape(restored, [-1]), tf.int64)
+            if restored.shape[0] == self.shape[0] - 1:  # saved before lineages existed
+                restored = tf.concat([restored, tf.zeros([1], tf.int64)], 0)
+            keep = tf.one_hot(self.shape[0] - 1, self.shape[0], on_value=True, off_value=False)
+            live = self.read_value()
+            return self.assign(tf.where(keep, live, tf.maximum(live, restored)))
+        return self.assign(self.merge(self.numpy(), np.asarray(restored)))
+
+
+def release_totals_variable(owner: Any, value: np.ndarray, merge: Any):
+    """The layer's ``release_totals`` (int64; its last slot the lineage). A checkpoint
+    restore assigns ``merge(live, saved)`` (eagerly) or, in a graph, the elementwise
+    maximum keeping the live lineage."""
+    variable = _ReleaseTotalsVariable(np.asarray(value, np.int64), trainable=False,
+                                      name="release_totals")
+    variable.merge = merge
+    return variable
+
+
+#: The dtype of counts in traced code (JAX without x64 has no int64).
+COUNT_DTYPE = "int64"
 
 
 # == end of secret random stream ==

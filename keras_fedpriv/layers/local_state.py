@@ -29,7 +29,10 @@ from typing import Any, Iterable
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
+
+from keras_fedpriv.backend import impl
+from keras_fedpriv.backend.private import flatten_layers
 
 __all__ = ["Snapshot", "load_local_state", "local_state", "restore", "snapshot"]
 
@@ -45,15 +48,17 @@ def _sublayers(layers):
     for layer in layers:
         if layer is None:
             continue
-        for sub in layer._flatten_layers(include_self=True, recursive=True):
+        for sub in flatten_layers(layer, include_self=True):
             if id(sub) not in seen:
                 seen.add(id(sub))
                 out.append(sub)
     return out
 
 
-def _keras_state_variables(layers):
-    seen, out = set(), []
+def _keras_state_variables(layers, local):
+    """The non-trainable Keras variables of ``layers`` but the package's own local
+    variables (``local``: on JAX they are Keras variables too, kept by name instead)."""
+    seen, out = {id(v) for v in local}, []
     for layer in layers:
         if layer is None:
             continue
@@ -67,23 +72,28 @@ def _keras_state_variables(layers):
 def _entries(layers):
     """``([(name, variable)], [(j, layer with per-example counts)])`` of ``layers``."""
     layers = list(layers)
-    out = [(f"keras/{i}", v) for i, v in enumerate(_keras_state_variables(layers))]
-    counted = []
+    backend = impl()
+    local, counted = [], []
     for j, sub in enumerate(_sublayers(layers)):
         for attr in _LOCAL_ATTRS:
             var = getattr(sub, attr, None)
-            if isinstance(var, tf.Variable):
-                out.append((f"{j}/{attr}", var))
+            if backend.is_local_variable(var):
+                local.append((f"{j}/{attr}", var))
         key_use = getattr(sub, "_key_use", None)
         if key_use is not None:
-            out.append((f"{j}/key_used", key_use.variable))
+            local.append((f"{j}/key_used", key_use.variable))
         if hasattr(sub, "_release_id_counts_nonzero"):
             counted.append((j, sub))
-    return out, counted
+            for attr in ("_release_id_counts", "_release_id_max"):  # kept as slots/values
+                if getattr(sub, attr, None) is not None:
+                    local.append((None, getattr(sub, attr)))
+    own = [getattr(v, "state", v) for _, v in local]
+    out = [(f"keras/{i}", v) for i, v in enumerate(_keras_state_variables(layers, own))]
+    return out + [(name, v) for name, v in local if name is not None], counted
 
 
 def _value(variable):
-    return variable.value if isinstance(variable, keras.Variable) else variable.read_value()
+    return variable.value if isinstance(variable, keras.Variable) else impl().read(variable)
 
 
 def _sparse(counts):
@@ -151,7 +161,7 @@ def load_local_state(layers: Iterable[Any], state: dict[str, Any]) -> None:
         ids = np.asarray(state[f"{j}/release_id_slots"], np.int64).reshape(-1)
         values = np.asarray(state[f"{j}/release_id_values"], np.int64).reshape(-1)
         if ids.size or sub._release_id_counts is not None:
-            counts = np.zeros(sub._id_count_variable().shape, np.int32)
+            counts = np.zeros(tuple(sub._id_count_variable().shape), np.int32)
             counts[ids] = values
             sub._id_count_variable().assign(counts)
             if values.size:  # the running maximum: never behind the table it now holds
@@ -208,11 +218,12 @@ def snapshot(layers: Iterable[Any]) -> Snapshot:
         A `Snapshot` for `restore` (``.to_state()`` gives `local_state`'s format).
     """
     entries, counted = _entries(layers)
+    backend = impl()
     counts = {j: (None if sub._release_id_counts is None
-                  else sub._release_id_counts.read_value()) for j, sub in counted}
-    maxima = {j: sub._release_id_max.read_value() for j, sub in counted
+                  else ops.copy(backend.read(sub._release_id_counts))) for j, sub in counted}
+    maxima = {j: ops.copy(backend.read(sub._release_id_max)) for j, sub in counted
               if sub._release_id_counts is not None}
-    return Snapshot({name: tf.identity(_value(v)) for name, v in entries}, counts, maxima)
+    return Snapshot({name: ops.copy(_value(v)) for name, v in entries}, counts, maxima)
 
 
 def restore(layers: Iterable[Any], state: Snapshot | dict[str, Any]) -> None:
@@ -228,8 +239,8 @@ def restore(layers: Iterable[Any], state: Snapshot | dict[str, Any]) -> None:
         if t is not None:
             sub._id_count_variable().assign(t)
             if j in state.maxima:  # never behind the table it now holds (a scalar, no scan)
-                sub._raise_id_max(tf.reshape(state.maxima[j], [1]))
+                sub._raise_id_max(ops.reshape(state.maxima[j], [1]))
             else:
                 sub._raise_id_max(t)
         elif sub._release_id_counts is not None:
-            sub._release_id_counts.assign(tf.zeros_like(sub._release_id_counts))
+            sub._release_id_counts.assign(np.zeros(tuple(sub._release_id_counts.shape), np.int32))

@@ -53,10 +53,12 @@ import secrets
 import threading
 from typing import Any, Iterator
 
+import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
-from keras_fedpriv.layers.secret_rng import _LocalVariable, _MonotoneVariable
+from keras_fedpriv.backend import impl
+from keras_fedpriv.layers.secret_rng import local_variable
 
 __all__ = ["ID_CAPACITY", "ReleaseCounterMixin", "SLOTS", "busiest_bound"]
 
@@ -166,31 +168,52 @@ def refuse_if_behind(live: Any, saved: Any, owner: str) -> None:
             f"the state records.")
 
 
-class _ReleaseTotalsVariable(_LocalVariable):
-    """``release_totals``: a checkpoint restore merges with `merge_release_totals`."""
+def _totals_to_variable(totals):
+    """Host totals (int64, one per slot) in the variable's layout.
 
-    owner = "a protection layer"
+    With int64 in traced code (TensorFlow) the same array. On JAX (no int64
+    without x64) int32 counts, and the 62-bit lineage in two 31-bit parts: the
+    ``LINEAGE`` slot the low part, one more slot the high part.
+    """
+    totals = np.asarray(totals, np.int64).reshape(-1)
+    if impl().COUNT_DTYPE == "int64":
+        return totals
+    if np.any(totals[:LINEAGE] > 2**31 - 1):
+        raise ValueError("release counts beyond 2**31 - 1 cannot be kept on JAX (int32).")
+    out = np.zeros(len(SLOTS) + 1, np.int32)
+    out[:LINEAGE] = totals[:LINEAGE]
+    out[LINEAGE] = totals[LINEAGE] & (2**31 - 1)
+    out[LINEAGE + 1] = totals[LINEAGE] >> 31
+    return out
 
-    def _restore_from_tensors(self, restored_tensors):
-        restored = restored_tensors["VARIABLE_VALUE"]
-        if not tf.executing_eagerly():  # a graph-mode restore: never rewind, keep the lineage
-            restored = tf.cast(tf.reshape(restored, [-1]), tf.int64)
-            if restored.shape[0] == len(SLOTS) - 1:  # saved before lineages existed
-                restored = tf.concat([restored, tf.zeros([1], tf.int64)], 0)
-            keep = tf.one_hot(LINEAGE, len(SLOTS), on_value=True, off_value=False)
-            live = self.read_value()
-            return self.assign(tf.where(keep, live, tf.maximum(live, restored)))
-        return self.assign(merge_release_totals(self.numpy(), np.asarray(restored), self.owner))
+
+def _totals_from_variable(raw):
+    """Inverse of `_totals_to_variable`: int64, one per slot."""
+    raw = np.asarray(raw).astype(np.int64).reshape(-1)
+    if raw.size == len(SLOTS):
+        return raw
+    out = raw[:len(SLOTS)].copy()
+    out[LINEAGE] = raw[LINEAGE] | (raw[LINEAGE + 1] << 31)
+    return out
+
+
+def _slot_update(variable, slot, amount):
+    """A vector for ``variable`` (the totals) that adds ``amount`` to ``slot``."""
+    one_hot = np.zeros(variable.shape, np.int64)
+    one_hot[slot] = 1
+    return ops.convert_to_tensor(one_hot, impl().COUNT_DTYPE) * ops.cast(
+        amount, impl().COUNT_DTYPE)
 
 
 class _KeyUse:
-    """Holds the 'current key has released' flag (a plain object: never checkpointed)."""
+    """Holds the 'current key has released' flag (a plain object: never in a TensorFlow
+    checkpoint; on JAX the layer also keeps the variable, so ``fit`` carries it)."""
 
-    def __init__(self):
-        self.variable = _LocalVariable(np.int64(0), trainable=False, name="key_used")
+    def __init__(self, owner):
+        self.variable = local_variable(owner, np.int64(0), "key_used")
 
     def reset(self):
-        self.variable.assign(0)
+        self.variable.assign(np.zeros((), np.int64))
 
 
 class ReleaseCounterMixin:
@@ -199,25 +222,33 @@ class ReleaseCounterMixin:
     def _init_release_counter(self):
         totals = np.zeros(len(SLOTS), np.int64)
         totals[LINEAGE] = _new_lineage()
-        self.release_totals = _ReleaseTotalsVariable(totals, trainable=False, name=_TOTALS)
-        self.release_totals.owner = f"{type(self).__name__} {self.name!r}"
+        owner = f"{type(self).__name__} {self.name!r}"
+        self.release_totals = impl().release_totals_variable(
+            self, _totals_to_variable(totals),
+            lambda live, saved: merge_release_totals(live, saved, owner))
+        self.release_totals.owner = owner
         self._release_id_counts = None
         self._release_id_max = None
         self._release_lock = threading.Lock()
         # Whether the current key has made keyed releases. Kept out of every
         # checkpoint (a holder object is not tracked): a restored layer has a
         # fresh key, whose first keyed release starts a new generation.
-        self._key_use = _KeyUse()
-        self.rng_key.fresh_key_hooks.append(self._key_use.reset)
+        self._key_use = _KeyUse(self)
+        if impl().COUNT_DTYPE != "int64":  # JAX: the layer carries it through `fit`
+            self._key_used_slot = self._key_use.variable
+            self._id_count_variable()  # no variable can be created inside a JAX trace
+        impl().add_fresh_key_hook(self.rng_key, self._key_use.reset)
 
     def _count_key_generation(self, rows):
         """Count a new key generation at the first keyed release of the current key."""
-        called = tf.cast(tf.greater(rows, 0), tf.int64)
+        backend = impl()
+        called = ops.cast(ops.greater(rows, 0), backend.COUNT_DTYPE)
         used = self._key_use.variable
-        first = called * (1 - used.read_value())
-        update = tf.one_hot(KEY_GENERATIONS, len(SLOTS), dtype=tf.int64) * first
-        with tf.control_dependencies([self.release_totals.assign_add(update)]):
-            return used.assign(tf.maximum(used.read_value(), called))
+        first = called * (1 - ops.cast(backend.read(used), backend.COUNT_DTYPE))
+        backend.assign_add(self.release_totals,
+                           _slot_update(self.release_totals, KEY_GENERATIONS, first))
+        return backend.assign(used, ops.maximum(ops.cast(backend.read(used), backend.COUNT_DTYPE),
+                                                called))
 
     def _count_coordinates(self, coordinates):
         """Keep the largest number of coordinates per row released so far.
@@ -225,22 +256,23 @@ class ReleaseCounterMixin:
         An ``assign_add`` of the excess (the same op as every other count; a
         race between concurrent calls can only over-state the maximum).
         """
-        excess = tf.maximum(tf.cast(coordinates, tf.int64)
-                            - self.release_totals.read_value()[MAX_COORDINATES], 0)
-        self.release_totals.assign_add(
-            tf.one_hot(MAX_COORDINATES, len(SLOTS), dtype=tf.int64) * excess)
+        backend = impl()
+        excess = ops.maximum(ops.cast(coordinates, backend.COUNT_DTYPE)
+                             - backend.read(self.release_totals)[MAX_COORDINATES], 0)
+        backend.assign_add(self.release_totals,
+                           _slot_update(self.release_totals, MAX_COORDINATES, excess))
 
     # -- in the graph -------------------------------------------------------------------
     def _id_count_variable(self):
         with self._release_lock:
             if self._release_id_counts is None:
-                with tf.init_scope():
+                with impl().outside_trace():
                     # the maximum first: once the counts exist, so does their maximum
-                    self._release_id_max = _MonotoneVariable(
-                        np.int32(0), trainable=False, name="release_id_max")
-                    self._release_id_counts = _MonotoneVariable(
-                        np.zeros(ID_CAPACITY, np.int32), trainable=False,
-                        name="release_id_counts")
+                    self._release_id_max = local_variable(
+                        self, np.int32(0), "release_id_max", monotone=True)
+                    self._release_id_counts = local_variable(
+                        self, np.zeros(ID_CAPACITY, np.int32), "release_id_counts",
+                        monotone=True)
             return self._release_id_counts
 
     def _raise_id_max(self, counts):
@@ -249,9 +281,11 @@ class ReleaseCounterMixin:
         An ``assign_add`` of the excess, as for the largest row size: a race
         between concurrent calls can only over-state the maximum.
         """
-        top = tf.reduce_max(tf.concat([tf.reshape(counts, [-1]), tf.zeros([1], tf.int32)], 0))
-        excess = tf.maximum(top - self._release_id_max.read_value(), 0)
-        return self._release_id_max.assign_add(excess)
+        backend = impl()
+        counts = ops.cast(ops.reshape(counts, [-1]), "int32")
+        top = ops.max(ops.concatenate([counts, ops.zeros([1], "int32")], 0))
+        excess = ops.maximum(top - backend.read(self._release_id_max), 0)
+        return backend.assign_add(self._release_id_max, excess)
 
     def _count_release(self, slot, rows, example_ids=None):
         """Record one call of kind ``slot`` over ``rows`` rows (about ``example_ids`` if given).
@@ -259,26 +293,27 @@ class ReleaseCounterMixin:
         Per-id counts are kept for fresh-noise calls (``FRESH_IDS``); the
         other slots count calls only.
         """
-        called = tf.cast(tf.greater(rows, 0), tf.int64)
+        backend = impl()
+        wide = backend.COUNT_DTYPE
+        totals = self.release_totals
+        called = ops.cast(ops.greater(rows, 0), wide)
         if slot != FRESH_IDS:
-            self.release_totals.assign_add(tf.one_hot(slot, len(SLOTS), dtype=tf.int64) * called)
+            backend.assign_add(totals, _slot_update(totals, slot, called))
             return
-        ids = tf.cast(tf.reshape(example_ids, [-1]), tf.int64)
+        ids = ops.reshape(example_ids, [-1])
         # Ids that do not name every row (a wrong count) cannot be trusted to
         # count per example: the call then counts for every example instead.
-        match = tf.cast(tf.equal(tf.cast(tf.size(ids), tf.int64),
-                                 tf.cast(rows, tf.int64)), tf.int64)
-        outside = tf.cast(tf.reduce_any(tf.logical_or(ids < 0, ids >= ID_CAPACITY)), tf.int64)
-        update = (tf.one_hot(FRESH_IDS, len(SLOTS), dtype=tf.int64) * called * match
-                  + tf.one_hot(FRESH_ANON, len(SLOTS), dtype=tf.int64) * called * (1 - match)
-                  + tf.one_hot(FOLDED, len(SLOTS), dtype=tf.int64) * outside * match)
-        slots = tf.math.floormod(ids, ID_CAPACITY)
+        match = ops.cast(ops.equal(ops.size(ids), ops.cast(rows, "int32")), wide)
+        outside = ops.cast(ops.any(ops.logical_or(ids < 0, ids >= ID_CAPACITY)), wide)
+        update = (_slot_update(totals, FRESH_IDS, called * match)
+                  + _slot_update(totals, FRESH_ANON, called * (1 - match))
+                  + _slot_update(totals, FOLDED, outside * match))
+        slots = ops.cast(ops.mod(ids, ID_CAPACITY), "int32")
         counts = self._id_count_variable()
-        added = counts.scatter_add(tf.IndexedSlices(
-            tf.fill(tf.shape(slots), tf.cast(match, tf.int32)), slots))
-        with tf.control_dependencies([added]):  # this call's ids only, after their update
-            self._raise_id_max(counts.sparse_read(slots))
-        self.release_totals.assign_add(update)
+        backend.scatter_add(counts, slots, ops.full(ops.shape(slots), 1, "int32")
+                            * ops.cast(match, "int32"))
+        self._raise_id_max(backend.gather(counts, slots))  # this call's ids, after the update
+        backend.assign_add(totals, update)
 
     def _count_fresh_release(self, rows, example_ids, owner):
         """Record a fresh-noise call over ``rows`` rows: per example id with
@@ -287,15 +322,15 @@ class ReleaseCounterMixin:
         if example_ids is None:
             self._count_release(FRESH_ANON, rows)
             return
-        ids = tf.reshape(tf.convert_to_tensor(example_ids), [-1])
-        if not ids.dtype.is_integer:
-            raise TypeError(f"{owner}: `example_ids` must be integers; got dtype "
-                            f"{ids.dtype.name}.")
+        ids = ops.reshape(ops.convert_to_tensor(example_ids), [-1])
+        dtype = keras.backend.standardize_dtype(ids.dtype)
+        if "int" not in dtype:
+            raise TypeError(f"{owner}: `example_ids` must be integers; got dtype {dtype}.")
         self._count_release(FRESH_IDS, rows, ids)
 
     # -- on the host --------------------------------------------------------------------
     def _release_totals(self):
-        return self.release_totals.numpy()
+        return _totals_from_variable(impl().to_numpy(self.release_totals))
 
     def release_calls(self) -> dict[str, int]:
         """The calls counted so far, by kind (the release slots of ``SLOTS``).
@@ -320,7 +355,7 @@ class ReleaseCounterMixin:
         """
         if self._release_id_counts is None:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        counts = self._release_id_counts.numpy()
+        counts = impl().to_numpy(self._release_id_counts)
         ids = np.flatnonzero(counts)
         if ids.size:
             self._raise_id_max_to(int(counts[ids].max()))
@@ -333,7 +368,7 @@ class ReleaseCounterMixin:
         a call that counts in between is never overwritten by a smaller value.
         """
         self._id_count_variable()
-        self._raise_id_max(tf.constant([value], tf.int32))
+        self._raise_id_max(np.array([value], np.int32))
 
     def release_id_max(self) -> int:
         """The most fresh-noise releases about one example id so far (a scalar read).
@@ -347,7 +382,7 @@ class ReleaseCounterMixin:
         """
         if self._release_id_max is None:
             return 0
-        return int(self._release_id_max.numpy())
+        return int(impl().to_numpy(self._release_id_max))
 
     def _record_fresh_releases(self, ledger, kind, totals):
         """Add the fresh-noise calls to ``ledger`` as ``kind``: per example id, and the
@@ -373,7 +408,7 @@ class ReleaseCounterMixin:
         """
         totals = np.zeros(len(SLOTS), np.int64)
         totals[LINEAGE] = _new_lineage()
-        self.release_totals.assign(totals)
+        self.release_totals.assign(_totals_to_variable(totals))
         self._key_use.reset()
         if self._release_id_counts is not None:
             self._release_id_counts.assign(np.zeros(ID_CAPACITY, np.int32))
@@ -415,11 +450,11 @@ class ReleaseCounterMixin:
 
     def _load_release_counts(self, totals, id_counts):
         if totals is not None:
-            self.release_totals.assign(totals)
+            self.release_totals.assign(_totals_to_variable(totals))
         if id_counts is not None and id_counts[0].size:
             ids, values = id_counts
             variable = self._id_count_variable()
-            counts = variable.numpy()
+            counts = impl().to_numpy(variable).copy()
             counts[ids] = np.maximum(counts[ids], values)
             variable.assign(counts)
             self._raise_id_max_to(int(counts[ids].max()))

@@ -1,5 +1,15 @@
 """Secret-keyed randomness for the layers.
 
+What follows describes the TensorFlow backend; on JAX
+(`keras_fedpriv.backend.jax`) the key and counter are Keras variables held in
+``SeedGenerator``-like slots, which JAX's functional ``fit`` carries through
+``jit`` but which are never among the layer's weights; a `.keras` or
+`.weights.h5` file holds the counter only (in TensorFlow's layout, so files
+move between backends), there are no TensorFlow checkpoints or SavedModels to
+restore a key from, and per-call noise is JAX's Threefry keyed by the secret
+and the call index. Every guarantee below that names no TensorFlow-only path
+holds on both.
+
 Every randomized layer owns two variables. Neither is a Keras weight, so
 ``model.get_weights()`` / ``set_weights()`` (the usual way FL code exchanges
 weights) never carry them, and both are single variables shared by all
@@ -35,9 +45,8 @@ per call under XLA on CPU; the V2 ops cost nothing measurable.)
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
-from tensorflow.python.ops import resource_variable_ops
 
+from keras_fedpriv.backend import impl
 from keras_fedpriv.mechanisms.random import (
     draw_secret,
     seed_to_key_words,
@@ -46,8 +55,6 @@ from keras_fedpriv.mechanisms.random import (
 from keras_fedpriv.mechanisms.validation import validate_seed
 
 _COUNTER = "rng_counter"
-_SKIP = 256  # RngReadAndSkip(delta=1) advances a Philox state by 256 (tests pin this)
-_PHILOX = 1  # TensorFlow's RNG algorithm id for Philox-4x32-10
 
 
 def _key_value(seed):
@@ -56,87 +63,14 @@ def _key_value(seed):
     return np.array([words[0], words[1], 1], dtype=np.int64)
 
 
-class _LocalVariable(resource_variable_ops.ResourceVariable):
-    """A variable built directly, bypassing `tf.distribute`'s creator: one copy
-    shared by all replicas, and (not being a `keras.Variable`) no Keras weight."""
+def local_variable(owner, value, name, monotone=False):
+    """A variable of ``owner`` that is no Keras weight (see `keras_fedpriv.backend`).
 
-
-class _MonotoneVariable(_LocalVariable):
-    """A local variable that a checkpoint restore can only move forward.
-
-    `tf.train.Checkpoint.restore` / ``read`` (and every path built on it)
-    assign ``max(live value, saved value)`` elementwise: restoring a file
-    saved earlier never rewinds a random counter (which would replay noise
-    already sent) or a release count (which would under-count).
+    Assign the result to an attribute of ``owner`` (a Keras layer): on JAX
+    that is what makes the layer carry it through ``fit``. ``monotone``: a
+    TensorFlow checkpoint restore only moves it forward.
     """
-
-    def _restore_from_tensors(self, restored_tensors):
-        restored = tf.cast(restored_tensors["VARIABLE_VALUE"], self.dtype)
-        return self.assign(tf.maximum(self.read_value(), tf.reshape(restored, self.shape)))
-
-
-class SecretKeyVariable(_LocalVariable):
-    """Key variable whose value is left out of every TensorFlow checkpoint.
-
-    Unless ``keep_when_saved`` (the key came from an explicit seed), it
-    serializes as zeros (flag 0 = "no key") and restoring draws a fresh key.
-    """
-
-    keep_when_saved = False
-
-    def _serialize_to_tensors(self):
-        if self.keep_when_saved:
-            return super()._serialize_to_tensors()
-        return {"VARIABLE_VALUE": tf.zeros(self.shape, self.dtype)}
-
-    def _restore_from_tensors(self, restored_tensors):
-        if self.keep_when_saved:
-            return super()._restore_from_tensors(restored_tensors)
-        for hook in self.fresh_key_hooks:  # e.g. the layer's key-generation count
-            hook()
-        return self.assign(_key_value(None))
-
-
-class _FreshKeyAtLoad(tf.saved_model.experimental.TrackableResource):
-    """Draws a fresh key for an unseeded ``rng_key`` when a SavedModel is loaded.
-
-    Saved SavedModel resources are initialized by the loader right after the
-    variables are restored (``tf.saved_model.load`` runs ``_initialize``
-    eagerly; the C++ loader runs it in the model's init op), never inside a
-    compiled serving function. A key restored as zeros (flag 0, "no key")
-    gets two words from `_nondeterministic_key`, which is OS-entropy seeded
-    there; a seeded key (flag 1) is kept.
-    """
-
-    def __init__(self, key_variable):
-        super().__init__()
-        self._key_variable = key_variable
-        # Saved with the resource even where no endpoint captures the key.
-        self._track_trackable(key_variable, name="key")
-
-    def _create_resource(self):
-        # A placeholder handle: the resource exists only for its initializer.
-        return tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[], shared_name="")
-
-    def _initialize(self):
-        key = self._key_variable
-        value = key.read_value()
-        fresh = tf.concat([_nondeterministic_key(), tf.constant([1], tf.int64)], axis=0)
-        return key.assign(tf.where(tf.equal(value[2], 0), fresh, value))
-
-
-def _nondeterministic_key():
-    """Two fresh key words from TF's per-kernel OS-entropy seeding (seed=seed2=0).
-
-    Run by `_FreshKeyAtLoad` when a SavedModel is loaded (outside XLA). As a
-    last resort `_key_words` also uses it if the key is still unset at call
-    time (a loader that skipped the init op). This op is NOT a secret source
-    under XLA (XLA seeds it deterministically), which is why keys are always
-    drawn on the host or at load time.
-    """
-    return tf.raw_ops.RandomUniformInt(
-        shape=[2], minval=tf.constant(1, tf.int64), maxval=tf.constant(2**32, tf.int64),
-        seed=0, seed2=0)
+    return impl().local_variable(owner, value, name, monotone=monotone)
 
 
 class SecretRandomMixin:
@@ -150,53 +84,27 @@ class SecretRandomMixin:
 
     def _init_rng(self, seed):
         self.seed = validate_seed(seed)
-        self.rng_key = SecretKeyVariable(_key_value(self.seed), trainable=False, name="rng_key")
-        self.rng_key.keep_when_saved = self.seed is not None
-        self.rng_key.fresh_key_hooks = []
-        self._key_at_load = _FreshKeyAtLoad(self.rng_key)
-        self.rng_counter = _MonotoneVariable(np.zeros(3, np.int64), trainable=False,
-                                             name=_COUNTER)
+        backend = impl()
+        self.rng_key = backend.new_key_variable(self, _key_value(self.seed),
+                                                keep_when_saved=self.seed is not None,
+                                                fresh_value=lambda: _key_value(None))
+        self.rng_counter = backend.new_counter_variable(self)
 
     def _key_words(self):
-        key = self.rng_key.read_value()
-        return tf.cond(tf.equal(key[2], 0), _nondeterministic_key, lambda: key[:2])
-
-    def _next_key_counter(self):
-        """Philox key (uint64 (1,)) and a fresh counter (uint64 (2,)) for one call.
-
-        Key: the 64-bit secret with ``_rng_salt`` XOR-ed into its high word.
-        Counter: ``[0, call index]``; the call index comes from an atomic
-        fetch-and-add on the shared counter variable, so concurrent calls and
-        replicas never get the same one.
-        """
-        # The read registers the variable as captured (a raw handle is not), so
-        # model.export() tracks it; the read itself is pruned from the graph.
-        self.rng_counter.read_value()
-        state = tf.raw_ops.RngReadAndSkip(resource=self.rng_counter.handle, alg=1,
-                                          delta=tf.constant(1, tf.uint64))
-        key = tf.cast(self._key_words(), tf.int64)
-        high = tf.bitwise.bitwise_xor(key[1], tf.constant(self._rng_salt, tf.int64))
-        key64 = tf.bitwise.bitwise_or(key[0], tf.bitwise.left_shift(high, tf.constant(32, tf.int64)))
-        call = tf.bitcast(state[0] // _SKIP, tf.uint64)
-        return (tf.reshape(tf.bitcast(key64, tf.uint64), [1]),
-                tf.stack([tf.constant(0, tf.uint64), call]))
+        return impl().key_words(self.rng_key)
 
     def _next_words(self, shape):
         """uint32 words of ``shape``, fresh at every call."""
-        key, counter = self._next_key_counter()
-        return tf.raw_ops.StatelessRandomUniformFullIntV2(
-            shape=shape, key=key, counter=counter, alg=_PHILOX, dtype=tf.uint32)
+        return impl().next_words(self.rng_key, self.rng_counter, self._rng_salt, shape)
 
     def _next_normal(self, shape, dtype):
         """Standard normal noise of ``shape``, fresh at every call."""
-        key, counter = self._next_key_counter()
-        return tf.raw_ops.StatelessRandomNormalV2(
-            shape=shape, key=key, counter=counter, alg=_PHILOX, dtype=dtype)
+        return impl().next_normal(self.rng_key, self.rng_counter, self._rng_salt, shape, dtype)
 
     @property
     def noise_draws(self):
         """How many per-call noise draws the layer has made (id-keyed draws do not count)."""
-        return int(self.rng_counter.numpy()[0]) // _SKIP
+        return impl().noise_draws(self.rng_counter)
 
     def _words_for_ids(self, ids):
         """Four uint32 words per example id, the same in every call and epoch."""
@@ -207,9 +115,17 @@ class SecretRandomMixin:
     # rewinds the counter (a live layer keeps its key, so a rewound counter
     # would repeat noise it already sent): it takes the larger of the two.
     def save_own_variables(self, store):
-        store[_COUNTER] = np.asarray(self.rng_counter.numpy())
+        store[_COUNTER] = impl().counter_for_file(self.rng_counter)
 
     def load_own_variables(self, store):
         if _COUNTER in store:
-            saved = np.asarray(store[_COUNTER], np.int64).reshape(self.rng_counter.shape)
-            self.rng_counter.assign(np.maximum(self.rng_counter.numpy(), saved))
+            impl().load_counter(self.rng_counter, store[_COUNTER])
+
+
+def __getattr__(name):
+    # TensorFlow-only names kept here for code and tests written against this module.
+    if name in ("SecretKeyVariable", "_SKIP", "_LocalVariable", "_MonotoneVariable"):
+        from keras_fedpriv.backend import tensorflow as tf_backend
+
+        return getattr(tf_backend, name)
+    raise AttributeError(name)
