@@ -47,6 +47,8 @@ def input_gradient(layer, x, upstream):
 @pytest.mark.parametrize("eps", [None, 0.0, 2.0])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
 def test_embedding_output_is_exactly_zero_or_one(eps, dtype):
+    if dtype == "float64" and keras.backend.standardize_dtype(ops.ones(1, dtype).dtype) != dtype:
+        pytest.skip("this backend has no float64 (JAX without jax_enable_x64)")
     x = np.random.default_rng(0).normal(size=(64, 32)).astype(dtype)
     out = np.asarray(kf.EmbeddingDPLayer(eps, seed=1)(x, training=True))
     assert out.dtype == np.dtype(dtype) and out.shape == x.shape
