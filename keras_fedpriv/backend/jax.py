@@ -239,17 +239,29 @@ COUNT_DTYPE = "int32"
 # == input checks and graph helpers (layers/input_checks.py, the protection layers) ==
 
 
-# -- label DP and example ids (layers/input_checks.py, layers/label_formats.py) --
-
-#: The integer dtype example ids are compared in inside a call: JAX without
-#: ``jax_enable_x64`` has no 64-bit integers.
-EXAMPLE_ID_DTYPE = "int32"
-
+# -- shared by the protection layers --
 
 def is_traced(x: Any) -> bool:
     """Whether ``x`` is a JAX tracer: the layer runs inside ``jax.jit`` /
     ``jax.grad`` (Keras' train step), not eagerly on concrete values."""
     return isinstance(x, jax.core.Tracer)
+
+
+# -- embedding / VAE (layers/embedding_dp.py, layers/vae_bottom.py) --
+
+def assert_all_finite(x: Any, message: str) -> Any:
+    """``x`` unchanged: a traced JAX function has no run-time assert (as under
+    XLA on TensorFlow), so the caller makes its output safe where ``x`` is not
+    finite and counts the event for the host (``message`` is unused)."""
+    del message
+    return x
+
+
+# -- label DP and example ids (layers/input_checks.py, layers/label_formats.py) --
+
+#: The integer dtype example ids are compared in inside a call: JAX without
+#: ``jax_enable_x64`` has no 64-bit integers.
+EXAMPLE_ID_DTYPE = "int32"
 
 
 def graph_assert(condition: Any, data: list, summarize: int | None = None) -> None:

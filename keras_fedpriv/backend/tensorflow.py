@@ -272,16 +272,27 @@ COUNT_DTYPE = "int64"
 # == input checks and graph helpers (layers/input_checks.py, the protection layers) ==
 
 
-# -- label DP and example ids (layers/input_checks.py, layers/label_formats.py) --
-
-#: The integer dtype example ids are compared in inside a call: 64-bit on TensorFlow.
-EXAMPLE_ID_DTYPE = "int64"
-
+# -- shared by the protection layers --
 
 def is_traced(x: Any) -> bool:
     """Whether ``x`` is symbolic: the layer runs inside a traced function (a
     ``tf.function``, Keras' train step), not eagerly on concrete values."""
     return not tf.executing_eagerly()
+
+
+# -- embedding / VAE (layers/embedding_dp.py, layers/vae_bottom.py) --
+
+def assert_all_finite(x: Any, message: str) -> Any:
+    """``x``, checked in the graph to hold no NaN or inf (an error at run time,
+    naming ``message`` only). XLA compiles the check away; the caller must also
+    make the output safe where ``x`` is not finite."""
+    return tf.debugging.assert_all_finite(x, message)
+
+
+# -- label DP and example ids (layers/input_checks.py, layers/label_formats.py) --
+
+#: The integer dtype example ids are compared in inside a call: 64-bit on TensorFlow.
+EXAMPLE_ID_DTYPE = "int64"
 
 
 def graph_assert(condition: Any, data: list, summarize: int | None = None) -> Any:
