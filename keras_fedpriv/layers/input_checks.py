@@ -101,8 +101,10 @@ def _host_ids(example_ids, owner):
     if ops.is_tensor(example_ids):
         return None
     values = np.asarray(example_ids)
+    if values.dtype.kind not in "iu":
+        raise TypeError(f"{owner}: `example_ids` must be integers; got dtype {values.dtype}.")
     limits = np.iinfo(backend.impl().EXAMPLE_ID_DTYPE)
-    if values.dtype.kind not in "iu" or values.dtype.itemsize <= limits.dtype.itemsize:
+    if values.dtype.itemsize <= limits.dtype.itemsize:
         return values
     outside = np.flatnonzero((values.reshape(-1) < limits.min) | (values.reshape(-1) > limits.max))
     if outside.size:
