@@ -180,7 +180,7 @@ _PRIOR_RULE = (f"class probabilities: finite values in [0, 1], each row summing 
 
 def _not_dense(what):
     return TypeError(f"LabelDPLayer: `prior` must be a dense numeric array (a NumPy array, a "
-                     f"tf.Tensor or nested lists of numbers) of {_PRIOR_RULE}; got {what}.")
+                     f"tensor or nested lists of numbers) of {_PRIOR_RULE}; got {what}.")
 
 
 def refuse_non_dense_prior(prior):
