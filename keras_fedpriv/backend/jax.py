@@ -365,8 +365,7 @@ def _split_ids(ids):
     ids sign-extended (as TensorFlow's int64 cast does)."""
     if _on_host(ids):
         ids = np.asarray(ids).astype(np.int64)
-        return (jnp.asarray(ids & _MASK32, jnp.uint32),
-                jnp.asarray((ids >> 32) & _MASK32, jnp.uint32))
+        return _u32(ids), _u32(ids >> 32)
     ids = jnp.asarray(ids)
     if jnp.issubdtype(ids.dtype, jnp.signedinteger):
         return _u32(ids.astype(jnp.int32)), _u32((ids >> (8 * ids.dtype.itemsize - 1))
@@ -393,10 +392,9 @@ def random_words(shape, seed):
     and the high counter words; word ``4 i + j`` is word ``j`` of Philox at
     counter ``(i, 0, ...)``.
     """
-    if isinstance(seed, (np.ndarray, list, tuple)) and np.asarray(seed).shape == (2,):
+    if _on_host(seed) and np.shape(seed) == (2,):
         seed = np.asarray(seed).astype(np.int64)
-        seed = [int(s) & _MASK32 if i % 2 == 0 else (int(s) >> 32) & _MASK32
-                for s in seed for i in range(2)]
+        seed = np.stack([seed, seed >> 32], axis=-1).reshape(-1)  # low 0, high 0, low 1, high 1
     seed = _u32(seed)
     if seed.shape != (4,):
         raise ValueError(f"`seed` must be two 64-bit integers or four uint32 words; got shape "
@@ -430,3 +428,22 @@ def inside_trace():
 
 
 # == end of training steps ==
+
+
+# == attacks (attacks/gradient_inversion.py) ==
+
+
+def value_and_grad(fn):
+    """``fn``'s value and its gradients with respect to all its (array) arguments, as a
+    function of the same arguments; differentiable again."""
+    def value_and_grads(*args):
+        return jax.value_and_grad(fn, argnums=tuple(range(len(args))))(*args)
+    return value_and_grads
+
+
+def compiled(fn):
+    """``fn`` compiled with ``jax.jit``."""
+    return jax.jit(fn)
+
+
+# == end of attacks ==

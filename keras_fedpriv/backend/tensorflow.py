@@ -417,3 +417,25 @@ def inside_trace():
 
 
 # == end of training steps ==
+
+
+# == attacks (attacks/gradient_inversion.py) ==
+
+
+def value_and_grad(fn):
+    """``fn``'s value and its gradients with respect to all its (tensor) arguments, as a
+    function of the same arguments; differentiable again (nested tapes)."""
+    def value_and_grads(*args):
+        with tf.GradientTape() as tape:
+            tape.watch(args)
+            value = fn(*args)
+        return value, tape.gradient(value, args, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return value_and_grads
+
+
+def compiled(fn):
+    """``fn`` as a TensorFlow graph function (``tf.function``)."""
+    return tf.function(fn)
+
+
+# == end of attacks ==
