@@ -1,14 +1,22 @@
-"""Randomize a data set's labels once, before training."""
+"""Randomize a data set's labels once, before training.
+
+`privatize_labels` (arrays) runs on every Keras backend; `privatize_dataset`
+maps a ``tf.data.Dataset`` and needs Keras' TensorFlow backend.
+"""
 
 from __future__ import annotations
 
-from typing import Hashable
+import sys
+from typing import TYPE_CHECKING, Any, Hashable
 
 import numpy as np
 from numpy.typing import ArrayLike
-import tensorflow as tf
 
+from keras_fedpriv import backend
 from keras_fedpriv.layers.label_dp import LabelDPLayer
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 __all__ = ["privatize_labels", "privatize_dataset"]
 
@@ -60,7 +68,7 @@ def privatize_labels(labels: ArrayLike, eps: float | None = None, mode: str = "a
     Example:
         >>> y_noisy = privatize_labels(y_train, eps=2.0)
     """
-    if isinstance(labels, tf.data.Dataset):
+    if _is_dataset(labels):
         raise TypeError(f"privatize_labels: `labels` must be an array of labels (numpy array, "
                         f"list or tensor); got a {type(labels).__name__}. For a "
                         f"tf.data.Dataset use keras_fedpriv.privatize_dataset.")
@@ -103,10 +111,22 @@ def privatize_dataset(dataset: tf.data.Dataset, eps: float | None = None, mode: 
     Returns:
         A dataset with the same element structure and randomized labels.
 
+    Raises:
+        BackendNotSupportedError: Keras runs on JAX (``tf.data`` maps run
+            TensorFlow ops); use `privatize_labels` on the label array there.
+
     Example:
         >>> ds = tf.data.Dataset.from_tensor_slices((x, y))
         >>> ds = privatize_dataset(ds, eps=1.0).shuffle(1000).batch(32)
     """
+    backend.require_tensorflow(
+        "privatize_dataset (a tf.data map)",
+        jax_way="randomize the label array once with keras_fedpriv.privatize_labels(y, eps) "
+                "(numpy in, numpy out; the same once-per-example guarantee) and build the "
+                "input pipeline from the result, or put a LabelDPLayer with example_ids in the "
+                "training step.")
+    import tensorflow as tf
+
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"privatize_dataset: `dataset` must be a tf.data.Dataset; got a "
                         f"{type(dataset).__name__}. For arrays of labels use "
@@ -135,6 +155,13 @@ def privatize_dataset(dataset: tf.data.Dataset, eps: float | None = None, mode: 
 
     return dataset.enumerate().map(randomize, num_parallel_calls=tf.data.AUTOTUNE,
                                    deterministic=True)
+
+
+def _is_dataset(value: Any) -> bool:
+    """Whether ``value`` is a ``tf.data.Dataset`` (one exists only once TensorFlow is
+    imported, so this never imports it)."""
+    tf_module = sys.modules.get("tensorflow")
+    return tf_module is not None and isinstance(value, tf_module.data.Dataset)
 
 
 def _label_key(spec, label_key):

@@ -18,6 +18,8 @@ from scipy.spatial.distance import pdist
 from keras_fedpriv.layers.vae_bottom import VAEBottom
 from keras_fedpriv.privacy import DELDPReport, deldp, max_pairwise_distance
 
+pytestmark = [pytest.mark.jax]
+
 X = np.array([[0, 0], [3, 0], [0, 2],      # label 0: mu (0,0), (3,0), (0,4)
               [1, 1], [-1, 1],             # label 1: mu (1,2), (-1,2)
               [5, 5]], "float32")          # label 2: a single sample

@@ -1,10 +1,11 @@
 """What the two protection layers share: config round trip and registration for deserialization."""
 
 import keras
+import pytest
 
 import keras_fedpriv as kf
 
-
+pytestmark = [pytest.mark.jax]
 
 
 def test_get_config_round_trip():

@@ -21,6 +21,8 @@ from keras_fedpriv.privacy.planning import (
     release_pattern,
 )
 
+pytestmark = [pytest.mark.jax]
+
 DELTA = 1e-5
 
 

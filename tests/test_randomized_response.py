@@ -6,16 +6,20 @@ import math
 
 import numpy as np
 import pytest
+from keras import ops
 
 from keras_fedpriv import mechanisms as M
+from crosspath import compiled
 from stats import EPS_VALUES, N, assert_rate, assert_rejects, assert_uniform, wrong_formula
+
+pytestmark = [pytest.mark.jax]
 
 
 @pytest.mark.parametrize("eps", EPS_VALUES)
 def test_binary_rr_flip_rate(eps):
     bits = np.zeros(N, "int32")
     bits[::2] = 1
-    out = M.binary_randomized_response(bits, eps, seed=11).numpy()
+    out = np.asarray(M.binary_randomized_response(bits, eps, seed=11))
     flips = int(np.sum(out != bits))
     p = M.flip_probability(eps)
     assert_rate(flips, N, p, f"binary RR eps={eps}")
@@ -37,7 +41,7 @@ def test_flip_probability_formula():
 @pytest.mark.parametrize("k", [3, 10])
 def test_kary_rr_keep_and_uniform_other(eps, k):
     y = np.arange(N) % k
-    out = M.kary_randomized_response(y, k, eps, seed=12).numpy()
+    out = np.asarray(M.kary_randomized_response(y, k, eps, seed=12))
     keep = int(np.sum(out == y))
     p1 = M.keep_probability(eps, k)
     assert p1 == pytest.approx(math.exp(eps) / (k - 1 + math.exp(eps)) if eps < 700 else 1.0)
@@ -69,7 +73,7 @@ def _brute_force_k(prior_row, eps):
 def test_rr_with_prior_k_star_matches_brute_force(eps):
     rng = np.random.default_rng(3)
     prior = rng.dirichlet(np.full(6, 0.5), size=300).astype("float32")
-    got = M.rr_with_prior_k(prior, eps).numpy()
+    got = np.asarray(M.rr_with_prior_k(prior, eps))
     want = [_brute_force_k(row.astype("float64"), eps) for row in prior]
     assert np.mean(got == np.array(want)) > 0.99  # float32 ties may differ on a few rows
 
@@ -79,7 +83,7 @@ def test_rr_with_prior_output_distribution(eps, true_class):
     prior_row = np.array([0.5, 0.3, 0.15, 0.05], "float32")
     k_star = _brute_force_k(prior_row.astype("float64"), eps)
     prior = np.tile(prior_row, (N, 1))
-    out = M.rr_with_prior(np.full(N, true_class), prior, eps, seed=31).numpy()
+    out = np.asarray(M.rr_with_prior(np.full(N, true_class), prior, eps, seed=31))
     counts = np.bincount(out, minlength=4)
     top = list(np.argsort(-prior_row)[:k_star])
     for c in range(4):
@@ -98,9 +102,30 @@ def test_rr_with_prior_is_eps_dp_on_a_fixed_prior():
     prior = np.tile(np.array([0.4, 0.35, 0.2, 0.05], "float32"), (N, 1))
     dists = []
     for y in range(4):
-        out = M.rr_with_prior(np.full(N, y), prior, eps, seed=40 + y).numpy()
+        out = np.asarray(M.rr_with_prior(np.full(N, y), prior, eps, seed=40 + y))
         dists.append(np.bincount(out, minlength=4) / N)
     dists = np.array(dists)
     support = dists.max(axis=0) > 0
     ratio = dists[:, support].max(axis=0) / dists[:, support].min(axis=0)
     assert np.all(ratio < math.exp(eps) * 1.05), ratio
+
+
+def test_mechanisms_compiled_match_eager_on_given_words():
+    """With ``noise=`` words the mechanisms trace (XLA on TensorFlow, jit on JAX) and draw what
+    they draw eagerly: the protection layers call them so inside ``fit``."""
+    n = 4000
+    words = [ops.convert_to_tensor(w) for w in np.random.default_rng(8).integers(
+        0, 2**32, size=(2, n), dtype=np.uint64).astype(np.uint32)]
+    y = ops.convert_to_tensor(np.arange(n) % 5, "int32")
+    prior = np.random.default_rng(9).dirichlet(np.ones(5), n).astype("float32")
+    x = ops.convert_to_tensor(prior - 0.2)
+    prior = ops.convert_to_tensor(prior)
+    cases = [lambda y, p, a, b: M.binary_randomized_response(y % 2, 1.0, noise=a),
+             lambda y, p, a, b: M.kary_randomized_response(y, 5, 1.0, noise=[a, b]),
+             lambda y, p, a, b: M.rr_with_prior(y, p, 1.0, noise=[a, b])]
+    for fn in cases:
+        np.testing.assert_array_equal(np.asarray(fn(y, prior, *words)),
+                                      np.asarray(compiled(fn)(y, prior, *words)))
+    quantize = lambda x, a: M.quantize_rr(x, 2.0, noise=ops.stack([a] * 5, -1))  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(quantize(x, words[0])),
+                                  np.asarray(compiled(quantize)(x, words[0])))

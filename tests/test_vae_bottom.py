@@ -10,11 +10,12 @@ import os
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 from scipy import stats as scipy_stats
 
 import keras_fedpriv as kf
 from keras_fedpriv.layers.vae_bottom import VAEBottom
+
+pytestmark = [pytest.mark.jax]
 
 SIGMAS = 5.0
 X2 = np.array([[0.5, -1.0], [2.0, 0.25], [-1.5, 1.0]], "float32")
@@ -47,7 +48,7 @@ def test_samples_have_mean_mu_and_std_exp_half_logvar(training):
     row = X2[:1]
     mu, logvar = (a[0] for a in _closed_form(row))
     sigma = np.exp(0.5 * logvar)
-    z = layer(np.repeat(row, n, axis=0), training=training).numpy().astype(np.float64)
+    z = np.asarray(layer(np.repeat(row, n, axis=0), training=training)).astype(np.float64)
     assert z.shape == (n, 3)
     mean, std = z.mean(axis=0), z.std(axis=0, ddof=1)
     se_mean, se_std = sigma / math.sqrt(n), sigma / math.sqrt(2 * (n - 1))
@@ -67,7 +68,7 @@ def test_each_row_gets_its_own_mu_and_sigma():
     layer = _affine_bottom(seed=32)  # seeded: the bands below are deterministic
     n = 20_000
     x = np.tile(X2, (n, 1))  # rows 0, 1, 2, 0, 1, 2, ...
-    z = layer(x).numpy().astype(np.float64).reshape(n, 3, 3)
+    z = np.asarray(layer(x)).astype(np.float64).reshape(n, 3, 3)
     mu, logvar = _closed_form(X2)
     sigma = np.exp(0.5 * logvar)
     np.testing.assert_array_less(np.abs(z.mean(axis=0) - mu), SIGMAS * sigma / math.sqrt(n))
@@ -75,23 +76,23 @@ def test_each_row_gets_its_own_mu_and_sigma():
                                  SIGMAS * sigma / math.sqrt(2 * n))
     # encode / sigma give the closed form, without sampling.
     enc_mu, enc_logvar = layer.encode(X2)
-    np.testing.assert_allclose(enc_mu.numpy(), mu, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(enc_logvar.numpy(), logvar, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(layer.sigma(X2).numpy(), sigma, rtol=1e-6)
-    np.testing.assert_array_equal(layer.encode(X2)[0].numpy(), enc_mu.numpy())
+    np.testing.assert_allclose(np.asarray(enc_mu), mu, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(enc_logvar), logvar, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(layer.sigma(X2)), sigma, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(layer.encode(X2)[0]), np.asarray(enc_mu))
 
 
 def test_fresh_noise_per_call_per_layer_and_at_inference():
     keras.utils.set_random_seed(1)  # must not make the secret keys predictable or equal
     a, b = _affine_bottom(), _affine_bottom()
     x = np.repeat(X2, 100, axis=0)
-    mu = a.encode(x)[0].numpy()
+    mu = np.asarray(a.encode(x)[0])
     draws = a.noise_draws
-    first = a(x, training=True).numpy()
+    first = np.asarray(a(x, training=True))
     assert a.noise_draws == draws + 1  # drawn from the secret-keyed counter
-    second = a(x, training=True).numpy()
-    inference = [a(x, training=False).numpy(), a(x).numpy()]
-    other = b(x, training=True).numpy()
+    second = np.asarray(a(x, training=True))
+    inference = [np.asarray(a(x, training=False)), np.asarray(a(x))]
+    other = np.asarray(b(x, training=True))
     outputs = [first, second, *inference, other]
     for i, u in enumerate(outputs):
         assert np.mean(u != mu) > 0.99  # a sample, not mu
@@ -99,17 +100,17 @@ def test_fresh_noise_per_call_per_layer_and_at_inference():
             assert np.mean(u != v) > 0.99
     keras.utils.set_random_seed(1)
     c = _affine_bottom()
-    assert np.mean(c(x, training=True).numpy() != first) > 0.99
+    assert np.mean(np.asarray(c(x, training=True)) != first) > 0.99
 
 
 def test_explicit_seed_reproduces_the_noise():
     x = np.repeat(X2, 10, axis=0)
     a, b, c = _affine_bottom(seed=1234), _affine_bottom(seed=1234), _affine_bottom(seed=1235)
-    za, zb, zc = a(x).numpy(), b(x).numpy(), c(x).numpy()
+    za, zb, zc = np.asarray(a(x)), np.asarray(b(x)), np.asarray(c(x))
     np.testing.assert_array_equal(za, zb)
     assert np.mean(za != zc) > 0.99
-    np.testing.assert_array_equal(a(x).numpy(), b(x).numpy())  # second draws match too
-    assert np.mean(a(x).numpy() != za) > 0.99
+    np.testing.assert_array_equal(np.asarray(a(x)), np.asarray(b(x)))  # second draws match too
+    assert np.mean(np.asarray(a(x)) != za) > 0.99
 
 
 def test_output_shape_and_dtype():
@@ -186,7 +187,7 @@ def test_jit_compiled_fit_reduces_the_loss():
     assert vae.noise_draws - draws == 8 * 8  # one keyed draw per step, under XLA
     assert history[-1] < 0.5 * history[0], history
     # The trained model still samples at inference.
-    a, b = model(x[:32], training=False).numpy(), model(x[:32], training=False).numpy()
+    a, b = np.asarray(model(x[:32], training=False)), np.asarray(model(x[:32], training=False))
     assert np.mean(a != b) > 0.9
 
 
@@ -207,11 +208,12 @@ def test_keras_round_trip(tmp_path):
     for a, b in zip(model.weights, back.weights):
         assert a.path == b.path
         np.testing.assert_array_equal(a.numpy(), b.numpy())  # bit for bit, decoder included
-    np.testing.assert_array_equal(layer.encode(x)[0].numpy(), vae.encode(x)[0].numpy())
-    np.testing.assert_array_equal(layer.decode(x[:, :3]).numpy(), vae.decode(x[:, :3]).numpy())
+    np.testing.assert_array_equal(np.asarray(layer.encode(x)[0]), np.asarray(vae.encode(x)[0]))
+    np.testing.assert_array_equal(np.asarray(layer.decode(x[:, :3])),
+                                  np.asarray(vae.decode(x[:, :3])))
     # The secret key is not saved: the reloaded layer has a fresh one and fresh noise.
-    assert not np.array_equal(layer.rng_key.numpy(), vae.rng_key.numpy())
-    assert np.mean(layer(x).numpy() != vae(x).numpy()) > 0.99
+    assert not np.array_equal(np.asarray(layer.rng_key), np.asarray(vae.rng_key))
+    assert np.mean(np.asarray(layer(x)) != np.asarray(vae(x))) > 0.99
 
 
 def test_keras_round_trip_with_explicit_seed_replays(tmp_path):
@@ -222,7 +224,7 @@ def test_keras_round_trip_with_explicit_seed_replays(tmp_path):
     model.save(path)
     back = keras.models.load_model(path)
     assert back.get_layer("vae").seed == 99
-    np.testing.assert_array_equal(back(X2).numpy(), model(X2).numpy())
+    np.testing.assert_array_equal(np.asarray(back(X2)), np.asarray(model(X2)))
 
 
 def test_get_config_round_trip():
@@ -237,7 +239,10 @@ def test_get_config_round_trip():
     assert VAEBottom(2).get_config()["seed"] is None
 
 
+@pytest.mark.tensorflow_only("SavedModel export")
 def test_exported_saved_model_samples(tmp_path):
+    import tensorflow as tf
+
     inp = keras.Input((2,))
     # seeded (the key is saved with the export): the bands below are deterministic
     model = keras.Model(inp, _affine_bottom(seed=33, name="vae")(inp))
@@ -245,7 +250,7 @@ def test_exported_saved_model_samples(tmp_path):
     model.export(path, verbose=False)
     served = tf.saved_model.load(path)
     x = np.repeat(X2[:1], 4000, axis=0)
-    a, b = served.serve(x).numpy(), served.serve(x).numpy()
+    a, b = np.asarray(served.serve(x)), np.asarray(served.serve(x))
     assert a.shape == (4000, 3)
     assert np.mean(a != b) > 0.99  # two serve calls differ
     mu, logvar = (v[0] for v in _closed_form(X2[:1]))
@@ -270,7 +275,7 @@ def test_pretrain_reduces_reconstruction_loss():
     np.testing.assert_allclose(np.array(history["loss"]),
                                np.array(recon) + np.array(history["kl"]), rtol=1e-4)
     # The trained decoder reconstructs from mu far better than the data's variance.
-    err = np.mean((vae.decode(vae.encode(x)[0]).numpy() - x) ** 2)
+    err = np.mean((np.asarray(vae.decode(vae.encode(x)[0])) - x) ** 2)
     assert err < 0.3 * np.mean((x - x.mean(axis=0)) ** 2)
 
 
@@ -461,3 +466,22 @@ def test_a_vae_bottom_in_a_plain_model_records_its_calls():
     report = privacy_report(model, protects="features")
     assert math.isinf(report.epsilon)
     assert {r.mechanism: r.count for r in report.releases} == {"VAEBottom 'vae'": 2}
+
+
+def test_mixed_precision_samples_in_the_compute_dtype_and_pretrains():
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        vae = VAEBottom(3, hidden_units=(8,), beta=0.1, with_decoder=True, seed=6)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    x = np.random.default_rng(11).normal(size=(256, 4)).astype("float32")
+    history = vae.pretrain(x, epochs=2, batch_size=64, verbose=0)
+    assert np.all(np.isfinite(history["loss"]))
+    z = vae(x)
+    assert keras.backend.standardize_dtype(z.dtype) == "float16"
+    assert [w.dtype for w in vae.trainable_weights] == ["float32"] * len(vae.trainable_weights)
+    mu, logvar = (np.asarray(t, np.float64) for t in vae.encode(x))
+    r = ((np.asarray(z, np.float64) - mu) / np.exp(0.5 * logvar)).ravel()  # standard normal
+    slack = 1e-2  # float16 rounding of z, mu and logvar
+    assert abs(r.mean()) < SIGMAS / math.sqrt(r.size) + slack
+    assert abs(r.std() - 1.0) < SIGMAS / math.sqrt(2 * r.size) + slack

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Callable
 
 import jax
@@ -238,18 +239,262 @@ COUNT_DTYPE = "int32"
 # == input checks and graph helpers (layers/input_checks.py, the protection layers) ==
 
 
+# -- shared by the protection layers --
+
+def is_traced(x: Any) -> bool:
+    """Whether ``x`` is a JAX tracer: the layer runs inside ``jax.jit`` /
+    ``jax.grad`` (Keras' train step), not eagerly on concrete values."""
+    return isinstance(x, jax.core.Tracer)
+
+
+# -- embedding / VAE (layers/embedding_dp.py, layers/vae_bottom.py) --
+
+def assert_all_finite(x: Any, message: str) -> Any:
+    """``x`` unchanged: a traced JAX function has no run-time assert (as under
+    XLA on TensorFlow), so the caller makes its output safe where ``x`` is not
+    finite and counts the event for the host (``message`` is unused)."""
+    del message
+    return x
+
+
+# -- label DP and example ids (layers/input_checks.py, layers/label_formats.py) --
+
+#: The integer dtype example ids are compared in inside a call: JAX without
+#: ``jax_enable_x64`` has no 64-bit integers.
+EXAMPLE_ID_DTYPE = "int32"
+
+
+def graph_assert(condition: Any, data: list, summarize: int | None = None) -> None:
+    """None: traced JAX code has no run-time assert (as under XLA on TensorFlow), so
+    the caller makes its output safe where ``condition`` fails and counts the event
+    for the host (`InputErrorFlagMixin.check_input_errors`)."""
+    del condition, data, summarize
+
+
+def run_after(deps: list) -> Any:
+    """A context that changes nothing: JAX runs a traced function's operations in data
+    order and has no asserts to wait for (``deps`` is empty or None entries)."""
+    del deps
+    return contextlib.nullcontext()
+
+
+def non_dense_kind(value: Any) -> str | None:
+    """What ``value`` is if it is a JAX sparse array, else None."""
+    from jax.experimental import sparse
+
+    if isinstance(value, sparse.JAXSparse):
+        return f"a {type(value).__name__} sparse array (densify it with .todense())"
+    return None
+
+
+def signed_example_ids(ids: Any) -> Any:
+    """Integer ids as `EXAMPLE_ID_DTYPE`; uint32 ids are reinterpreted (a bijection, so
+    distinct ids stay distinct), narrower ones keep their value."""
+    if ids.dtype == jnp.uint32:
+        return jax.lax.bitcast_convert_type(ids, jnp.int32)
+    return ids.astype(jnp.int32)
+
+
 
 # == end of input checks ==
 
 
 # == Philox and mechanisms (mechanisms/) ==
 
+_MASK32 = 0xFFFFFFFF
+_PHILOX_M = (0xD2511F53, 0xCD9E8D57)  # Philox-4x32 round multipliers
+_PHILOX_W = (0x9E3779B9, 0xBB67AE85)  # Philox-4x32 key increments (Weyl sequence)
+# TensorFlow's StatelessRandomGetKeyCounter scrambles a seed with one Philox block under this key
+_SEED_SCRAMBLE_KEY = (0x3EC8F720, 0x02461E29)
+
+
+def _on_host(x):
+    return isinstance(x, (int, np.integer, np.ndarray, list, tuple))
+
+
+def _u32(x):
+    """``x`` as uint32 words: host integers (up to 64 bits) modulo 2**32, signed 32-bit
+    device integers bit-cast."""
+    if _on_host(x):
+        x = np.asarray(x)
+        x = x.astype(np.uint64 if x.dtype == np.uint64 else np.int64)
+        return jnp.asarray((x & _MASK32).astype(np.uint32))
+    x = jnp.asarray(x)
+    if x.dtype == jnp.uint32:
+        return x
+    if x.dtype == jnp.int32:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return x.astype(jnp.uint32)
+
+
+def mulhilo32(a, b):
+    """``(hi, lo)``: the high and low 32 bits of the product of uint32 arrays.
+
+    JAX has no uint64 without ``jax_enable_x64``: the product is built from
+    16-bit limbs, each partial product exact in uint32.
+    """
+    a, b = _u32(a), _u32(b)
+    a_lo, a_hi = a & 0xFFFF, a >> 16
+    b_lo, b_hi = b & 0xFFFF, b >> 16
+    ll, lh, hl, hh = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
+    middle = (ll >> 16) + (lh & 0xFFFF) + (hl & 0xFFFF)  # < 3 * 2**16: no overflow
+    hi = hh + (lh >> 16) + (hl >> 16) + (middle >> 16)
+    lo = (middle << 16) | (ll & 0xFFFF)
+    return hi, lo
+
+
+def philox4x32(counter, key, rounds=10):
+    """Philox-4x32 on broadcastable uint32 arrays, in 32-bit integer ops (jit, no x64).
+
+    Equal bit for bit to the TensorFlow implementation and to TensorFlow's kernel.
+    """
+    c0, c1, c2, c3 = (_u32(c) for c in counter)
+    k0, k1 = (_u32(k) for k in key)
+    m0, m1 = (jnp.uint32(m) for m in _PHILOX_M)
+    w0, w1 = (jnp.uint32(w) for w in _PHILOX_W)
+    for _ in range(rounds):
+        hi0, lo0 = mulhilo32(m0, c0)
+        hi1, lo1 = mulhilo32(m1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = k0 + w0, k1 + w1
+    return c0, c1, c2, c3
+
+
+def _split_ids(ids):
+    """``(low, high)`` uint32 words of integer ids: 64-bit host ids exactly, 32-bit device
+    ids sign-extended (as TensorFlow's int64 cast does)."""
+    if _on_host(ids):
+        ids = np.asarray(ids).astype(np.int64)
+        return _u32(ids), _u32(ids >> 32)
+    ids = jnp.asarray(ids)
+    if jnp.issubdtype(ids.dtype, jnp.signedinteger):
+        return _u32(ids.astype(jnp.int32)), _u32((ids >> (8 * ids.dtype.itemsize - 1))
+                                                 .astype(jnp.int32))
+    return _u32(ids), jnp.zeros(ids.shape, jnp.uint32)
+
+
+def words_from_ids(key_words, ids, salt):
+    """Philox of ``(id low, id high, 0, salt)`` under ``key_words`` (shape (2,), uint32 or
+    int32 on the device, or 64-bit integers on the host)."""
+    lo, hi = _split_ids(ids)
+    key_words = _u32(key_words)
+    zeros = jnp.zeros_like(lo)
+    return philox4x32((lo, hi, zeros, zeros + jnp.uint32(salt)), (key_words[0], key_words[1]))
+
+
+def random_words(shape, seed):
+    """Uniform uint32 words of ``shape``, the same words as TensorFlow's
+    ``stateless_uniform(shape, seed, dtype=uint32)``.
+
+    ``seed``: two 64-bit integers on the host (shape (2,)), or their four
+    uint32 words ``(low 0, high 0, low 1, high 1)`` as an array (in ``jit``).
+    As TensorFlow does, the seed is scrambled by one Philox block into a key
+    and the high counter words; word ``4 i + j`` is word ``j`` of Philox at
+    counter ``(i, 0, ...)``.
+    """
+    if _on_host(seed) and np.shape(seed) == (2,):
+        seed = np.asarray(seed).astype(np.int64)
+        seed = np.stack([seed, seed >> 32], axis=-1).reshape(-1)  # low 0, high 0, low 1, high 1
+    seed = _u32(seed)
+    if seed.shape != (4,):
+        raise ValueError(f"`seed` must be two 64-bit integers or four uint32 words; got shape "
+                         f"{tuple(seed.shape)}.")
+    mix = philox4x32(tuple(seed[i] for i in range(4)), _SEED_SCRAMBLE_KEY)
+    shape = tuple(int(d) for d in shape)
+    size = math.prod(shape)
+    blocks = -(-size // 4)
+    index = jnp.arange(blocks, dtype=jnp.uint32)
+    zeros = jnp.zeros_like(index)
+    out = philox4x32((index, zeros, zeros + mix[2], zeros + mix[3]), (mix[0], mix[1]))
+    return jnp.stack(out, axis=-1).reshape(-1)[:size].reshape(shape)
+
+
+def seed_from_key(key):
+    """The ``seed`` of `random_words` for a 64-bit key: ``[key, 0]`` as four uint32 words."""
+    return np.array([key & _MASK32, (key >> 32) & _MASK32, 0, 0], np.uint32)
+
+
+def inside_trace():
+    """Whether the caller runs inside a JAX trace (``jit``, Keras' compiled ``fit``), where
+    a value drawn in Python would be frozen into the compiled function."""
+    return isinstance(jnp.zeros(()), jax.core.Tracer)
 
 
 # == end of Philox ==
 
 
 # == training steps (federated/: VerticalModel, LocalTrainer) ==
+
+# -- horizontal: local training --
+
+def local_training(model: Any, batch_size: int, x_spec: Any, y_spec: Any,
+                   bn_variables: Any) -> Any:
+    """A client's whole local training with a compiled Keras model (the contract:
+    `keras_fedpriv.backend.tensorflow.local_training`).
+
+    Here: one ``jax.jit``-compiled, stateless training step (Keras'
+    ``StatelessScope`` around the forward pass and the loss,
+    ``jax.value_and_grad``, ``optimizer.stateless_apply``) run over the
+    mini-batches from the host; the model's whole state (weights,
+    BatchNormalization statistics, random-generator states, optimizer) is
+    carried through the steps and written back at the end (after an error too:
+    random states and release counters never go back). A step is compiled
+    once per batch shape: the full batch and each distinct short last batch.
+    """
+    del x_spec, y_spec  # every batch shape is compiled on first use
+    opt = model.optimizer
+    tv_refs = list(model.trainable_variables)
+    if not opt.built:
+        opt.build(tv_refs)
+    ntv_refs = list(model.non_trainable_variables)
+    opt_refs = list(opt.variables)
+    opt_init = [np.array(v.numpy()) for v in opt_refs]
+    bn_at = [next(i for i, r in enumerate(ntv_refs) if r is v) for v in bn_variables]
+
+    def loss_and_state(tv, ntv, ov, xb, yb):
+        mapping = list(zip(tv_refs, tv)) + list(zip(ntv_refs, ntv)) + list(zip(opt_refs, ov))
+        with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+            y_pred = model(xb, training=True)
+            loss = model.compute_loss(x=xb, y=yb, y_pred=y_pred, training=True)
+            # as Keras' train_step: a LossScaleOptimizer or a loss_scale_factor
+            # scales the loss here and unscales in stateless_apply()
+            scaled = opt.scale_loss(loss)
+        return scaled, (loss, [scope.get_current_value(v) for v in ntv_refs])
+
+    @jax.jit
+    def step(state, xb, yb):
+        tv, ntv, ov = state
+        (_, (loss, ntv)), grads = jax.value_and_grad(loss_and_state, has_aux=True)(
+            tv, ntv, ov, xb, yb)
+        tv, ov = opt.stateless_apply(ov, grads, tv)
+        return (tv, ntv, ov), loss.astype("float32")
+
+    def train(global_weights, x, y, order, bn_start):
+        ntv = [v.value for v in ntv_refs]
+        for i, w in zip(bn_at, bn_start):
+            ntv[i] = np.asarray(w, ntv_refs[i].dtype)
+        state = ([np.asarray(w, v.dtype) for v, w in zip(tv_refs, global_weights)], ntv,
+                 [np.asarray(o, v.dtype) for v, o in zip(opt_refs, opt_init)])
+        n = len(x)
+        starts = [(e * n + b, e * n + min(b + batch_size, n))
+                  for e in range(len(order) // n) for b in range(0, n, batch_size)]
+        losses = []
+        try:
+            for start, stop in starts:
+                idx = order[start:stop]
+                state, loss = step(state, x[idx], y[idx])
+                losses.append(loss)
+        finally:  # even after an error: random states and counters never go back
+            for refs, values in zip((tv_refs, ntv_refs, opt_refs), state):
+                for v, value in zip(refs, values):
+                    v.assign(value)
+        deltas = [np.asarray(v, np.float32) - np.asarray(w, np.float32)
+                  for v, w in zip(state[0], global_weights)]
+        total = float(np.sum(np.asarray(jax.device_get(losses), np.float32)))
+        return deltas, total / max(len(starts), 1), [np.array(state[1][i]) for i in bn_at]
+
+    return train
+
 
 
 
@@ -405,3 +650,22 @@ def wrap_step_function(function: Callable[..., Any], after: Callable[[Any], Any]
 
 
 # == end of training steps ==
+
+
+# == attacks (attacks/gradient_inversion.py) ==
+
+
+def value_and_grad(fn):
+    """``fn``'s value and its gradients with respect to all its (array) arguments, as a
+    function of the same arguments; differentiable again."""
+    def value_and_grads(*args):
+        return jax.value_and_grad(fn, argnums=tuple(range(len(args))))(*args)
+    return value_and_grads
+
+
+def compiled(fn):
+    """``fn`` compiled with ``jax.jit``."""
+    return jax.jit(fn)
+
+
+# == end of attacks ==

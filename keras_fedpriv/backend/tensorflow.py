@@ -16,7 +16,6 @@ from keras_fedpriv.backend.private import resource_variable_class
 
 # == secret random stream and local state (layers/secret_rng.py, layers/release_counter.py) ==
 
-
 _SKIP = 256  # RngReadAndSkip(delta=1) advances a Philox state by 256 (tests pin this)
 _PHILOX = 1  # TensorFlow's RNG algorithm id for Philox-4x32-10
 
@@ -275,18 +274,223 @@ COUNT_DTYPE = "int64"
 # == input checks and graph helpers (layers/input_checks.py, the protection layers) ==
 
 
+# -- shared by the protection layers --
+
+def is_traced(x: Any) -> bool:
+    """Whether ``x`` is symbolic: the layer runs inside a traced function (a
+    ``tf.function``, Keras' train step), not eagerly on concrete values."""
+    return not tf.executing_eagerly()
+
+
+# -- embedding / VAE (layers/embedding_dp.py, layers/vae_bottom.py) --
+
+def assert_all_finite(x: Any, message: str) -> Any:
+    """``x``, checked in the graph to hold no NaN or inf (an error at run time,
+    naming ``message`` only). XLA compiles the check away; the caller must also
+    make the output safe where ``x`` is not finite."""
+    return tf.debugging.assert_all_finite(x, message)
+
+
+# -- label DP and example ids (layers/input_checks.py, layers/label_formats.py) --
+
+#: The integer dtype example ids are compared in inside a call: 64-bit on TensorFlow.
+EXAMPLE_ID_DTYPE = "int64"
+
+
+def graph_assert(condition: Any, data: list, summarize: int | None = None) -> Any:
+    """A `tf.debugging.Assert` op: when the graph runs and ``condition`` is False
+    it raises ``InvalidArgumentError`` with ``data`` (XLA compiles it away, so the
+    caller also makes its output safe and counts the event)."""
+    return tf.debugging.Assert(condition, data, summarize=summarize)
+
+
+def run_after(deps: list) -> Any:
+    """A context whose operations run only after ``deps`` (the graph's asserts), so a
+    failed assert stops the draws and counts of the call (`tf.control_dependencies`: in a
+    ``tf.function`` an assert and a variable update are otherwise unordered)."""
+    return tf.control_dependencies([d for d in deps if d is not None])
+
+
+def non_dense_kind(value: Any) -> str | None:
+    """What ``value`` is if it is one of TensorFlow's non-dense tensors, else None."""
+    if isinstance(value, tf.RaggedTensor):
+        return "a tf.RaggedTensor (rows of different lengths)"
+    if isinstance(value, tf.SparseTensor):
+        return "a tf.SparseTensor (densify it with tf.sparse.to_dense)"
+    return None
+
+
+def signed_example_ids(ids: Any) -> Any:
+    """Integer ids as `EXAMPLE_ID_DTYPE`; uint64 ids are reinterpreted (a bijection, so
+    distinct ids stay distinct), narrower ones keep their value."""
+    if ids.dtype == tf.uint64:
+        ids = tf.bitcast(ids, tf.int64)
+    return tf.cast(ids, tf.int64)
+
+
 
 # == end of input checks ==
 
 
 # == Philox and mechanisms (mechanisms/) ==
 
+_MASK32 = 0xFFFFFFFF
+_PHILOX_M = (0xD2511F53, 0xCD9E8D57)  # Philox-4x32 round multipliers
+_PHILOX_W = (0x9E3779B9, 0xBB67AE85)  # Philox-4x32 key increments (Weyl sequence)
+
+
+def _u32(x):
+    return tf.cast(x, tf.uint32)
+
+
+def mulhilo32(a, b):
+    """``(hi, lo)``: the high and low 32 bits of the 64-bit product of uint32 tensors."""
+    product = tf.cast(a, tf.uint64) * tf.cast(b, tf.uint64)
+    hi = tf.cast(tf.bitwise.right_shift(product, tf.constant(32, tf.uint64)), tf.uint32)
+    lo = tf.cast(tf.bitwise.bitwise_and(product, tf.constant(_MASK32, tf.uint64)), tf.uint32)
+    return hi, lo
+
+
+def philox4x32(counter, key, rounds=10):
+    """Philox-4x32 on broadcastable uint32 tensors (see `keras_fedpriv.mechanisms.random`).
+
+    Plain TensorFlow integer ops: eager, graphs, XLA and ``tf.data``. Equal
+    bit for bit to TensorFlow's own Philox kernel.
+    """
+    c0, c1, c2, c3 = (_u32(c) for c in counter)
+    k0, k1 = (_u32(k) for k in key)
+    m0, m1 = (tf.constant(m, tf.uint32) for m in _PHILOX_M)
+    w0, w1 = (tf.constant(w, tf.uint32) for w in _PHILOX_W)
+    for _ in range(rounds):
+        hi0, lo0 = mulhilo32(m0, c0)
+        hi1, lo1 = mulhilo32(m1, c2)
+        c0, c1, c2, c3 = (
+            tf.bitwise.bitwise_xor(tf.bitwise.bitwise_xor(hi1, c1), k0),
+            lo1,
+            tf.bitwise.bitwise_xor(tf.bitwise.bitwise_xor(hi0, c3), k1),
+            lo0,
+        )
+        k0 = k0 + w0
+        k1 = k1 + w1
+    return c0, c1, c2, c3
+
+
+def _split64(x):
+    x = tf.cast(x, tf.int64)
+    lo = tf.bitwise.bitwise_and(x, tf.constant(_MASK32, tf.int64))
+    hi = tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, tf.constant(32, tf.int64)),
+                                tf.constant(_MASK32, tf.int64))
+    return _u32(lo), _u32(hi)
+
+
+def words_from_ids(key_words, ids, salt):
+    """Philox of ``(id low, id high, 0, salt)`` under ``key_words`` (int64, shape (2,))."""
+    lo, hi = _split64(ids)
+    key_words = tf.cast(key_words, tf.int64)
+    zeros = tf.zeros_like(lo)
+    return philox4x32((lo, hi, zeros, zeros + _u32(salt)), (key_words[0], key_words[1]))
+
+
+def random_words(shape, seed):
+    """Uniform uint32 words of ``shape`` from TensorFlow's stateless Philox kernel.
+
+    ``seed``: two 64-bit integers (an int64 tensor or array of shape (2,)).
+    """
+    return tf.random.stateless_uniform(shape, seed=seed, minval=None, maxval=None, dtype=tf.uint32)
+
+
+def seed_from_key(key):
+    """The ``seed`` of `random_words` for a 64-bit key: ``[key, 0]`` as int64."""
+    key64 = np.array([key], np.uint64).view(np.int64)[0]
+    return tf.constant([key64, 0], tf.int64)
+
+
+def inside_trace():
+    """Whether the caller runs inside a traced function (``tf.function``, ``model.fit``,
+    ``tf.data``), where a value drawn in Python would be frozen into the graph."""
+    return tf.inside_function()
 
 
 # == end of Philox ==
 
 
 # == training steps (federated/: VerticalModel, LocalTrainer) ==
+
+# -- horizontal: local training --
+
+def local_training(model: Any, batch_size: int, x_spec: Any, y_spec: Any,
+                   bn_variables: Any) -> Any:
+    """A client's whole local training as one traced function of a compiled Keras model.
+
+    The returned ``train(global_weights, x, y, order, bn_start)`` sets the
+    trainable weights to ``global_weights`` and the BatchNormalization
+    statistics ``bn_variables`` to ``bn_start``, resets the optimizer to the
+    state it had when this was built, runs the mini-batches of ``batch_size`` rows of
+    ``order`` (``len(order) // len(x)`` epochs, the last batch of each epoch
+    short) and returns ``(deltas, mean loss, bn_end)``: the per-variable
+    float32 updates, the mean of the steps' losses and the final statistics.
+    The model keeps the trained state.
+
+    Here: one ``tf.function`` with a dynamic batch dimension, traced once for
+    every client and round (``x_spec``, ``y_spec``: ``(shape, dtype)`` of one
+    example's features and label).
+    """
+    opt = model.optimizer
+    tv = list(model.trainable_variables)
+    if not opt.built:
+        opt.build(tv)
+    opt_vars = list(opt.variables)
+    opt_init = [np.array(v.numpy()) for v in opt_vars]
+    bs = batch_size
+    bn = list(bn_variables)
+    signature = [
+        [tf.TensorSpec(v.shape, v.dtype) for v in tv],
+        tf.TensorSpec((None,) + tuple(x_spec[0]), tf.as_dtype(x_spec[1])),
+        tf.TensorSpec((None,) + tuple(y_spec[0]), tf.as_dtype(y_spec[1])),
+        tf.TensorSpec((None,), tf.int32),
+        [tf.TensorSpec(v.shape, v.dtype) for v in bn],
+    ]
+
+    @tf.function(input_signature=signature)
+    def local_train(global_weights, x, y, order, bn_start):
+        for v, w in zip(tv, global_weights):
+            v.assign(w)
+        for v, w in zip(bn, bn_start):
+            v.assign(w)
+        for v, init in zip(opt_vars, opt_init):
+            v.assign(tf.constant(init, dtype=v.dtype))
+        n = tf.shape(x)[0]
+        batches_per_epoch = (n + bs - 1) // bs
+        steps = (tf.shape(order)[0] // n) * batches_per_epoch
+        total = tf.constant(0.0, tf.float32)
+        for step in tf.range(steps):
+            epoch = step // batches_per_epoch
+            b = step % batches_per_epoch
+            start = epoch * n + b * bs
+            stop = epoch * n + tf.minimum((b + 1) * bs, n)
+            idx = order[start:stop]
+            xb = tf.gather(x, idx)
+            yb = tf.gather(y, idx)
+            with tf.GradientTape() as tape:
+                y_pred = model(xb, training=True)
+                loss = model.compute_loss(x=xb, y=yb, y_pred=y_pred, training=True)
+                # as Keras' train_step: a LossScaleOptimizer (mixed_float16) or a
+                # loss_scale_factor scales the loss here and unscales in apply()
+                scaled = opt.scale_loss(loss)
+            grads = tape.gradient(scaled, tv)
+            opt.apply(grads, tv)
+            total += tf.cast(loss, tf.float32)
+        deltas = [tf.cast(v, tf.float32) - tf.cast(w, tf.float32)
+                  for v, w in zip(tv, global_weights)]
+        bn_end = [tf.identity(v) for v in bn]
+        return deltas, total / tf.cast(tf.maximum(steps, 1), tf.float32), bn_end
+
+    def train(global_weights, x, y, order, bn_start):
+        deltas, loss, bn_end = local_train(list(global_weights), x, y, order, list(bn_start))
+        return [d.numpy() for d in deltas], float(loss), [np.array(b) for b in bn_end]
+
+    return train
+
 
 
 
@@ -375,3 +579,25 @@ def wrap_step_function(function: Callable[..., Any], after: Callable[[Any], Any]
 
 
 # == end of training steps ==
+
+
+# == attacks (attacks/gradient_inversion.py) ==
+
+
+def value_and_grad(fn):
+    """``fn``'s value and its gradients with respect to all its (tensor) arguments, as a
+    function of the same arguments; differentiable again (nested tapes)."""
+    def value_and_grads(*args):
+        with tf.GradientTape() as tape:
+            tape.watch(args)
+            value = fn(*args)
+        return value, tape.gradient(value, args, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return value_and_grads
+
+
+def compiled(fn):
+    """``fn`` as a TensorFlow graph function (``tf.function``)."""
+    return tf.function(fn)
+
+
+# == end of attacks ==

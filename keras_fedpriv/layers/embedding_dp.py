@@ -8,9 +8,10 @@ from typing import Any
 import dp_accounting
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 from numpy.typing import ArrayLike
 
+from keras_fedpriv import backend
 from keras_fedpriv.layers import release_counter as rc
 from keras_fedpriv.layers import input_checks
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
@@ -29,6 +30,12 @@ from keras_fedpriv.mechanisms.quantize import (
 from keras_fedpriv.mechanisms.validation import validate_eps
 
 STE_MODES = ("identity", "hardtanh")
+
+
+def _hardtanh(x):
+    """``clip(x, -1, 1)`` whose gradient is 1 on ``[-1, 1]`` (boundaries included) and 0
+    outside (``clip``'s own gradient at a boundary differs between backends)."""
+    return ops.where(ops.abs(x) <= 1, x, ops.stop_gradient(ops.clip(x, -1, 1)))
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
@@ -60,16 +67,16 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
 
     Non-finite inputs (NaN, inf): eagerly a ValueError naming the first
     offending index and that value only (Keras' "Arguments received" dump
-    is suppressed); in a traced graph a `tf.debugging` check. Under XLA
-    (``jit_compile=True``) that check is compiled away: such coordinates are
-    quantized as 0 (then randomized as usual), the straight-through term is
-    0 there, so the output stays exactly 0.0 / 1.0, and the layer counts the
-    event; `check_input_errors()` raises it on the host (`VerticalModel`
-    calls it after every step).
+    is suppressed); in a TensorFlow graph a `tf.debugging` check. Under XLA
+    (``jit_compile=True``) and in traced JAX there is no run-time check:
+    such coordinates are quantized as 0 (then randomized as usual), the
+    straight-through term is 0 there, so the output stays exactly 0.0 /
+    1.0, and the layer counts the event; `check_input_errors()` raises it on
+    the host (`VerticalModel` calls it after every step).
 
     Backward (straight-through): ``ste="identity"`` passes the upstream
     gradient unchanged (g(x) = x); ``ste="hardtanh"`` zeroes it where
-    ``|x| > 1`` (g(x) = clip(x, -1, 1)).
+    ``|x| > 1`` (g(x) = clip(x, -1, 1), gradient 1 on [-1, 1]).
 
     Args:
         eps: None (quantize only, no DP) or a finite real >= 0.
@@ -155,44 +162,48 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
 
     @input_checks.private_errors
     def call(self, inputs: ArrayLike, training: bool | None = None,
-             example_ids: ArrayLike | None = None) -> tf.Tensor:
-        x = tf.convert_to_tensor(inputs)
+             example_ids: ArrayLike | None = None) -> Any:
+        x = ops.convert_to_tensor(inputs)
         self._record_shape(x.shape)
-        if not x.dtype.is_floating:
+        dtype = keras.backend.standardize_dtype(x.dtype)
+        if not keras.backend.is_float_dtype(dtype):
             raise TypeError(f"EmbeddingDPLayer: inputs must be a floating tensor; got dtype "
-                            f"{x.dtype.name}.")
-        eager = tf.executing_eagerly()
-        if eager:
-            bad = ~np.isfinite(x.numpy())
-            if bad.any():
-                index = tuple(int(i) for i in np.argwhere(bad)[0])
-                raise ValueError(f"EmbeddingDPLayer: the embedding has {int(bad.sum())} non-finite "
-                                 f"value(s) (NaN or inf), first at index {index}: "
-                                 f"{x.numpy()[index]!r}.")
-        else:
-            finite = tf.math.is_finite(x)
-            x = tf.debugging.assert_all_finite(
+                            f"{dtype}.")
+        traced = backend.impl().is_traced(x)
+        if traced:
+            finite = ops.isfinite(x)
+            x = backend.impl().assert_all_finite(
                 x, "EmbeddingDPLayer: the embedding has NaN or inf values")
+        else:
+            self._raise_if_not_finite(ops.convert_to_numpy(x))
         randomize = self.eps is not None and (bool(training) or self.at_inference)
-        rows = tf.shape(x)[0]
-        self._count_coordinates(tf.reduce_prod(tf.shape(x)[1:]))
+        shape = ops.shape(x)
+        self._count_coordinates(math.prod(shape[1:]))
         if randomize:
-            noisy = quantize_rr(x, self.eps, noise=self._next_words(tf.shape(x)))
-            self._count_fresh_release(rows, example_ids, "EmbeddingDPLayer")
+            noisy = quantize_rr(x, self.eps, noise=self._next_words(shape))
+            self._count_fresh_release(shape[0], example_ids, "EmbeddingDPLayer")
         else:
             noisy = quantize_rr(x, None)
-            self._count_release(rc.NON_PRIVATE, rows)
-        g = x if self.ste == "identity" else tf.clip_by_value(x, -1.0, 1.0)
+            self._count_release(rc.NON_PRIVATE, shape[0])
+        g = x if self.ste == "identity" else _hardtanh(x)
         # Exactly zero for finite x, gradient g'(x): the output stays 0.0 / 1.0.
-        straight_through = g - tf.stop_gradient(g)
-        if not eager:
-            # Where the finiteness check is compiled away (XLA), NaN - NaN
+        straight_through = g - ops.stop_gradient(g)
+        if traced:
+            # Where the finiteness check is compiled away (XLA, JAX), NaN - NaN
             # would put NaN in the output: zero the term there instead.
-            straight_through = tf.where(finite, straight_through, tf.zeros_like(x))
-            count = self._count_input_errors([tf.logical_not(tf.reduce_all(finite))], deps=[x])
-            with tf.control_dependencies([count]):
-                straight_through = tf.identity(straight_through)
+            straight_through = ops.where(finite, straight_through, ops.zeros_like(x))
+            self._count_input_errors([ops.logical_not(ops.all(finite))], deps=[x])
         return noisy + straight_through
+
+    @staticmethod
+    def _raise_if_not_finite(values):
+        """Eagerly: a ValueError naming the first NaN / inf (its index and that value only)."""
+        bad = ~np.isfinite(values)
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"EmbeddingDPLayer: the embedding has {int(bad.sum())} non-finite "
+                             f"value(s) (NaN or inf), first at index {index}: "
+                             f"{values[index]!r}.")
 
     def dp_event(self, num_coordinates: int | None = None) -> dp_accounting.DpEvent:
         """dp_accounting event of one release of one example's embedding."""

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Sequence
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 from numpy.typing import ArrayLike
 
 from keras_fedpriv.layers import release_counter as rc
@@ -61,7 +61,7 @@ def vae_release_scope(released: bool) -> Iterator[list[Any]]:
 
     Yields:
         A list, filled with each VAEBottom that recorded a call within the
-        scope (when traced by `tf.function`, at tracing: once per graph).
+        scope (in a traced step, at tracing: once per traced function).
     """
     before = getattr(_SCOPE, "state", None)
     recorders: list[Any] = []
@@ -72,16 +72,17 @@ def vae_release_scope(released: bool) -> Iterator[list[Any]]:
         _SCOPE.state = before
 
 
-def kl_to_standard_normal(mu: tf.Tensor, logvar: tf.Tensor) -> tf.Tensor:
+def kl_to_standard_normal(mu: Any, logvar: Any) -> Any:
     """KL(N(mu, diag(exp(logvar))) || N(0, I)) per example (summed over the last axis).
 
     ``-0.5 * sum(1 + logvar - mu^2 - exp(logvar))``, computed in float32 (or
     the inputs' dtype if wider).
     """
-    dtype = tf.float64 if mu.dtype == tf.float64 else tf.float32
-    mu = tf.cast(mu, dtype)
-    logvar = tf.cast(logvar, dtype)
-    return -0.5 * tf.reduce_sum(1.0 + logvar - tf.square(mu) - tf.exp(logvar), axis=-1)
+    wide = keras.backend.standardize_dtype(mu.dtype) == "float64"
+    dtype = "float64" if wide else "float32"
+    mu = ops.cast(mu, dtype)
+    logvar = ops.cast(logvar, dtype)
+    return -0.5 * ops.sum(1.0 + logvar - ops.square(mu) - ops.exp(logvar), axis=-1)
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
@@ -223,7 +224,7 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
             h = layer(h)
         return self.z_mean(h), self.z_log_var(h)
 
-    def encode(self, x: ArrayLike) -> tuple[tf.Tensor, tf.Tensor]:
+    def encode(self, x: ArrayLike) -> tuple[Any, Any]:
         """The posterior's parameters, without sampling.
 
         Args:
@@ -233,31 +234,31 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
             ``(mu, logvar)``, two tensors of shape ``(batch, ..., latent_dim)``;
             the standard deviation is ``sigma = exp(0.5 * logvar)`` (`sigma`).
         """
-        x = tf.convert_to_tensor(x, dtype=self.compute_dtype)
+        x = ops.convert_to_tensor(x, dtype=self.compute_dtype)
         self._ensure_built(x)
         return self._encode(x)
 
-    def sigma(self, x: ArrayLike) -> tf.Tensor:
+    def sigma(self, x: ArrayLike) -> Any:
         """The posterior's standard deviation ``exp(0.5 * logvar(x))``."""
         _, logvar = self.encode(x)
-        return tf.exp(0.5 * logvar)
+        return ops.exp(0.5 * logvar)
 
     def _sample(self, mu, logvar):
-        noise = self._next_normal(tf.shape(mu), mu.dtype)
-        return mu + tf.exp(0.5 * logvar) * noise
+        noise = self._next_normal(ops.shape(mu), keras.backend.standardize_dtype(mu.dtype))
+        return mu + ops.exp(0.5 * logvar) * noise
 
     def _kl(self, mu, logvar):
         """beta * mean over the batch of the per-example KL (a scalar)."""
-        return self.beta * tf.reduce_mean(kl_to_standard_normal(mu, logvar))
+        return self.beta * ops.mean(kl_to_standard_normal(mu, logvar))
 
-    def call(self, inputs: tf.Tensor, training: bool | None = None,
-             example_ids: ArrayLike | None = None) -> tf.Tensor:
+    def call(self, inputs: Any, training: bool | None = None,
+             example_ids: ArrayLike | None = None) -> Any:
         # `training` is accepted for Keras' sake and deliberately ignored: the
         # sample is drawn at inference too.
         mu, logvar = self._encode(inputs)
         if self.beta > 0:
             self.add_loss(self._kl(mu, logvar))
-        self._record_call(tf.shape(mu)[0], example_ids)
+        self._record_call(ops.shape(mu)[0], example_ids)
         return self._sample(mu, logvar)
 
     def _record_call(self, rows, example_ids):
@@ -287,10 +288,12 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
 
     # --- the decoder and pretraining --------------------------------------------------
 
-    def decode(self, z: ArrayLike) -> tf.Tensor:
+    def decode(self, z: ArrayLike) -> Any:
         """Reconstruct features from latent codes (needs ``with_decoder=True``)."""
         self._require_decoder("decode")
-        h = tf.convert_to_tensor(z, dtype=self.compute_dtype)
+        return self._decode(ops.convert_to_tensor(z, dtype=self.compute_dtype))
+
+    def _decode(self, h):
         for layer in self.decoder_layers:
             h = layer(h)
         return self.decoder_output(h)
@@ -302,15 +305,6 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
         if not self.built:
             raise ValueError(f"VAEBottom.{what}: the layer is not built yet; call it on data "
                              f"(or `pretrain`) first.")
-
-    def _pretrain_losses(self, x):
-        mu, logvar = self._encode(x)
-        z = self._sample(mu, logvar)
-        recon = self.decode(z)
-        diff = tf.cast(recon, tf.float32) - tf.cast(x, tf.float32)
-        mse = tf.reduce_mean(tf.reduce_mean(tf.square(diff), axis=-1))
-        kl = self._kl(mu, logvar)
-        return mse + kl, mse, kl
 
     def pretrain(self, x: ArrayLike, epochs: int = 10, batch_size: int = 32,
                  optimizer: str | keras.optimizers.Optimizer = "adam", verbose: int = 1,
@@ -345,44 +339,30 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
         if x.ndim < 2 or len(x) == 0:
             raise ValueError(f"VAEBottom.pretrain: `x` must have shape (N, ..., features) with "
                              f"N >= 1; got shape {x.shape}.")
-        self._ensure_built(tf.convert_to_tensor(x[:1]))
+        self._ensure_built(x[:1])
         if x.shape[-1] != self.input_dim:
             raise ValueError(f"VAEBottom.pretrain: `x` has {x.shape[-1]} features, the layer was "
                              f"built for {self.input_dim}.")
-        optimizer = keras.optimizers.get(optimizer)
-        variables = [v for layer in self._pretrain_layers() for v in layer.trainable_variables]
-        optimizer.build(variables)
+        autoencoder = _Autoencoder(self)
+        autoencoder.compile(optimizer=keras.optimizers.get(optimizer),
+                            loss={"reconstruction": "mse", "kl": _mean_of_prediction},
+                            loss_weights={"reconstruction": 1.0, "kl": self.beta})
+        log = keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda epoch, logs: self._log_pretrain_epoch(epoch, epochs, logs,
+                                                                      verbose))
+        fitted = autoencoder.fit(x, {"reconstruction": x, "kl": np.zeros(len(x), "float32")},
+                                 epochs=epochs, batch_size=batch_size, shuffle=shuffle, verbose=0,
+                                 callbacks=[log]).history
+        return {"loss": [float(v) for v in fitted["loss"]],
+                "reconstruction": [float(v) for v in fitted["reconstruction_loss"]],
+                "kl": [self.beta * float(v) for v in fitted["kl_loss"]]}
 
-        @tf.function(input_signature=[tf.TensorSpec((None,) + x.shape[1:], x.dtype)])
-        def step(batch):
-            with tf.GradientTape() as tape:
-                loss, mse, kl = self._pretrain_losses(batch)
-            grads = tape.gradient(loss, variables)
-            optimizer.apply_gradients(zip(grads, variables))
-            return loss, mse, kl
-
-        order_rng = np.random.default_rng()
-        history = {"loss": [], "reconstruction": [], "kl": []}
-        n = len(x)
-        for epoch in range(epochs):
-            order = order_rng.permutation(n) if shuffle else np.arange(n)
-            totals = np.zeros(3)
-            for start in range(0, n, batch_size):
-                batch = x[order[start:start + batch_size]]
-                values = step(tf.constant(batch))
-                totals += len(batch) * np.array([float(v) for v in values])
-            means = totals / n
-            for key, value in zip(history, means):
-                history[key].append(float(value))
-            if verbose:
-                with verbose_scope(verbose):
-                    logger.info("VAEBottom.pretrain epoch %d/%d: loss=%.4f reconstruction=%.4f "
-                                "kl=%.4f", epoch + 1, epochs, *means)
-        return history
-
-    def _pretrain_layers(self):
-        return [*self.hidden_layers, self.z_mean, self.z_log_var, *self.decoder_layers,
-                self.decoder_output]
+    def _log_pretrain_epoch(self, epoch, epochs, logs, verbose):
+        if verbose:
+            with verbose_scope(verbose):
+                logger.info("VAEBottom.pretrain epoch %d/%d: loss=%.4f reconstruction=%.4f "
+                            "kl=%.4f", epoch + 1, epochs, logs["loss"],
+                            logs["reconstruction_loss"], self.beta * logs["kl_loss"])
 
     # --- serialization ----------------------------------------------------------------
 
@@ -391,3 +371,33 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
         config.update({"latent_dim": self.latent_dim, "hidden_units": list(self.hidden_units),
                        "beta": self.beta, "with_decoder": self.with_decoder, "seed": self.seed})
         return config
+
+
+def _mean_of_prediction(y_true, y_pred):
+    """The "loss" of the autoencoder's KL output: the per-example KL itself."""
+    del y_true
+    return y_pred
+
+
+class _Autoencoder(keras.Model):
+    """A `VAEBottom`'s encoder, sample and decoder as one model, for `VAEBottom.pretrain`.
+
+    Outputs ``{"reconstruction": decoder(sample), "kl": per-example KL}``; its
+    ``fit`` (any backend, XLA or not) trains the VAE's own weights. Nothing it
+    computes leaves the party, so it records no release.
+    """
+
+    def __init__(self, vae: VAEBottom) -> None:
+        super().__init__(dtype=vae.dtype_policy, name=f"{vae.name}_pretraining")
+        self.vae = vae
+        self.built = True
+
+    def call(self, x: Any) -> dict[str, Any]:
+        mu, logvar = self.vae._encode(x)
+        return {"reconstruction": self.vae._decode(self.vae._sample(mu, logvar)),
+                "kl": kl_to_standard_normal(mu, logvar)}
+
+    def compute_output_spec(self, x: Any) -> dict[str, keras.KerasTensor]:
+        batch = x.shape[:-1]
+        return {"reconstruction": keras.KerasTensor(x.shape, dtype=self.compute_dtype),
+                "kl": keras.KerasTensor(batch, dtype="float32")}

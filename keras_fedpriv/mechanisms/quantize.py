@@ -10,15 +10,14 @@ d-dimensional embedding is (d * eps / 2)-DP by basic composition.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import dp_accounting
 from keras import ops
-
-import tensorflow as tf
 from numpy.typing import ArrayLike
 
 from keras_fedpriv.mechanisms.events import repeat_event
+from keras_fedpriv.mechanisms.random import words_below
 from keras_fedpriv.mechanisms.randomized_response import (
     _noise,
     flip_threshold,
@@ -45,7 +44,7 @@ def quantize_turn_on_probability(eps: float) -> float:
 
 
 def quantize_rr(x: ArrayLike, eps: float | None = None, *, seed: int | None = None,
-                noise: ArrayLike | Sequence[ArrayLike] | None = None) -> tf.Tensor:
+                noise: ArrayLike | Sequence[ArrayLike] | None = None) -> Any:
     """Quantize to one bit and apply randomized response.
 
     Args:
@@ -71,8 +70,7 @@ def quantize_rr(x: ArrayLike, eps: float | None = None, *, seed: int | None = No
         # Keeping a 1 with p = 1 - q and turning a 0 on with q is a flip with
         # probability q (one draw per coordinate).
         # The flip threshold is binary RR's at eps/2: the probability q rounded up.
-        flip = tf.less(tf.cast(words, tf.uint32),
-                       tf.constant(flip_threshold(eps / 2.0), tf.uint32))
+        flip = words_below(words, flip_threshold(eps / 2.0))
         bits = ops.logical_xor(bits, flip)
     return ops.cast(bits, x.dtype)
 

@@ -9,14 +9,16 @@ from Python's global `random` (predictable after
 64-bit secret and generated with Philox-4x32-10 (Salmon et al. 2011, the
 counter-based generator TensorFlow itself uses):
 
-* `philox4x32` is a vectorized Philox in plain TensorFlow integer ops. It
-  works eagerly, in graphs, under XLA (`jit_compile=True`) and inside
-  `tf.data`. It serves to key noise by *example id* (same id, same noise, in
-  every epoch) and to derive per-call seeds. It is tested bit for bit against
+* `philox4x32` is a vectorized Philox in integer ops, one implementation
+  per Keras backend (`keras_fedpriv.backend`): TensorFlow ops (eager, graphs,
+  XLA with ``jit_compile=True``, ``tf.data``) and JAX ops in 32-bit integers
+  only (``jit``, no ``jax_enable_x64``). It serves to key noise by *example
+  id* (same id, same noise, in every epoch) and to derive per-call seeds.
+  Both are tested bit for bit against Random123's known answers and
   TensorFlow's own Philox kernel.
-* `random_words` draws uint32 words for a whole tensor from TensorFlow's
-  stateless kernel with a 128-bit seed derived by Philox from the key and a
-  counter.
+* `random_words` draws uint32 words for a whole tensor: TensorFlow's
+  stateless kernel with a 128-bit seed (on JAX the same words, by Philox on
+  a counter).
 
 All mechanisms consume uniform uint32 "noise words" and compare them with
 integer thresholds (`probability_threshold`), so probabilities are exact to
@@ -31,8 +33,9 @@ import zlib
 from typing import Any, Sequence
 
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
+from keras_fedpriv import backend
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 
 __all__ = [
@@ -45,12 +48,9 @@ __all__ = [
     "words_from_ids",
     "seed_to_key_words",
     "uniform_words",
+    "words_below",
 ]
 
-_M0 = 0xD2511F53
-_M1 = 0xCD9E8D57
-_W0 = 0x9E3779B9
-_W1 = 0xBB67AE85
 _MASK32 = 0xFFFFFFFF
 
 
@@ -268,17 +268,6 @@ def seed_to_key_words(seed: int) -> np.ndarray:
     return np.array([seed & _MASK32, (seed >> 32) & _MASK32], dtype=np.int64)
 
 
-def _u32(x):
-    return tf.cast(x, tf.uint32)
-
-
-def _mulhilo(multiplier, x):
-    product = tf.constant(multiplier, tf.uint64) * tf.cast(x, tf.uint64)
-    hi = tf.cast(tf.bitwise.right_shift(product, tf.constant(32, tf.uint64)), tf.uint32)
-    lo = tf.cast(tf.bitwise.bitwise_and(product, tf.constant(_MASK32, tf.uint64)), tf.uint32)
-    return hi, lo
-
-
 def philox4x32(counter: Sequence[Any], key: Sequence[Any], rounds: int = 10) -> tuple[Any, ...]:
     """Philox-4x32 on broadcastable uint32 tensors.
 
@@ -290,58 +279,40 @@ def philox4x32(counter: Sequence[Any], key: Sequence[Any], rounds: int = 10) -> 
     Returns:
         A tuple of four uint32 tensors, the Philox output block.
     """
-    c0, c1, c2, c3 = (_u32(c) for c in counter)
-    k0, k1 = (_u32(k) for k in key)
-    w0 = tf.constant(_W0, tf.uint32)
-    w1 = tf.constant(_W1, tf.uint32)
-    for _ in range(rounds):
-        hi0, lo0 = _mulhilo(_M0, c0)
-        hi1, lo1 = _mulhilo(_M1, c2)
-        c0, c1, c2, c3 = (
-            tf.bitwise.bitwise_xor(tf.bitwise.bitwise_xor(hi1, c1), k0),
-            lo1,
-            tf.bitwise.bitwise_xor(tf.bitwise.bitwise_xor(hi0, c3), k1),
-            lo0,
-        )
-        k0 = k0 + w0
-        k1 = k1 + w1
-    return c0, c1, c2, c3
-
-
-def _split64(x):
-    x = tf.cast(x, tf.int64)
-    lo = tf.bitwise.bitwise_and(x, tf.constant(_MASK32, tf.int64))
-    hi = tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, tf.constant(32, tf.int64)),
-                                tf.constant(_MASK32, tf.int64))
-    return _u32(lo), _u32(hi)
+    return backend.impl().philox4x32(counter, key, rounds)
 
 
 def words_from_ids(key_words: Any, ids: Any, salt: int) -> tuple[Any, ...]:
     """Four uint32 noise words per example id, a pure function of (key, id, salt).
 
     Args:
-        key_words: int64 tensor of shape (2,), the two Philox key words.
-        ids: integer tensor of example ids, any shape.
+        key_words: tensor of shape (2,), the two Philox key words (int64 on
+            TensorFlow; uint32 or int32 on JAX, or 64-bit host integers).
+        ids: integer tensor of example ids, any shape (int64 on TensorFlow;
+            32-bit on JAX, sign-extended as an int64 cast would, or 64-bit
+            host integers).
         salt: Python int < 2**32 that separates independent streams (e.g. one
             per mechanism) under the same key.
 
     Returns:
         Four uint32 tensors with the shape of ``ids``.
     """
-    lo, hi = _split64(ids)
-    key_words = tf.cast(key_words, tf.int64)
-    zeros = tf.zeros_like(lo)
-    return philox4x32((lo, hi, zeros, zeros + _u32(salt)), (key_words[0], key_words[1]))
+    return backend.impl().words_from_ids(key_words, ids, salt)
 
 
 def random_words(shape: Any, seed: Any) -> Any:
-    """Uniform uint32 words of ``shape`` from TF's stateless Philox kernel.
+    """Uniform uint32 words of ``shape``, TensorFlow's stateless Philox stream of ``seed``.
+
+    Both backends draw the same words for the same seed (on JAX in 32-bit
+    Philox on a counter, without x64).
 
     Args:
         shape: output shape (list or 1-D int tensor).
-        seed: int64 tensor of shape (2,).
+        seed: two 64-bit integers (an int64 tensor of shape (2,) on
+            TensorFlow; on JAX a host array, or their four uint32 words
+            ``(low, high, low, high)`` as an array inside ``jit``).
     """
-    return tf.random.stateless_uniform(shape, seed=seed, minval=None, maxval=None, dtype=tf.uint32)
+    return backend.impl().random_words(shape, seed)
 
 
 def uniform_words(shape: Any, seed: int | None = None) -> Any:
@@ -357,19 +328,19 @@ def uniform_words(shape: Any, seed: int | None = None) -> Any:
             fresh secret would be frozen into the graph as a constant and
             every call would repeat the same noise.
     """
+    impl = backend.impl()
     if seed is None:
-        if tf.inside_function():
+        if impl.inside_trace():
             raise ValueError(
-                "A mechanism called inside a traced function (tf.function, model.fit, "
-                "tf.data.Dataset.map) with seed=None would freeze one secret into the "
-                "graph and repeat the same noise on every call. Use the Keras layers "
+                "A mechanism called inside a traced function (tf.function, jax.jit, "
+                "model.fit, tf.data.Dataset.map) with seed=None would freeze one secret into "
+                "the graph and repeat the same noise on every call. Use the Keras layers "
                 "(LabelDPLayer, EmbeddingDPLayer), which keep their secret in state, "
                 "or pass `noise=` words drawn from your own keyed RNG."
             )
         seed = draw_secret()
     k0, k1 = (int(w) for w in seed_to_key_words(seed))
-    key64 = np.array([k0 | (k1 << 32)], np.uint64).view(np.int64)[0]
-    return random_words(shape, tf.constant([key64, 0], tf.int64))
+    return random_words(shape, impl.seed_from_key(k0 | (k1 << 32)))
 
 
 def probability_threshold(p: float) -> int:
@@ -401,16 +372,28 @@ def probability_threshold(p: float) -> int:
     return threshold
 
 
-def below(words, p):
+def words_below(words: Any, threshold: Any) -> Any:
+    """Boolean tensor ``words < threshold`` on uint32 words: an event of probability
+    ``threshold / 2**32``.
+
+    Args:
+        words: uniform uint32 noise words (any integer dtype holding them).
+        threshold: an int in [0, 2**32), or a uint32 tensor broadcastable
+            to ``words``.
+    """
+    return ops.less(ops.cast(words, "uint32"), ops.convert_to_tensor(threshold, "uint32"))
+
+
+def below(words: Any, p: float) -> Any:
     """Boolean tensor: ``words < probability_threshold(p)``, an event of probability ``>= p``.
 
     The realized probability is ``probability_threshold(p) / 2**32`` (``p``
     rounded up to a multiple of 2**-32).
     """
-    return tf.less(tf.cast(words, tf.uint32), tf.constant(probability_threshold(p), tf.uint32))
+    return words_below(words, probability_threshold(p))
 
 
-def uniform_index(words, n):
+def uniform_index(words: Any, n: Any) -> Any:
     """Map uniform uint32 words to integers in [0, n) by multiply-shift.
 
     ``floor(word * n / 2**32)``: index j gets ``floor(2**32 / n)`` or
@@ -419,5 +402,5 @@ def uniform_index(words, n):
     two). Randomized response does not use it for the move to another class,
     which must be exactly uniform (see `randomized_response`).
     """
-    product = tf.cast(words, tf.uint64) * tf.cast(n, tf.uint64)
-    return tf.cast(tf.bitwise.right_shift(product, tf.constant(32, tf.uint64)), tf.int32)
+    high, _ = backend.impl().mulhilo32(ops.cast(words, "uint32"), ops.cast(n, "uint32"))
+    return ops.cast(high, "int32")

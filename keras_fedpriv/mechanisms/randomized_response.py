@@ -47,11 +47,12 @@ from fractions import Fraction
 from typing import Sequence
 
 import dp_accounting
+from typing import Any
+
 from keras import ops
-import tensorflow as tf
 from numpy.typing import ArrayLike
 
-from keras_fedpriv.mechanisms.random import uniform_index, uniform_words
+from keras_fedpriv.mechanisms.random import uniform_index, uniform_words, words_below
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
 
 __all__ = [
@@ -275,7 +276,7 @@ def _noise(noise, shape, seed, count=1):
 
 
 def binary_randomized_response(bits: ArrayLike, eps: float, *, seed: int | None = None,
-                               noise: ArrayLike | Sequence[ArrayLike] | None = None) -> tf.Tensor:
+                               noise: ArrayLike | Sequence[ArrayLike] | None = None) -> Any:
     """Flip each bit with probability ``1 / (1 + e^eps)``.
 
     Args:
@@ -295,21 +296,24 @@ def binary_randomized_response(bits: ArrayLike, eps: float, *, seed: int | None 
     eps = validate_eps(eps)
     bits = ops.convert_to_tensor(bits)
     (words,) = _noise(noise, ops.shape(bits), seed)
-    flip = tf.less(tf.cast(words, tf.uint32), tf.constant(flip_threshold(eps), tf.uint32))
+    flip = words_below(words, flip_threshold(eps))
     out = ops.logical_xor(ops.greater(bits, 0), flip)
     return ops.cast(out, bits.dtype)
 
 
 def _keep_thresholds(max_k, eps):
-    """uint64 tables for k = 1..max_k candidates: keep thresholds and move bucket sizes.
+    """uint32 tables for k = 1..max_k candidates: keep thresholds and move bucket sizes.
 
     Entry k-1 of the first is `_keep_threshold` (rounded down: never "never
-    move"), of the second ``S = 2**32 // (k - 1)``, the number of move words
-    per other class (2**32 for k = 1, where nothing moves).
+    move"; for k = 1, where nothing moves, 2**32 - 1: the output is the one
+    candidate either way), of the second ``S = 2**32 // (k - 1)``, the number
+    of move words per other class. ``S = 2**32`` (k = 1, 2) does not fit in
+    32 bits: those entries are 1 and `_rr_on_ranks` moves to other rank 0.
     """
-    keep = [_keep_threshold(eps, k) for k in range(1, max_k + 1)]
-    sizes = [_WORDS] + [_move_buckets(k)[0] for k in range(2, max_k + 1)]
-    return ops.convert_to_tensor(keep, dtype="uint64"), ops.convert_to_tensor(sizes, dtype="uint64")
+    keep = [min(_keep_threshold(eps, k), _WORDS - 1) for k in range(1, max_k + 1)]
+    sizes = [1, 1] + [_move_buckets(k)[0] for k in range(3, max_k + 1)]
+    return (ops.convert_to_tensor(keep, dtype="uint32"),
+            ops.convert_to_tensor(sizes[:max_k], dtype="uint32"))
 
 
 def _rr_on_ranks(rank_y, k, max_k, keep_words, other_words, eps):
@@ -317,20 +321,19 @@ def _rr_on_ranks(rank_y, k, max_k, keep_words, other_words, eps):
 
     ``rank_y`` is the true class's rank within the candidate set, or -1 when
     it is outside the set (then the output is uniform over the set).
-    Returns the output rank (int32).
+    Returns the output rank (int32). Only 32-bit integer ops (JAX has no
+    uint64 without x64).
     """
     k = ops.cast(k, "int32")
     rank_y = ops.cast(rank_y, "int32")
     keep_table, size_table = _keep_thresholds(max_k, eps)
-    threshold = tf.gather(keep_table, k - 1)
-    size = tf.gather(size_table, k - 1)
-    # tf.less, not ops.less: Keras' dtype promotion turns uint64 into uint32
-    # and wraps a threshold of 2**32 to 0 (found by the eps=40 frequency test).
-    keep = tf.less(tf.cast(keep_words, tf.uint64), threshold)
+    keep = ops.logical_or(words_below(keep_words, ops.take(keep_table, k - 1)), ops.equal(k, 1))
     # A move goes to other rank word // S: every other rank gets exactly S words;
     # the R = 2**32 mod (k - 1) words above (k - 1) * S keep the true rank
-    # (accounted for in the keep threshold).
-    other = tf.cast(tf.math.floordiv(tf.cast(other_words, tf.uint64), size), tf.int32)
+    # (accounted for in the keep threshold). With k <= 2, S = 2**32: rank 0.
+    other = ops.cast(ops.floor_divide(ops.cast(other_words, "uint32"),
+                                      ops.take(size_table, k - 1)), "int32")
+    other = ops.where(ops.greater(k, 2), other, 0)
     keep = ops.logical_or(keep, ops.greater_equal(other, k - 1))
     inside = ops.greater_equal(rank_y, 0)
     # Inside and not kept: the k - 1 other ranks. Outside the set: uniform over all k ranks.
@@ -341,7 +344,7 @@ def _rr_on_ranks(rank_y, k, max_k, keep_words, other_words, eps):
 
 def kary_randomized_response(class_ids: ArrayLike, num_classes: int, eps: float, *,
                              seed: int | None = None,
-                             noise: ArrayLike | Sequence[ArrayLike] | None = None) -> tf.Tensor:
+                             noise: ArrayLike | Sequence[ArrayLike] | None = None) -> Any:
     """k-ary randomized response on integer class ids.
 
     Keeps the class with ``e^eps / (K - 1 + e^eps)`` and moves to each other
@@ -375,7 +378,7 @@ def _static_num_classes(prior):
     return int(num_classes)
 
 
-def rr_with_prior_k(prior: ArrayLike, eps: float) -> tf.Tensor:
+def rr_with_prior_k(prior: ArrayLike, eps: float) -> Any:
     """The per-example size k* of the RR-with-prior candidate set.
 
     ``k* = argmax_k sum_{top k} prior / (1 + (k - 1) e^-eps)``, ties to the
@@ -401,7 +404,7 @@ def rr_with_prior_k(prior: ArrayLike, eps: float) -> tf.Tensor:
 
 
 def rr_with_prior(class_ids: ArrayLike, prior: ArrayLike, eps: float, *, seed: int | None = None,
-                  noise: ArrayLike | Sequence[ArrayLike] | None = None) -> tf.Tensor:
+                  noise: ArrayLike | Sequence[ArrayLike] | None = None) -> Any:
     """Randomized response with a prior (RRWithPrior, Ghazi et al. 2021).
 
     For each example, take the k* classes with the largest prior (see
