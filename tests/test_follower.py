@@ -5,7 +5,7 @@ import pytest
 
 from keras_fedpriv.federated.vertical_driver import FeatureTable, FollowerRequest, serve_request
 from keras_fedpriv.federated.vertical_parties import MalformedMessage, VerticalFollower
-from vertical_stubs import COLUMNS, PENDING_JAX_LAYERS, model_fn, vertical_data
+from vertical_stubs import COLUMNS, model_fn, vertical_data
 
 pytestmark = [pytest.mark.jax]
 
@@ -15,7 +15,6 @@ def data():
     return vertical_data()
 
 
-@PENDING_JAX_LAYERS
 def test_a_follower_state_moves_to_another_process(data):
     """What a follower keeps between messages (Flower's node state) is enough to apply the
     gradient in a fresh copy: the same update as the original."""
@@ -41,7 +40,6 @@ def test_a_follower_state_moves_to_another_process(data):
                                   copy.protection.rng_counter.numpy())
 
 
-@PENDING_JAX_LAYERS
 def test_a_follower_refuses_a_malformed_gradient_and_updates_nothing(data):
     follower = model_fn().split_parties().followers["f1"]
     with pytest.raises(MalformedMessage, match="no batch awaits"):
@@ -63,7 +61,6 @@ def test_a_follower_refuses_a_malformed_gradient_and_updates_nothing(data):
         table.rows(np.array([0.5]))
 
 
-@PENDING_JAX_LAYERS
 def test_bad_arguments_raise_clear_errors(data):
     model = model_fn()
     f1 = model.split_parties().followers["f1"]
@@ -79,7 +76,6 @@ def test_bad_arguments_raise_clear_errors(data):
         f1.embed(data["features"][:2, COLUMNS["f1"]], example_ids=[0.0, 1.0])
 
 
-@PENDING_JAX_LAYERS
 def test_a_queue_of_batches_moves_to_another_process_in_the_middle_of_a_group(data):
     """Three batches embedded with the same weights (one message of K = 3); the first gradient
     applied, then the follower's state moves to a fresh copy: the other two batches keep the
@@ -122,7 +118,6 @@ def test_a_queue_of_batches_moves_to_another_process_in_the_middle_of_a_group(da
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
 
 
-@PENDING_JAX_LAYERS
 def test_embed_without_queue_drops_the_waiting_batches(data):
     follower = model_fn().split_parties().followers["f1"]
     ids = np.arange(8)
@@ -138,7 +133,6 @@ def test_embed_without_queue_drops_the_waiting_batches(data):
         follower.receive_gradient({"gradient": np.zeros((8, 4), np.float32)}, 1)
 
 
-@PENDING_JAX_LAYERS
 def test_a_state_with_a_broken_queue_loads_nothing(data):
     """A saved queue missing the weights its batches were embedded with is refused before
     anything is loaded (the weights, the counters and the queue stay as they were)."""

@@ -11,7 +11,7 @@ from keras_fedpriv.federated.vertical_parties.loop import (
     serve_request,
     validate_batches_per_message,
 )
-from vertical_stubs import COLUMNS, PENDING_JAX_LAYERS, model_fn, vertical_data
+from vertical_stubs import COLUMNS, model_fn, vertical_data
 
 pytestmark = [pytest.mark.jax]
 
@@ -52,7 +52,6 @@ def test_malformed_ids_messages_are_refused(ids, match):
         FollowerRequest.from_arrays(ids, None, training=True, max_batches=3)
 
 
-@PENDING_JAX_LAYERS
 def test_a_follower_refuses_more_batches_than_it_allows_and_releases_nothing(table):
     follower = model_fn().split_parties().followers["f1"]
     with pytest.raises(MalformedMessage, match="at most 2 batches per message"):
@@ -67,7 +66,6 @@ def test_a_follower_refuses_more_batches_than_it_allows_and_releases_nothing(tab
     assert follower.pending_batches == 2
 
 
-@PENDING_JAX_LAYERS
 def test_gradients_that_do_not_match_the_waiting_batches_apply_nothing(table):
     follower = model_fn().split_parties().followers["f1"]
     serve_request(follower, FollowerRequest(example_ids=_ids(4, 3)), table)

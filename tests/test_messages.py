@@ -15,14 +15,7 @@ from keras_fedpriv.federated import (
     VerticalModel,
     with_example_ids,
 )
-from vertical_stubs import (
-    PENDING_JAX_LAYERS,
-    bottom,
-    compile_model,
-    is_zero_one,
-    top,
-    two_party_data,
-)
+from vertical_stubs import bottom, compile_model, is_zero_one, top, two_party_data
 
 pytestmark = [pytest.mark.jax]
 
@@ -90,7 +83,6 @@ def test_messages_are_the_protocol_gradients(data):
         assert np.abs(got_w - b).max() > 1e-5
 
 
-@PENDING_JAX_LAYERS
 def test_bytes_in_history_equal_hand_computed_totals(data):
     """Three parties, dict-input top: 1-bit packed bits up for EmbeddingDP, float32 otherwise."""
     keras.utils.set_random_seed(4)
@@ -159,7 +151,6 @@ def _x(data, n=64):
     return {"party_a": xa[:, :8], "party_c": xa[:, 8:], "party_b": data["train"]["party_b"][:n]}
 
 
-@PENDING_JAX_LAYERS
 def test_the_recorder_keeps_the_chosen_epochs_steps_and_parties_of_its_latest_fit(data):
     model, x, y = _three_party(), _x(data), data["y"][:64]
     recorder = MessageRecorder(epochs=(1, 2), max_steps=1, parties="party_c")
@@ -181,7 +172,6 @@ def test_the_recorder_keeps_the_chosen_epochs_steps_and_parties_of_its_latest_fi
         recorder.steps()  # cleared at the start of every fit: epoch 0 only, not recorded
 
 
-@PENDING_JAX_LAYERS
 def test_a_recorder_for_an_unknown_party_fails_at_the_start_of_fit(data):
     with pytest.raises(ValueError, match=r"\['party_z'\] are not followers.*party_a"):
         _three_party().fit(_x(data), data["y"][:64], epochs=1, verbose=0,

@@ -8,7 +8,6 @@ import pytest
 
 import keras_fedpriv as kf
 from keras_fedpriv.federated.vertical_parties import party as P
-from vertical_stubs import PENDING_JAX_LAYERS
 
 pytestmark = [pytest.mark.jax]
 
@@ -111,7 +110,6 @@ def test_an_unprotected_follower_counts_each_send_as_a_release_without_dp():
     assert leader.unprotected_count() == 0
 
 
-@PENDING_JAX_LAYERS
 def test_a_protected_follower_sends_the_protections_output():
     follower = P.PartyBottom("f1", _dense(), protection=kf.EmbeddingDPLayer(1.0, seed=1))
     z, sent, _ = follower.forward(np.zeros((4, 3), np.float32), training=True,

@@ -19,15 +19,7 @@ import numpy as np
 import pytest
 
 from crosspath import assert_bits_are_the_sign
-from vertical_stubs import (
-    PENDING_JAX_LAYERS,
-    bottom,
-    compile_model,
-    is_zero_one,
-    top,
-    two_party,
-    two_party_data,
-)
+from vertical_stubs import bottom, compile_model, is_zero_one, top, two_party, two_party_data
 
 import keras_fedpriv as kf
 from keras_fedpriv.federated import (
@@ -66,7 +58,6 @@ def test_unprotected_two_party_model_trains(data):
     assert result["accuracy"] > 0.9
 
 
-@PENDING_JAX_LAYERS
 def test_protected_model_still_trains(data):
     keras.utils.set_random_seed(2)
     # seeded protection: the losses and the accuracy below are deterministic
@@ -93,7 +84,6 @@ def test_protected_model_still_trains(data):
 
 # --- XLA, MirroredStrategy ----------------------------------------------------------------
 
-@PENDING_JAX_LAYERS
 def test_jit_compile_fit_with_recorder(data):
     keras.utils.set_random_seed(5)
     model = compile_model(two_party(embedding_dp=kf.EmbeddingDPLayer(eps=4.0, seed=23),
@@ -143,7 +133,6 @@ def test_mirrored_strategy_fit_messages_and_bytes(data, strategy):
 
 # --- saving, callbacks ----------------------------------------------------------------------
 
-@PENDING_JAX_LAYERS
 def test_keras_round_trip_predicts_the_same_and_keeps_training(data, tmp_path):
     keras.utils.set_random_seed(7)
     model = compile_model(two_party(embedding_dp=kf.EmbeddingDPLayer(eps=None, ste="hardtanh"),
@@ -196,7 +185,6 @@ def test_seeded_protection_gets_distinct_derived_seeds_per_party(tmp_path):
     np.testing.assert_allclose(leader.serve(msgs).numpy(), model.top(msgs).numpy(), rtol=1e-6)
 
 
-@PENDING_JAX_LAYERS
 def test_callbacks_validation_early_stopping_checkpoint(data, tmp_path):
     keras.utils.set_random_seed(8)
     model = compile_model(two_party(embedding_dp=kf.EmbeddingDPLayer(eps=None)))
@@ -352,7 +340,6 @@ def test_bad_arguments_raise_clear_errors():
         MessageRecorder(max_steps=0)
 
 
-@PENDING_JAX_LAYERS
 def test_missing_example_ids_with_randomize_once_label_dp_raises(data):
     model = compile_model(two_party(label_dp=kf.LabelDPLayer(1.0)))
     with pytest.raises(ValueError, match=re.escape("with_example_ids")):
@@ -386,7 +373,6 @@ def test_example_ids_give_the_same_noisy_labels_every_epoch(data):
     assert recorder.embeddings("party_a").shape == (3 * n, 8)
 
 
-@PENDING_JAX_LAYERS
 def test_vertical_guide_quick_start_runs():
     """The quick start in docs/vertical.md, executed as written."""
     path = os.path.join(os.path.dirname(__file__), "..", "docs", "vertical.md")
@@ -401,7 +387,6 @@ def test_vertical_guide_quick_start_runs():
     assert recorder.cut_gradients("party_a").shape[1] == 8
 
 
-@PENDING_JAX_LAYERS
 def test_vertical_guide_evaluation_charges_only_the_test_rows():
     """docs/vertical.md's evaluation snippet (after the quick start): test ids from a fresh
     range charge the test rows once and leave the training rows' count as it was; without

@@ -14,7 +14,7 @@ import keras_fedpriv as kf
 from keras_fedpriv.federated import with_example_ids
 from keras_fedpriv.federated.vertical_driver import FeatureTable, VerticalDriver, epoch_order
 from keras_fedpriv.privacy import privacy_report
-from vertical_stubs import COLUMNS, PENDING_JAX_LAYERS, follower_data, model_fn, vertical_data
+from vertical_stubs import COLUMNS, follower_data, model_fn, vertical_data
 
 pytestmark = [pytest.mark.jax]
 
@@ -54,7 +54,6 @@ def _driver_fit(parties, data, epochs, batch_size, seed, validation=True):
     return driver, result
 
 
-@PENDING_JAX_LAYERS
 def test_driver_matches_vertical_model_fit_with_label_dp_and_embedding_dp(data):
     """Same seeds, data and batch order: the same model, the same releases."""
     epochs, batch_size, seed = 3, 32, 1
@@ -112,7 +111,6 @@ def test_driver_matches_vertical_model_fit_without_protections(data):
                                   halves_model.unprotected_releases.numpy())
 
 
-@PENDING_JAX_LAYERS
 def test_driver_trains_on_breast_cancer(data):
     model = model_fn()
     parties = model.split_parties(metrics=[keras.metrics.AUC(name="auc")])
@@ -127,7 +125,6 @@ def test_driver_trains_on_breast_cancer(data):
     assert result.history["bytes_down_f1"] == [398.0 * 16] * 4
 
 
-@PENDING_JAX_LAYERS
 def test_a_vae_bottom_follower_matches_vertical_model_fit(data):
     """A bottom that samples (VAEBottom: its own secret noise, its own KL loss): the replayed
     forward pass draws the same sample, so the follower's gradient is VerticalModel's."""
@@ -146,7 +143,6 @@ def test_a_vae_bottom_follower_matches_vertical_model_fit(data):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@PENDING_JAX_LAYERS
 def test_malformed_replies_are_logged_and_never_used(data, caplog):
     epochs, batch_size, seed = 1, 64, 3
     hows = {1: lambda m: {"bits": m["bits"].astype(np.int16)},
@@ -184,7 +180,6 @@ def test_malformed_replies_are_logged_and_never_used(data, caplog):
     assert int(totals[0]) == 7  # 7 batches embedded, all recorded
 
 
-@PENDING_JAX_LAYERS
 def test_vertical_guide_party_halves_example_runs():
     """docs/vertical.md: the party-halves example runs as written, after the quick start."""
     path = os.path.join(os.path.dirname(__file__), "..", "docs", "vertical.md")
@@ -201,7 +196,6 @@ def test_vertical_guide_party_halves_example_runs():
     assert len(result.history["loss"]) == 2 and result.rejected == []
 
 
-@PENDING_JAX_LAYERS
 def test_bad_arguments_raise_clear_errors(data):
     parties = model_fn().split_parties()
     with pytest.raises(TypeError, match="`parties` must be a VerticalParties"):
@@ -231,7 +225,6 @@ def k_runs(data):
     return {k: _k_fit(data, k) for k in (1, 4)}
 
 
-@PENDING_JAX_LAYERS
 def test_k_batches_per_message_record_the_same_releases_as_one(k_runs):
     """K = 4 (13 steps an epoch: messages of 4, 4, 4 and 1 batches) releases exactly what
     K = 1 releases: the same ledgers, reports and payload bytes; only the model differs."""
@@ -258,7 +251,6 @@ def test_k_batches_per_message_record_the_same_releases_as_one(k_runs):
     assert not np.allclose(w1, w4)
 
 
-@PENDING_JAX_LAYERS
 def test_k_batches_per_message_learn_about_as_well_as_one(k_runs):
     auc1, auc4 = (k_runs[k][1].history["val_auc"][-1] for k in (1, 4))
     loss4 = k_runs[4][1].history["loss"]
@@ -266,7 +258,6 @@ def test_k_batches_per_message_learn_about_as_well_as_one(k_runs):
     assert loss4[-1] < loss4[0]
 
 
-@PENDING_JAX_LAYERS
 def test_a_malformed_batch_skips_its_whole_message(data):
     """K = 4, batch 64 (7 steps: messages of steps 0-3 and 4-6): f2 answers the batch holding
     example 5 with int16 bits, and one reply of f1 lacks a batch: their messages' steps are
@@ -307,7 +298,6 @@ def test_a_malformed_batch_skips_its_whole_message(data):
     assert int(parties.followers["f1"].protection.release_totals.numpy()[0]) == 15
 
 
-@PENDING_JAX_LAYERS
 def test_k_arguments_are_checked(data):
     parties = model_fn().split_parties()
     with pytest.raises(ValueError, match="`max_batches_per_message` must be an integer >= 1"):

@@ -7,7 +7,7 @@ import pytest
 
 from keras_fedpriv.federated import VerticalModel
 from keras_fedpriv.federated.vertical_parties import EmbeddingSpec, split_parties
-from vertical_stubs import COLUMNS, PENDING_JAX_LAYERS, model_fn, vertical_data
+from vertical_stubs import COLUMNS, model_fn, vertical_data
 
 pytestmark = [pytest.mark.jax]
 
@@ -17,7 +17,6 @@ def data():
     return vertical_data()
 
 
-@PENDING_JAX_LAYERS
 def test_split_parties_share_the_layers_and_send_packed_bits(data):
     model = model_fn()
     parties = model.split_parties()
@@ -46,7 +45,6 @@ def test_split_parties_share_the_layers_and_send_packed_bits(data):
     assert message["embedding"].shape == (20, 4)
 
 
-@PENDING_JAX_LAYERS
 def test_split_parties_refuses_bad_arguments():
     model = model_fn()
     with pytest.raises(TypeError, match="`model` must be a VerticalModel"):

@@ -2,16 +2,10 @@
 
 import keras
 import numpy as np
-import pytest
 
 import keras_fedpriv as kf
 from keras_fedpriv.datasets import breast_cancer_vertical
 from keras_fedpriv.federated import VerticalModel
-
-# The protection layers (EmbeddingDPLayer, LabelDPLayer) on JAX come with their own port;
-# until then the tests that run them are skipped on JAX (remove this mark when they are in).
-PENDING_JAX_LAYERS = pytest.mark.skipif(
-    keras.backend.backend() == "jax", reason="EmbeddingDPLayer / LabelDPLayer not yet on JAX")
 
 COLUMNS = {"f1": slice(0, 8), "f2": slice(8, 15)}  # the two followers' share of the 15
 

@@ -69,7 +69,9 @@ class LocalSlot(seed_generator_class()):
         return self.assign(self.state.value + jnp.asarray(delta).astype(self.state.dtype))
 
     def numpy(self) -> np.ndarray:
-        return np.asarray(self.state.numpy())
+        # the JAX array itself: keras.Variable.numpy() goes through an __array__ without
+        # numpy 2's `copy` keyword (a DeprecationWarning)
+        return np.array(self.state.value)
 
     @property
     def shape(self) -> tuple[int, ...]:
