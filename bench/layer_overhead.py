@@ -21,6 +21,16 @@ round gives one ratio (with layer / without) per pair; the script reports
 the median and the interquartile range over rounds. The whole thing is done
 with ``jit_compile=False`` and ``jit_compile=True``.
 
+Under ``KERAS_BACKEND=jax`` the same pairs run with ``jit_compile=True`` only
+(Keras compiles JAX's train step; without it every op is dispatched on its
+own), data come from a Python generator of NumPy batches instead of
+``tf.data``, and the LabelDPLayer models take ``(x, y, ids)`` in ``call``
+and output the logits beside the (randomized) labels, which the loss reads:
+JAX's train step is functional, so a layer's state (the release counts)
+is carried only through the model's call. The floors draw their words with
+``jax.random.bits``. ``--profile`` (ablations written in TensorFlow ops)
+needs TensorFlow.
+
 ``--profile`` adds a breakdown of the layers' cost: ablated copies of the
 layers (each without one component) in the same round-robin, and isolated
 timings of each component as its own ``tf.function``.
@@ -29,6 +39,7 @@ Usage::
 
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/layer_overhead.py --profile   # updates docs
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/layer_overhead.py --quick     # smoke run, no docs
+    KERAS_BACKEND=jax .venv/bin/python bench/layer_overhead.py --quick          # the same on JAX
 """
 
 from __future__ import annotations
@@ -44,13 +55,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+from keras import ops  # noqa: E402
+
+BACKEND = keras.backend.backend()
+if BACKEND == "tensorflow":
+    import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import _report  # noqa: E402
 from keras_fedpriv import EmbeddingDPLayer, LabelDPLayer  # noqa: E402
+from keras_fedpriv.backend import require_tensorflow  # noqa: E402
 from keras_fedpriv.layers import label_formats  # noqa: E402
 from keras_fedpriv.mechanisms import kary_randomized_response  # noqa: E402
 from keras_fedpriv.mechanisms.quantize import quantize_rr  # noqa: E402
@@ -75,8 +91,29 @@ def make_data(seed=0):
 
 
 def dataset(structure):
-    return (tf.data.Dataset.from_tensor_slices(structure).batch(BATCH, drop_remainder=True)
-            .cache().repeat().prefetch(tf.data.AUTOTUNE))
+    """Batches of ``structure`` (nested tuples of arrays), repeated without end."""
+    if BACKEND == "tensorflow":
+        return (tf.data.Dataset.from_tensor_slices(structure).batch(BATCH, drop_remainder=True)
+                .cache().repeat().prefetch(tf.data.AUTOTUNE))
+    leaves, rebuild = keras.tree.flatten(structure), keras.tree.pack_sequence_as
+
+    def batches():
+        while True:
+            for start in range(0, ROWS - BATCH + 1, BATCH):
+                yield rebuild(structure, [leaf[start:start + BATCH] for leaf in leaves])
+
+    return batches()
+
+
+def fixed_words(shape):
+    """uint32 words of ``shape`` from the backend's fastest generator with a fixed seed
+    (for the floors: no secret, not private)."""
+    if BACKEND == "tensorflow":
+        return tf.random.stateless_uniform(shape, seed=[1, 2], minval=None, maxval=None,
+                                           dtype=tf.uint32)
+    import jax
+
+    return jax.random.bits(jax.random.key(1), tuple(shape), "uint32")
 
 
 def embedding_model(dp_layer, size="tiny"):
@@ -123,6 +160,33 @@ class LabelDPModel(keras.Model):
         return {"loss": loss}
 
 
+class LabelDPCallModel(LabelDPModel):
+    """JAX: the same model with the labels going through ``call`` (``(x, y, ids)`` in, the
+    logits and the labels side by side out); Keras' own train step, `label_loss`."""
+
+    train_step = keras.Model.train_step
+
+    def call(self, inputs, training=None):
+        x, y, ids = inputs
+        logits = super().call(x)
+        if self.label_dp is not None:
+            y = self.label_dp(y, example_ids=ids, training=True)
+        return ops.concatenate([logits, ops.cast(ops.reshape(y, (-1, 1)), logits.dtype)], axis=-1)
+
+
+def label_loss(_, out):
+    """Sparse cross-entropy of the logits (all but the last column) against the labels
+    in the last column (`LabelDPCallModel`'s output)."""
+    return keras.losses.sparse_categorical_crossentropy(ops.cast(out[:, -1], "int32"),
+                                                        out[:, :-1], from_logits=True)
+
+
+def label_model(label_dp, size="tiny"):
+    """The leader's model for this backend (`LabelDPModel` on TensorFlow,
+    `LabelDPCallModel` on JAX)."""
+    return (LabelDPModel if BACKEND == "tensorflow" else LabelDPCallModel)(label_dp, size)
+
+
 # Ablations (for --profile): each removes one component of a layer. They are
 # diagnostics only: none of them is a valid privacy mechanism.
 
@@ -160,9 +224,7 @@ class EmbeddingDPQuantizeOnly(keras.layers.Layer):
     """Just the quantization + flip with fixed-seed noise (no secret key, no counter, no check)."""
 
     def call(self, x):
-        words = tf.random.stateless_uniform(tf.shape(x), seed=[1, 2], minval=None, maxval=None,
-                                            dtype=tf.uint32)
-        return quantize_rr(x, EMBED_EPS, noise=words) + (x - tf.stop_gradient(x))
+        return quantize_rr(x, EMBED_EPS, noise=fixed_words(ops.shape(x))) + (x - ops.stop_gradient(x))
 
 
 class LabelFloor(keras.layers.Layer):
@@ -171,8 +233,7 @@ class LabelFloor(keras.layers.Layer):
     secret key, no per-id derivation, no validation. Not private; a cost reference only."""
 
     def call(self, y, example_ids=None, training=None):
-        words = tf.random.stateless_uniform(tf.stack([2, tf.size(y)]), seed=[1, 2], minval=None,
-                                            maxval=None, dtype=tf.uint32)
+        words = fixed_words((2, ops.shape(y)[0]))
         return kary_randomized_response(y, CLASSES, LABEL_EPS, noise=[words[0], words[1]])
 
 
@@ -199,15 +260,14 @@ class StepTimer(keras.callbacks.Callback):
 
 
 class Variant:
-    def __init__(self, name, model, data, trace_context=None):
+    def __init__(self, name, model, data, trace_context=None, loss=None):
         self.name, self.model, self.data = name, model, data
+        self.loss = loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         self.trace_context = trace_context or contextlib.nullcontext
         self.per_step = []
 
     def compile(self, jit):
-        self.model.compile(keras.optimizers.Adam(1e-3),
-                           keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                           jit_compile=jit)
+        self.model.compile(keras.optimizers.Adam(1e-3), self.loss, jit_compile=jit)
         with self.trace_context():  # first fit traces (and compiles) the train step
             self.model.fit(self.data, epochs=1, steps_per_epoch=20, verbose=0)
 
@@ -222,8 +282,15 @@ class Variant:
 def build_variants(profile, size="tiny"):
     x, y, ids = make_data()
     plain = dataset((x, y))
-    with_ids = dataset((x, (y, ids)))
     label = lambda cls: cls(LABEL_EPS, mode="sparse", num_classes=CLASSES, seed=1234)  # noqa: E731
+    if BACKEND == "tensorflow":
+        with_ids, loss = dataset((x, (y, ids))), None
+    else:  # ids that fit JAX's int32
+        with_ids, loss = dataset(((x, y, ids.astype("int32")), y)), label_loss
+
+    def labels(name, label_dp, size="tiny", trace_context=None):
+        return Variant(name, label_model(label_dp, size), with_ids, trace_context, loss)
+
     variants = {
         "emb:without": Variant("emb:without", embedding_model(None, size), plain),
         "emb:EmbeddingDPLayer": Variant(
@@ -231,12 +298,11 @@ def build_variants(profile, size="tiny"):
             plain),
         # the floor: the same random words from the fastest generator, quantize and flip
         "emb:floor": Variant("emb:floor", embedding_model(EmbeddingDPQuantizeOnly(), size), plain),
-        "label:without": Variant("label:without", LabelDPModel(None, size), with_ids),
-        "label:LabelDPLayer": Variant("label:LabelDPLayer",
-                                      LabelDPModel(label(LabelDPLayer), size), with_ids),
-        "label:floor": Variant("label:floor", LabelDPModel(LabelFloor(), size), with_ids),
+        "label:without": labels("label:without", None, size),
+        "label:LabelDPLayer": labels("label:LabelDPLayer", label(LabelDPLayer), size),
+        "label:floor": labels("label:floor", LabelFloor(), size),
     }
-    if profile and size == "tiny":
+    if profile and size == "tiny" and BACKEND == "tensorflow":
         variants.update({
             "emb:- tf.cond key": Variant(
                 "emb:- tf.cond key", embedding_model(EmbeddingDPNoCond(EMBED_EPS, seed=1234)),
@@ -244,14 +310,12 @@ def build_variants(profile, size="tiny"):
             "emb:- cond, - finite check": Variant(
                 "emb:- cond, - finite check",
                 embedding_model(EmbeddingDPNoFiniteCheck(EMBED_EPS, seed=1234)), plain),
-            "label:- tf.cond key": Variant("label:- tf.cond key",
-                                           LabelDPModel(label(LabelDPNoCond)), with_ids),
-            "label:- cond, - assert": Variant("label:- cond, - assert",
-                                              LabelDPModel(label(LabelDPNoCond)), with_ids,
-                                              trace_context=no_graph_assert),
-            "label:- cond, - assert, - Philox": Variant(
-                "label:- cond, - assert, - Philox", LabelDPModel(label(LabelDPNoPhilox)),
-                with_ids, trace_context=no_graph_assert),
+            "label:- tf.cond key": labels("label:- tf.cond key", label(LabelDPNoCond)),
+            "label:- cond, - assert": labels("label:- cond, - assert", label(LabelDPNoCond),
+                                             trace_context=no_graph_assert),
+            "label:- cond, - assert, - Philox": labels(
+                "label:- cond, - assert, - Philox", label(LabelDPNoPhilox),
+                trace_context=no_graph_assert),
         })
     return variants
 
@@ -343,12 +407,19 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 2 rounds of 5 steps, jit_compile=False only, no docs")
     args = parser.parse_args(argv)
+    if args.profile:
+        require_tensorflow("bench/layer_overhead.py --profile (ablations in TensorFlow ops)",
+                           "run without --profile")
     if args.quick:
         args.rounds, args.steps, args.no_docs = 2, 5, True
     start = time.time()
 
     results = {}
-    jits = (False,) if args.quick else (False, True)
+    if BACKEND != "tensorflow":
+        args.no_docs = True  # docs/benchmarks.md holds the TensorFlow measurements
+        jits = (True,)
+    else:
+        jits = (False,) if args.quick else (False, True)
     sizes = ("tiny",) if args.quick else tuple(args.sizes)
     params = {}
     for size in sizes:
@@ -360,7 +431,7 @@ def main(argv=None):
                 v.compile(jit)
             run_rounds(variants, args.rounds, args.steps, seed=int(jit))
             pairs = PAIRS + [(f, b) for (n, b) in PAIRS for f in [FLOORS[n]]]
-            if (args.profile or args.quick) and size == "tiny":
+            if (args.profile or args.quick) and size == "tiny" and BACKEND == "tensorflow":
                 pairs += ABLATIONS
             res = results[size, jit] = {name: ratio_stats(variants, name, base)
                                         for name, base in pairs}

@@ -77,6 +77,8 @@ AUDITS = {
                            "--num-coordinates coordinates", ("num_coordinates",)),
 }
 
+# The planners' tables, copied for the help text: keras_fedpriv.privacy imports Keras (and the
+# protection layers); tests/test_cli.py checks that the copies match the planners' tables.
 #: ``keras-fedpriv plan`` mechanisms (``gaussian``: a noise multiplier, the others: an eps).
 PLAN_MECHANISMS = ("label_dp", "embedding_dp", "signds", "magrr", "gaussian")
 

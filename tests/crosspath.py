@@ -18,3 +18,17 @@ def assert_bits_are_the_sign(bits, pre_activation, near_zero=NEAR_ZERO):
     clear = np.abs(z) > near_zero * max(1.0, float(np.max(np.abs(z))))
     assert clear.mean() > 0.9, "too few coordinates away from 0 to compare"
     np.testing.assert_array_equal(bits[clear], (z[clear] > 0).astype(bits.dtype))
+
+
+def compiled(fn):
+    """``fn`` on the backend's compiled path: ``tf.function(jit_compile=True)`` (XLA) on
+    TensorFlow, ``jax.jit`` on JAX."""
+    import keras
+
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.jit(fn)
+    import tensorflow as tf
+
+    return tf.function(fn, jit_compile=True)

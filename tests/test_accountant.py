@@ -8,6 +8,8 @@ from dp_accounting import pld
 from keras_fedpriv.mechanisms import randomized_response_dp_event
 from keras_fedpriv.privacy import MixedPLDAccountant
 
+pytestmark = [pytest.mark.jax]
+
 DELTA = 1e-5
 
 

@@ -13,13 +13,20 @@ import dp_accounting
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from keras import ops
 
 import keras_fedpriv as kf
 from keras_fedpriv.federated import VerticalModel, with_example_ids
 from keras_fedpriv.privacy import privacy_report
 
 from ledger_cases import DELTA
+from traced import traced_call
+
+pytestmark = [pytest.mark.jax]
+
+BACKEND = keras.backend.backend()
+if BACKEND == "tensorflow":
+    import tensorflow as tf
 
 K = 3
 N = 24
@@ -37,7 +44,7 @@ def _prior(n=N):
 
 
 class PriorLeader(keras.Model):
-    """A leader that randomizes its labels with a prior in its own train_step."""
+    """A leader that randomizes its labels with a prior in its own train_step (TensorFlow)."""
 
     def __init__(self, label_dp):
         super().__init__()
@@ -94,6 +101,31 @@ def _assert_refused_everywhere(prior, eager_error, graph_error):
     with pytest.raises(ValueError, match=eager_error):
         layer(y, example_ids=ids, prior=prior, training=True)
     assert privacy_report(layer).epsilon == 0.0  # refused before anything was released
+    # Compiled with static shapes (jax.jit, or XLA): a wrong row count is refused while
+    # tracing; a bad row cannot raise, so the output does not depend on the labels and the
+    # host is told. Two layers of one seed draw the same fresh noise in their first call;
+    # eps 50: a valid call would return the labels themselves.
+    outputs = []
+    for labels in (y, np.roll(y, 1, axis=0)):
+        high = kf.LabelDPLayer(eps=50.0, seed=0)
+        if len(prior) != N:
+            with pytest.raises(ValueError, match=eager_error):
+                traced_call(high, labels, example_ids=ids, prior=prior)
+            continue
+        outputs.append(traced_call(high, labels, example_ids=ids, prior=prior))
+        with pytest.raises(ValueError, match="invalid labels or prior") as info:
+            high.check_input_errors()
+        assert str(PRIOR_VALUE) not in str(info.value)
+    if outputs:
+        np.testing.assert_array_equal(outputs[0], outputs[1])
+    if BACKEND == "tensorflow":
+        _assert_refused_in_tf_graphs(prior, graph_error)
+
+
+def _assert_refused_in_tf_graphs(prior, graph_error):
+    """TensorFlow graphs of unknown batch size: a graph assert, a tf.data map, and XLA (no
+    assert runs: a label-independent output, counted for the host)."""
+    y, ids = _onehot(), np.arange(N)
     graph, _ = _graph_fns(kf.LabelDPLayer(eps=1.0, seed=0))
     with pytest.raises(tf.errors.InvalidArgumentError, match=graph_error) as info:
         graph(y, ids, prior)
@@ -103,9 +135,6 @@ def _assert_refused_everywhere(prior, eager_error, graph_error):
                              tf.constant(prior)))
     with pytest.raises(tf.errors.InvalidArgumentError, match=graph_error):
         list(ds)
-    # XLA: no assert runs; the output does not depend on the labels, and the host is told.
-    # Two layers of one seed draw the same fresh noise in their first call; eps 50: a valid
-    # call would return the labels themselves.
     outputs = []
     for labels in (y, np.roll(y, 1, axis=0)):
         high = kf.LabelDPLayer(eps=50.0, seed=0)
@@ -134,8 +163,27 @@ def test_case11a_bool_one_hot_labels_work_on_every_path():
     layer = kf.LabelDPLayer(eps=50.0, seed=0)
     check(layer(y, example_ids=ids, training=True))
     binary = kf.LabelDPLayer(eps=50.0, seed=0)(y[:, 0], example_ids=ids, training=True)
-    assert binary.dtype == tf.bool
+    assert keras.backend.standardize_dtype(binary.dtype) == "bool"
     np.testing.assert_array_equal(binary, y[:, 0])
+    check(traced_call(layer, y, example_ids=ids))  # compiled (XLA / jax.jit)
+    layer.check_input_errors()  # valid: nothing to report
+    bad = y.copy()
+    bad[5] = True  # a row of three ones
+    with pytest.raises(ValueError, match="row 5 has 3 ones"):
+        layer(bad, example_ids=ids, training=True)
+
+
+@pytest.mark.tensorflow_only("tf.data, tf.function graphs, a GradientTape train_step")
+def test_case11a_bool_one_hot_labels_work_in_tf_data_graphs_and_fit():
+    y = _onehot(dtype=bool)
+    ids = np.arange(N)
+    layer = kf.LabelDPLayer(eps=50.0, seed=0)
+
+    def check(out):
+        out = np.asarray(out)
+        assert out.dtype == bool and out.shape == y.shape and np.all(out.sum(axis=1) == 1)
+        np.testing.assert_array_equal(out, y)  # eps 50 keeps every label
+
     ds = kf.privatize_dataset(tf.data.Dataset.from_tensor_slices((np.zeros((N, 2)), y)),
                               eps=50.0, seed=0)
     check(np.stack([label for _, label in ds.as_numpy_iterator()]))
@@ -145,10 +193,6 @@ def test_case11a_bool_one_hot_labels_work_on_every_path():
                         input_signature=sig, jit_compile=jit)
         check(f(y, ids))
         layer.check_input_errors()  # valid: nothing to report
-    bad = y.copy()
-    bad[5] = True  # a row of three ones
-    with pytest.raises(ValueError, match="row 5 has 3 ones"):
-        layer(bad, example_ids=ids, training=True)
     # model.fit, plain and compiled with XLA (a VerticalModel checks on the host after steps).
     rng = np.random.default_rng(0)
     x = with_example_ids({"party_a": rng.normal(size=(N, 3)).astype("float32"),
@@ -173,6 +217,10 @@ def test_case11b_a_prior_with_the_wrong_number_of_rows_gets_the_documented_messa
     _assert_refused_everywhere(_prior()[:3], r"`prior` must have shape \(N, 3\) with one row "
                                r"per label; got 3 rows for 24 labels",
                                r"`prior` must have shape \(N, 3\) with one row per label")
+
+
+@pytest.mark.tensorflow_only("a tf.function, tf.data and a GradientTape train_step")
+def test_case11b_a_prior_with_the_wrong_number_of_rows_in_tf_graphs_and_fit():
     # A trace with static shapes refuses it while tracing.
     layer = kf.LabelDPLayer(eps=1.0, seed=0)
     f = tf.function(lambda y, i, p: layer(y, example_ids=i, prior=p, training=True))
@@ -208,6 +256,11 @@ def test_case11c_priors_that_are_not_probabilities_are_refused(what):
         prior[row] = [1.5, PRIOR_VALUE, -0.5 - PRIOR_VALUE]
     _assert_refused_everywhere(prior, rf"`prior` must hold class probabilities.*row {row} has",
                                r"`prior` must hold class probabilities")
+    # A binary prior P(label=1) outside [0, 1] is refused too.
+    with pytest.raises(ValueError, match=r"`prior` must hold class probabilities.*row 1 has"):
+        kf.privatize_labels(np.array([0.0, 1.0]), eps=1.0, prior=np.array([0.5, 1.5]), seed=0)
+    if BACKEND != "tensorflow":  # fit with a prior needs the GradientTape train_step below
+        return
     with pytest.raises(tf.errors.InvalidArgumentError, match="`prior` must hold class probab"):
         _prior_model(kf.LabelDPLayer(eps=1.0, seed=0)).fit(_prior_data(prior), epochs=1,
                                                            verbose=0, shuffle=False)
@@ -215,12 +268,10 @@ def test_case11c_priors_that_are_not_probabilities_are_refused(what):
     jit_model.fit(_prior_data(prior), epochs=1, verbose=0, shuffle=False)
     with pytest.raises(ValueError, match="invalid labels or prior"):
         jit_model.label_dp.check_input_errors()
-    # A binary prior P(label=1) outside [0, 1] is refused too.
-    with pytest.raises(ValueError, match=r"`prior` must hold class probabilities.*row 1 has"):
-        kf.privatize_labels(np.array([0.0, 1.0]), eps=1.0, prior=np.array([0.5, 1.5]), seed=0)
 
 
 # ------------------------------------------------------------------------------- case 11d
+@pytest.mark.tensorflow_only("a GradientTape train_step")
 def test_case11d_dp_event_of_a_layer_with_a_prior_plans_what_the_report_counts():
     """With a prior every call is a fresh release of its examples (the ledger counts one per
     epoch), but dp_event(num_epochs=2) planned 1 release. The plan now equals the report of a
@@ -247,8 +298,10 @@ def test_case11d_dp_event_of_a_layer_with_a_prior_plans_what_the_report_counts()
 
 
 # ------------------------------------------------------------------------------- review
-@pytest.mark.parametrize("what", ["dict", "sparse_tensor", "ragged_tensor", "ragged_list",
-                                  "mixed_list"])
+@pytest.mark.parametrize("what", [
+    "dict", pytest.param("sparse_tensor", marks=pytest.mark.tensorflow_only("tf.SparseTensor")),
+    pytest.param("ragged_tensor", marks=pytest.mark.tensorflow_only("tf.RaggedTensor")),
+    "ragged_list", "mixed_list"])
 def test_a_prior_that_is_not_a_dense_array_is_refused_by_name_without_its_values(what):
     """A dict or tf.SparseTensor prior raised TensorFlow's conversion error, which printed the
     prior; a ragged prior was blamed on the labels. Each is a TypeError naming `prior`."""
@@ -271,12 +324,13 @@ def test_a_prior_that_is_not_a_dense_array_is_refused_by_name_without_its_values
 
 def test_a_prior_of_the_wrong_rank_is_blamed_on_the_prior_not_the_labels():
     """With NumPy labels Keras built the layer from the first tensor argument: a tf prior."""
-    prior = tf.constant(_prior(3)[:, :, None])  # (3, 3, 1)
+    prior = ops.convert_to_tensor(_prior(3)[:, :, None])  # (3, 3, 1)
     with pytest.raises(ValueError, match=r"`prior` must have shape \(N, 3\)"):
         kf.LabelDPLayer(eps=1.0, seed=0)(_onehot(3), example_ids=np.arange(3), prior=prior,
                                          training=True)
 
 
+@pytest.mark.tensorflow_only("inspects a TensorFlow graph's operations")
 def test_a_prior_of_static_shape_is_checked_without_a_pad_or_an_extra_pass():
     """Under jit_compile the prior path was ~1.3x slower than before its checks (4096 x 10:
     7.0 ms a call against 5.6): a pad to the label count that static shapes make needless, and
@@ -292,8 +346,9 @@ def test_a_prior_of_static_shape_is_checked_without_a_pad_or_an_extra_pass():
         return {op.type for op in check.get_concrete_function().graph.get_operations()}
 
     static, dynamic = op_types(N), op_types(None)
-    assert not {"Fill", "StridedSlice", "IsFinite"} & static
-    assert {"Fill", "StridedSlice"} <= dynamic and "IsFinite" not in dynamic
+    pad = {"Fill", "BroadcastTo"}  # the uniform rows (tf.fill, or keras.ops.full)
+    assert not (pad | {"StridedSlice", "IsFinite"}) & static
+    assert pad & dynamic and "StridedSlice" in dynamic and "IsFinite" not in dynamic
     # the short check refuses what the long one did: NaN, inf, out of range, bad sums
     bad = np.array([[np.nan, 1, 0], [np.inf, 0, 0], [-np.inf, 1, 1], [0.5, 0.6, -0.1],
                     [0.3, 0.3, 0.3], [0.2, 0.3, 0.5]], "float32")

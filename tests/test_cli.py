@@ -299,6 +299,13 @@ def test_help_imports_no_tensorflow(argv):
     assert "tensorflow" not in imported and "keras" not in imported
 
 
+def test_the_help_texts_name_the_planners_mechanisms():
+    from keras_fedpriv.privacy import planning, run_plan
+
+    assert cli.PLAN_MECHANISMS == planning.PLANNED_MECHANISMS
+    assert sorted(cli.RUN_MECHANISMS) == sorted(run_plan.RUN_MECHANISMS)
+
+
 def test_the_help_texts_show_the_demos_real_defaults():
     from keras_fedpriv import demo, demo_horizontal
 

@@ -6,6 +6,8 @@ from dp_accounting import pld
 
 from keras_fedpriv import mechanisms as M
 
+pytestmark = [pytest.mark.jax]
+
 
 def test_dp_accounting_self_composed_rr_bug_is_avoided():
     """Canary: dp-accounting's PLD accountant drops the count of self-composed RR.

@@ -12,6 +12,8 @@ from keras_fedpriv.mechanisms.gaussian import (
 )
 from keras_fedpriv.mechanisms.random import secret_generator
 
+pytestmark = [pytest.mark.jax]
+
 N = 200_000
 
 

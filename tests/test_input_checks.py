@@ -1,11 +1,14 @@
 """Input checks that never put user data in an error (keras_fedpriv/layers/input_checks.py)."""
 
+import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_fedpriv as kf
+from keras_fedpriv import backend
 from keras_fedpriv.layers import input_checks as C
+
+pytestmark = [pytest.mark.jax]
 
 SECRET = 0.8712345
 
@@ -37,7 +40,8 @@ def test_the_decorator_passes_results_and_errors_through():
 
 def test_eager_ids_are_one_per_label_and_unique_and_name_the_position():
     ids, ok, asserts = C.check_example_ids(np.array([5, 9, 2], np.uint8), 3, eager=True)
-    assert ids.dtype == tf.int64 and ids.numpy().tolist() == [5, 9, 2] and ok is None
+    assert keras.backend.standardize_dtype(ids.dtype) == backend.impl().EXAMPLE_ID_DTYPE
+    assert np.asarray(ids).tolist() == [5, 9, 2] and ok is None
     assert asserts == []
     with pytest.raises(ValueError, match="`example_ids` has 2 entries but there are 3 labels"):
         C.check_example_ids(np.array([1, 2]), 3, eager=True)
@@ -47,7 +51,10 @@ def test_eager_ids_are_one_per_label_and_unique_and_name_the_position():
         C.check_example_ids(np.zeros(2, np.float32), 2, eager=True, owner="X")
 
 
+@pytest.mark.tensorflow_only("a batch whose size is known only when the graph runs")
 def test_graph_ids_give_a_flag_and_asserts_instead_of_raising():
+    import tensorflow as tf
+
     # Under XLA the asserts are compiled away: the flag is what the layer relies on.
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int32)],
                  jit_compile=True)
@@ -69,10 +76,17 @@ def test_graph_ids_give_a_flag_and_asserts_instead_of_raising():
         checked(tf.constant([1, 2, 1], tf.int64))
 
 
-def test_uint64_ids_stay_distinct():
-    big = np.array([2 ** 64 - 1, 2 ** 63, 0], np.uint64)
-    ids, _, _ = C.check_example_ids(big, 3, eager=True)
-    assert len(set(ids.numpy().tolist())) == 3
+def test_unsigned_ids_stay_distinct_and_ids_too_wide_for_the_backend_are_refused():
+    for big in [np.array([2 ** 32 - 1, 2 ** 31, 0], np.uint32),
+                np.array([2 ** 64 - 1, 2 ** 63, 0], np.uint64)]:
+        if big.dtype == np.uint64 and backend.impl().EXAMPLE_ID_DTYPE == "int32":
+            # JAX without x64 compares ids as int32: a wider id would wrap onto another one.
+            with pytest.raises(ValueError, match=r"`example_ids` must fit in int32 on Keras' jax "
+                                                 r"backend .* position 0 holds an id outside"):
+                C.check_example_ids(big, 3, eager=True)
+            continue
+        ids, _, _ = C.check_example_ids(big, 3, eager=True)
+        assert len(set(np.asarray(ids).tolist())) == 3
 
 
 def test_the_xla_error_counter_raises_once_on_the_host_and_resets():
@@ -92,7 +106,10 @@ def test_find_repeat_names_the_position_and_the_earlier_one():
     assert C.find_repeat(np.array([5, 6, 6, 5])) == (2, 1)
 
 
+@pytest.mark.tensorflow_only("tf.debugging.Assert: traced JAX code has no run-time assert")
 def test_the_graph_assert_of_example_ids_gets_a_short_message():
+    import tensorflow as tf
+
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int32)])
     def checked(ids, n):
         _, _, asserts = C.check_example_ids(ids, n, eager=False)
@@ -112,10 +129,13 @@ def test_the_graph_assert_of_example_ids_gets_a_short_message():
     assert C.example_ids_assert_message(ValueError("something else")) is None
 
 
+@pytest.mark.tensorflow_only("tf.debugging.Assert: traced JAX code has no run-time assert")
 def test_docs_quote_the_graph_error_of_a_repeated_id():
     """docs/bad_inputs.md quotes what a traced call with a repeated id raises."""
     import os
     import re
+
+    import tensorflow as tf
 
     path = os.path.join(os.path.dirname(__file__), "..", "docs", "bad_inputs.md")
     text = open(path, encoding="utf-8").read()

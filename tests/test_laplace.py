@@ -15,6 +15,8 @@ from keras_fedpriv.mechanisms.laplace import (
     laplace_scale,
 )
 
+pytestmark = [pytest.mark.jax]
+
 N = 200_000
 
 

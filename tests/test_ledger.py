@@ -18,6 +18,8 @@ from keras_fedpriv.mechanisms.ledger import (
     register_protection,
 )
 
+pytestmark = [pytest.mark.jax]
+
 LABELS = ReleaseKind("LabelDPLayer 'l'", "labels", EXAMPLE, randomized_response_dp_event(1.0, 2))
 EMB = ReleaseKind("EmbeddingDPLayer 'e'", "features", EXAMPLE,
                   dp_accounting.ComposedDpEvent([randomized_response_dp_event(0.5, 2)] * 4))

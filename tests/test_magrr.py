@@ -13,6 +13,8 @@ from keras_fedpriv.federated.magrr import debiased_ones
 from keras_fedpriv.mechanisms import flip_probability
 from stats import SIGMAS, UNSEEDED_SIGMAS, assert_rate, assert_rejects
 
+pytestmark = [pytest.mark.jax]
+
 
 def _magnitudes_with_bits(bits, magrr):
     """Step sizes whose true bit under ``magrr``'s current rule is ``bits``."""

@@ -2,7 +2,6 @@
 both backends (against a pure-Python reference with Random123's known answers, and TensorFlow's
 kernel), under XLA / jit, thresholds, the refusal of a fresh secret inside a trace."""
 
-import keras
 import numpy as np
 import pytest
 from keras import ops
@@ -10,6 +9,7 @@ from keras import ops
 from keras_fedpriv import backend
 from keras_fedpriv import mechanisms as M
 from keras_fedpriv.mechanisms import random as R
+from crosspath import compiled
 
 pytestmark = [pytest.mark.jax]
 
@@ -87,17 +87,6 @@ def test_philox_matches_tensorflow_kernel_bit_for_bit():
                                    (key & _MASK, key >> 32)))
 
 
-def _compiled(fn):
-    """``fn`` compiled: XLA (``tf.function(jit_compile=True)``) or ``jax.jit``."""
-    if backend.name() == "jax":
-        import jax
-
-        return jax.jit(fn)
-    import tensorflow as tf
-
-    return tf.function(fn, jit_compile=True)
-
-
 def _ids(values):
     """Example ids as the backend's layers hold them (int64 on TensorFlow, int32 on JAX)."""
     return ops.convert_to_tensor(values, "int32" if backend.name() == "jax" else "int64")
@@ -126,8 +115,8 @@ def test_philox_compiled_matches_eager():
     ids = _ids(np.arange(1000) * 7919)
     key = _key(R.draw_secret())
     eager = [ops.convert_to_numpy(w) for w in R.words_from_ids(key, ids, 5)]
-    compiled = _compiled(lambda k, i: R.words_from_ids(k, i, 5))(key, ids)
-    for a, b in zip(eager, compiled):
+    xla = compiled(lambda k, i: R.words_from_ids(k, i, 5))(key, ids)
+    for a, b in zip(eager, xla):
         np.testing.assert_array_equal(a, ops.convert_to_numpy(b))
 
 
@@ -160,9 +149,8 @@ def test_probability_threshold():
 
 
 def test_mechanism_with_unseeded_noise_inside_a_trace_is_refused():
-    fn = _compiled(lambda b: M.binary_randomized_response(b, 1.0))
+    fn = compiled(lambda b: M.binary_randomized_response(b, 1.0))
     with pytest.raises(ValueError, match="freeze one secret into the graph"):
         fn(ops.convert_to_tensor([0, 1]))
-    seeded = _compiled(lambda b: M.binary_randomized_response(b, 1.0, seed=3))
+    seeded = compiled(lambda b: M.binary_randomized_response(b, 1.0, seed=3))
     assert tuple(seeded(ops.convert_to_tensor([0, 1])).shape) == (2,)
-    assert keras.backend.backend() == backend.name()

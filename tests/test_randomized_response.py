@@ -6,8 +6,10 @@ import math
 
 import numpy as np
 import pytest
+from keras import ops
 
 from keras_fedpriv import mechanisms as M
+from crosspath import compiled
 from stats import EPS_VALUES, N, assert_rate, assert_rejects, assert_uniform, wrong_formula
 
 pytestmark = [pytest.mark.jax]
@@ -106,3 +108,24 @@ def test_rr_with_prior_is_eps_dp_on_a_fixed_prior():
     support = dists.max(axis=0) > 0
     ratio = dists[:, support].max(axis=0) / dists[:, support].min(axis=0)
     assert np.all(ratio < math.exp(eps) * 1.05), ratio
+
+
+def test_mechanisms_compiled_match_eager_on_given_words():
+    """With ``noise=`` words the mechanisms trace (XLA on TensorFlow, jit on JAX) and draw what
+    they draw eagerly: the protection layers call them so inside ``fit``."""
+    n = 4000
+    words = [ops.convert_to_tensor(w) for w in np.random.default_rng(8).integers(
+        0, 2**32, size=(2, n), dtype=np.uint64).astype(np.uint32)]
+    y = ops.convert_to_tensor(np.arange(n) % 5, "int32")
+    prior = np.random.default_rng(9).dirichlet(np.ones(5), n).astype("float32")
+    x = ops.convert_to_tensor(prior - 0.2)
+    prior = ops.convert_to_tensor(prior)
+    cases = [lambda y, p, a, b: M.binary_randomized_response(y % 2, 1.0, noise=a),
+             lambda y, p, a, b: M.kary_randomized_response(y, 5, 1.0, noise=[a, b]),
+             lambda y, p, a, b: M.rr_with_prior(y, p, 1.0, noise=[a, b])]
+    for fn in cases:
+        np.testing.assert_array_equal(np.asarray(fn(y, prior, *words)),
+                                      np.asarray(compiled(fn)(y, prior, *words)))
+    quantize = lambda x, a: M.quantize_rr(x, 2.0, noise=ops.stack([a] * 5, -1))  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(quantize(x, words[0])),
+                                  np.asarray(compiled(quantize)(x, words[0])))

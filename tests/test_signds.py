@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-import tensorflow as tf
+from keras import ops
 from scipy import stats as scipy_stats
 
 from keras_fedpriv import mechanisms as M
@@ -26,6 +26,8 @@ from keras_fedpriv.optimizers import (
     unflatten_update,
 )
 from stats import assert_rate, assert_uniform
+
+pytestmark = [pytest.mark.jax]
 
 # ----------------------------------------------------------------------------
 # Exact reference (no module code)
@@ -466,7 +468,7 @@ def test_aggregate_and_message_validation():
 
 
 def test_flatten_roundtrip_and_list_input():
-    parts = [np.arange(6, dtype=np.float32).reshape(2, 3), tf.constant([7.0, 8.0]),
+    parts = [np.arange(6, dtype=np.float32).reshape(2, 3), ops.convert_to_tensor([7.0, 8.0]),
              np.float32(9.0) * np.ones((1, 1, 2), np.float32)]
     flat, shapes = flatten_update(parts)
     assert flat.dtype == np.float32 and flat.tolist() == [0, 1, 2, 3, 4, 5, 7, 8, 9, 9]
@@ -478,7 +480,7 @@ def test_flatten_roundtrip_and_list_input():
     # A list of tensors encodes like their concatenation (same seed).
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal(600, dtype=np.float32), rng.standard_normal(400, dtype=np.float32)
-    m1 = SignDSEncoder(k=0.1, eps=10.0, seed=9).encode([tf.constant(a), b.reshape(20, 20)])
+    m1 = SignDSEncoder(k=0.1, eps=10.0, seed=9).encode([ops.convert_to_tensor(a), b.reshape(20, 20)])
     m2 = SignDSEncoder(k=0.1, eps=10.0, seed=9).encode(np.concatenate([a, b]))
     assert m1 == m2 and m1.dim == 1000
 

@@ -14,7 +14,6 @@ from keras_fedpriv.backend.private import resource_variable_class
 
 # == secret random stream and local state (layers/secret_rng.py, layers/release_counter.py) ==
 
-
 _SKIP = 256  # RngReadAndSkip(delta=1) advances a Philox state by 256 (tests pin this)
 _SKIP_BITS = 8  # _SKIP == 2 ** _SKIP_BITS
 _PHILOX = 1  # TensorFlow's RNG algorithm id for Philox-4x32-10
@@ -278,7 +277,7 @@ COUNT_DTYPE = "int64"
 # == input checks and graph helpers (layers/input_checks.py, the protection layers) ==
 
 
-# -- embedding / VAE (layers/embedding_dp.py, layers/vae_bottom.py) --
+# -- shared by the protection layers --
 
 def is_traced(x: Any) -> bool:
     """Whether ``x`` is symbolic: the layer runs inside a traced function (a
@@ -286,11 +285,51 @@ def is_traced(x: Any) -> bool:
     return not tf.executing_eagerly()
 
 
+# -- embedding / VAE (layers/embedding_dp.py, layers/vae_bottom.py) --
+
 def assert_all_finite(x: Any, message: str) -> Any:
     """``x``, checked in the graph to hold no NaN or inf (an error at run time,
     naming ``message`` only). XLA compiles the check away; the caller must also
     make the output safe where ``x`` is not finite."""
     return tf.debugging.assert_all_finite(x, message)
+
+
+# -- label DP and example ids (layers/input_checks.py, layers/label_formats.py) --
+
+#: The integer dtype example ids are compared in inside a call: 64-bit on TensorFlow.
+EXAMPLE_ID_DTYPE = "int64"
+
+
+def graph_assert(condition: Any, data: list, summarize: int | None = None) -> Any:
+    """A `tf.debugging.Assert` op: when the graph runs and ``condition`` is False
+    it raises ``InvalidArgumentError`` with ``data`` (XLA compiles it away, so the
+    caller also makes its output safe and counts the event)."""
+    return tf.debugging.Assert(condition, data, summarize=summarize)
+
+
+def run_after(deps: list) -> Any:
+    """A context whose operations run only after ``deps`` (the graph's asserts), so a
+    failed assert stops the draws and counts of the call (`tf.control_dependencies`: in a
+    ``tf.function`` an assert and a variable update are otherwise unordered)."""
+    return tf.control_dependencies([d for d in deps if d is not None])
+
+
+def non_dense_kind(value: Any) -> str | None:
+    """What ``value`` is if it is one of TensorFlow's non-dense tensors, else None."""
+    if isinstance(value, tf.RaggedTensor):
+        return "a tf.RaggedTensor (rows of different lengths)"
+    if isinstance(value, tf.SparseTensor):
+        return "a tf.SparseTensor (densify it with tf.sparse.to_dense)"
+    return None
+
+
+def signed_example_ids(ids: Any) -> Any:
+    """Integer ids as `EXAMPLE_ID_DTYPE`; uint64 ids are reinterpreted (a bijection, so
+    distinct ids stay distinct), narrower ones keep their value."""
+    if ids.dtype == tf.uint64:
+        ids = tf.bitcast(ids, tf.int64)
+    return tf.cast(ids, tf.int64)
+
 
 
 # == end of input checks ==

@@ -9,16 +9,17 @@ Pieces shared by `LabelDPLayer` and `EmbeddingDPLayer`:
   Keras leaves their message as it is (our messages name only the argument,
   the first offending position and at most that one value).
 * `check_example_ids`: one id per label, unique within the call, integer
-  dtype; eagerly a ValueError, in a graph a `tf.debugging.Assert`, and in
-  both cases a boolean that the layer uses to make the output safe where the
-  asserts are compiled away (XLA).
+  dtype; eagerly a ValueError, in a TensorFlow graph a `tf.debugging.Assert`,
+  and in every traced call a boolean that the layer uses to make the output
+  safe where no assert runs (XLA, and every traced JAX function).
 * `example_ids_assert_message`: the short text of a failed graph check of
   the ids (the rule and the first repeated position), which `VerticalModel`
   re-raises as a ValueError instead of TensorFlow's graph error.
-* `InputErrorFlagMixin`: a small local (non-Keras, never-trained) counter
-  variable per layer. Under XLA (``jit_compile=True``) `tf.debugging`
-  asserts are removed, so a layer that receives invalid inputs there outputs
-  a value that does not depend on them and counts the event in this variable;
+* `InputErrorFlagMixin`: a small local (never-trained, never a Keras weight)
+  counter variable per layer. Under XLA (``jit_compile=True``) `tf.debugging`
+  asserts are removed, and traced JAX code cannot raise at all, so a layer that
+  receives invalid inputs there outputs a value that does not depend on them
+  and counts the event in this variable;
   `check_input_errors()` (run by `VerticalModel` after every step, and to be
   called by the user after a jit-compiled step of a plain model) raises a
   ValueError on the host and resets the counter.
@@ -29,10 +30,11 @@ from __future__ import annotations
 import functools
 import re
 
+import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
-from keras_fedpriv.layers.secret_rng import _LocalVariable
+from keras_fedpriv import backend
 
 _COUNT_RULE = "`example_ids` must hold exactly one id per label"
 _UNIQUE_RULE = "`example_ids` must be unique within a call (one id per example)"
@@ -84,63 +86,99 @@ def find_repeat(values: np.ndarray) -> tuple[int, int] | None:
     return position, int(np.flatnonzero(values[:position] == values[position])[0])
 
 
+def static_int(value):
+    """``value`` as a Python int when it is known now (an int, or a concrete tensor), else None."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if backend.impl().is_traced(value):
+        return None
+    return int(ops.convert_to_numpy(value))
+
+
+def _host_ids(example_ids, owner):
+    """Concrete ids as a NumPy array, refused when the backend's id dtype cannot hold them
+    (distinct ids must stay distinct), or None for tensors of the backend."""
+    if ops.is_tensor(example_ids):
+        return None
+    values = np.asarray(example_ids)
+    if values.dtype.kind not in "iu":
+        raise TypeError(f"{owner}: `example_ids` must be integers; got dtype {values.dtype}.")
+    limits = np.iinfo(backend.impl().EXAMPLE_ID_DTYPE)
+    if values.dtype.itemsize <= limits.dtype.itemsize:
+        return values
+    outside = np.flatnonzero((values.reshape(-1) < limits.min) | (values.reshape(-1) > limits.max))
+    if outside.size:
+        raise ValueError(f"{owner}: `example_ids` must fit in {limits.dtype.name} on Keras' "
+                         f"{backend.name()} backend (ids are compared as {limits.dtype.name}); "
+                         f"position {int(outside[0])} holds an id outside [{limits.min}, "
+                         f"{limits.max}]. Number the examples 0, 1, 2, ...")
+    return values.astype(limits.dtype)
+
+
 def check_example_ids(example_ids, num_labels, eager, owner="LabelDPLayer"):
     """Validate ``example_ids`` against ``num_labels`` labels.
 
     Args:
         example_ids: integer ids, any shape; flattened to one id per label.
-        num_labels: the number of labels, a scalar int32 tensor.
-        eager: True to raise a ValueError now; False to build graph asserts.
+        num_labels: the number of labels, an int or a scalar int32 tensor.
+        eager: True to raise a ValueError now; False to build graph asserts
+            (TensorFlow) and a flag (every backend).
         owner: the layer's name for the messages.
 
     Returns:
-        ``(ids, ok, asserts)``: int64 ids of shape (num_labels,) (padded or
-        cut when the count is wrong, which ``ok`` then reports), a scalar bool
-        tensor (None when eager: invalid ids have raised), and the graph's
-        assert ops (empty when eager).
+        ``(ids, ok, asserts)``: the ids as the backend's
+        ``EXAMPLE_ID_DTYPE`` (int64 on TensorFlow, int32 on JAX) of shape
+        (num_labels,) (padded or cut when the count is wrong, which ``ok``
+        then reports), a scalar bool tensor (None when eager: invalid ids
+        have raised), and the graph's assert ops (empty when eager, and on
+        JAX, which has no run-time asserts).
 
     Raises:
         TypeError: non-integer ids.
         ValueError: (eager, or static shapes) a wrong count, or a repeated id,
-            naming the first offending position.
+            naming the first offending position; (JAX) an id that does not fit
+            in 32 bits.
     """
-    ids = tf.reshape(tf.convert_to_tensor(example_ids), [-1])
-    if not ids.dtype.is_integer:
-        raise TypeError(f"{owner}: `example_ids` must be integers; got dtype {ids.dtype.name}.")
+    host = _host_ids(example_ids, owner)
+    ids = ops.reshape(ops.convert_to_tensor(example_ids if host is None else host), (-1,))
+    dtype = keras.backend.standardize_dtype(ids.dtype)
+    if not dtype.startswith(("int", "uint")):
+        raise TypeError(f"{owner}: `example_ids` must be integers; got dtype {dtype}.")
     count = ids.shape[0]
-    static_n = tf.get_static_value(num_labels)
-    if count is not None and static_n is not None and count != int(static_n):
+    static_n = static_int(num_labels)
+    if count is not None and static_n is not None and count != static_n:
         raise ValueError(f"{owner}: `example_ids` has {count} entries but there are "
-                         f"{int(static_n)} labels; give exactly one id per label.")
-    if ids.dtype == tf.uint64:
-        ids = tf.bitcast(ids, tf.int64)  # a bijection: distinct ids stay distinct
-    ids = tf.cast(ids, tf.int64)
+                         f"{static_n} labels; give exactly one id per label.")
+    ids = backend.impl().signed_example_ids(ids)
     if eager:
-        values = ids.numpy()
-        if values.size != int(num_labels):
+        values = ops.convert_to_numpy(ids)
+        if values.size != static_n:
             raise ValueError(f"{owner}: `example_ids` has {values.size} entries but there are "
-                             f"{int(num_labels)} labels; give exactly one id per label.")
+                             f"{static_n} labels; give exactly one id per label.")
         repeat = find_repeat(values)
         if repeat is not None:
             raise ValueError(f"{owner}: {_UNIQUE_RULE}; position {repeat[0]} repeats the id at "
                              f"position {repeat[1]}.")
         return ids, None, []
-    m = tf.size(ids)
-    n = tf.cast(num_labels, tf.int32)
-    count_ok = tf.equal(m, n)
-    ids = tf.concat([ids, tf.zeros([n], tf.int64)], axis=0)[:n]
-    order = tf.argsort(ids, stable=True)
-    ordered = tf.gather(ids, order)
-    repeats = tf.equal(ordered[1:], ordered[:-1])
-    # A later occurrence comes after its first one in a stable sort.
-    first_repeat = tf.reduce_min(tf.where(repeats, order[1:], tf.fill(tf.shape(order[1:]), n)))
-    unique_ok = tf.logical_not(tf.reduce_any(repeats))
+    m = ops.shape(ids)[0]
+    n = num_labels if static_n is None else static_n
+    count_ok = ops.equal(m, n)
+    ids = ops.concatenate([ids, ops.zeros((n,), ids.dtype)], axis=0)[:n]
+    order = ops.cast(ops.argsort(ids), "int32")  # stable on both backends
+    ordered = ops.take(ids, order)
+    repeats = ops.equal(ordered[1:], ordered[:-1])
+    # A later occurrence comes after its first one in a stable sort; the sentinel n
+    # keeps the minimum defined for an empty batch.
+    later = ops.where(repeats, order[1:], ops.cast(n, "int32"))
+    first_repeat = ops.min(ops.concatenate([later, ops.reshape(ops.cast(n, "int32"), (1,))]))
+    unique_ok = ops.logical_not(ops.any(repeats))
     asserts = [
-        tf.debugging.Assert(count_ok, [f"{owner}: {_COUNT_RULE}; ids, labels:", m, n]),
-        tf.debugging.Assert(tf.logical_or(unique_ok, tf.logical_not(count_ok)),
-                            [f"{owner}: {_UNIQUE_RULE}; first repeated position:", first_repeat]),
+        backend.impl().graph_assert(count_ok, [f"{owner}: {_COUNT_RULE}; ids, labels:", m, n]),
+        backend.impl().graph_assert(
+            ops.logical_or(unique_ok, ops.logical_not(count_ok)),
+            [f"{owner}: {_UNIQUE_RULE}; first repeated position:", first_repeat]),
     ]
-    return ids, tf.logical_and(count_ok, unique_ok), asserts
+    return ids, ops.logical_and(count_ok, unique_ok), [a for a in asserts if a is not None]
 
 
 def example_ids_assert_message(error: BaseException) -> str | None:
@@ -177,13 +215,17 @@ class InputErrorFlagMixin:
     _input_error_reasons = ()
 
     def _init_input_errors(self):
-        self.input_errors = _LocalVariable(np.zeros(len(self._input_error_reasons), np.int64),
-                                           trainable=False, name="input_errors")
+        # int64 where the backend has it (TensorFlow checkpoints keep this dtype and shape).
+        self.input_errors = backend.impl().local_variable(
+            self, np.zeros(len(self._input_error_reasons), np.int64), "input_errors")
 
     def _count_input_errors(self, bad, deps=()):
-        """Add the bool flags ``bad`` (one per reason) to the counter (graph path)."""
-        with tf.control_dependencies(list(deps)):
-            return self.input_errors.assign_add(tf.cast(tf.stack(bad), tf.int64))
+        """Add the bool flags ``bad`` (one per reason) to the counter (traced path),
+        after ``deps`` (TensorFlow graph ops, e.g. the asserts: where one fails, the
+        call raises and nothing is counted)."""
+        with backend.impl().run_after(list(deps)):
+            return backend.impl().assign_add(self.input_errors,
+                                             ops.cast(ops.stack(bad), "int32"))
 
     def check_input_errors(self):
         """Raise if a compiled call met invalid inputs since the last check.
@@ -198,10 +240,10 @@ class InputErrorFlagMixin:
             ValueError: naming the layer and what was invalid (never the
                 data); the counter is reset first.
         """
-        counts = self.input_errors.numpy()
+        counts = backend.impl().to_numpy(self.input_errors)
         if not counts.any():
             return
-        self.input_errors.assign(np.zeros_like(counts))
+        backend.impl().assign(self.input_errors, np.zeros_like(counts))
         what = "; ".join(f"{reason} ({int(c)} call(s))"
                          for reason, c in zip(self._input_error_reasons, counts) if c)
         raise ValueError(f"{type(self).__name__} {self.name!r}: a compiled (XLA) call received "

@@ -7,9 +7,10 @@ from typing import Any
 import dp_accounting
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 from numpy.typing import ArrayLike
 
+from keras_fedpriv import backend
 from keras_fedpriv.layers import input_checks, label_formats
 from keras_fedpriv.layers import release_counter as rc
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
@@ -68,18 +69,22 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
     and epochs it is the user's duty that an id always names the same
     example and that two different examples never share an id (e.g. row
     numbers of a fixed data set, assigned before shuffling). Any integer
-    dtype; negative ids are allowed (ids are compared as 64-bit integers, so
-    int32 -1 and int64 -1 are the same id).
+    dtype; negative ids are allowed (ids are compared as 64-bit integers on
+    TensorFlow, so int32 -1 and int64 -1 are the same id; as 32-bit integers
+    on JAX, which refuses eager ids that do not fit: JAX without
+    ``jax_enable_x64`` truncates 64-bit ids that reach a traced step, so keep
+    them below 2**31 there).
 
     **Invalid inputs.** Eagerly: a ValueError naming the argument and the
     first offending position (and no other data: Keras' "Arguments received"
-    dump is suppressed). In a traced graph: a `tf.debugging.Assert` with the
-    same message. Under XLA (``jit_compile=True``) asserts are compiled away,
-    so a batch with an invalid label or invalid ids gets pure noise instead
-    (uniform classes that do not depend on its labels) and the layer counts
-    the event; `check_input_errors()` raises it on the host (`VerticalModel`
-    calls it after every step; call it yourself after a compiled step of a
-    plain model).
+    dump is suppressed). In a traced TensorFlow graph: a `tf.debugging.Assert`
+    with the same message. Under XLA (``jit_compile=True``) asserts are
+    compiled away, and traced JAX code (every ``fit`` on JAX) cannot raise,
+    so there a batch with an invalid label or invalid ids gets pure noise
+    instead (uniform classes that do not depend on its labels) and the layer
+    counts the event; `check_input_errors()` raises it on the host
+    (`VerticalModel` calls it after every step; call it yourself after a
+    compiled step of a plain model).
 
     At ``training=False`` (inference, evaluation) labels pass unchanged and
     nothing is released.
@@ -194,38 +199,50 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
 
     @input_checks.private_errors
     def call(self, labels: ArrayLike, example_ids: ArrayLike | None = None,
-             prior: ArrayLike | None = None, training: bool | None = None) -> tf.Tensor:
+             prior: ArrayLike | None = None, training: bool | None = None) -> Any:
         if not training:
             return labels
-        labels = tf.convert_to_tensor(labels)
-        out_dtype = labels.dtype
-        if out_dtype == tf.bool:  # a bool one-hot (or binary) matrix: read as 0/1
-            labels = tf.cast(labels, tf.int32)
+        labels = ops.convert_to_tensor(labels)
+        out_dtype = keras.backend.standardize_dtype(labels.dtype)
+        if out_dtype == "bool":  # a bool one-hot (or binary) matrix: read as 0/1
+            labels = ops.cast(labels, "int32")
         mode, k = label_formats.resolve_mode(self.mode, tuple(labels.shape), self.num_classes)
         self._resolved = (mode, k)
-        eager = tf.executing_eagerly()
-        deps, labels_ok, ids_ok, prior_ok = [], None, None, None
+        # Eagerly every check raises; in a trace (tf.function, XLA, jax.jit) the checks
+        # give flags and TensorFlow graph asserts, and `_guard` makes the output safe where
+        # no assert runs (XLA, JAX).
+        eager = not any(backend.impl().is_traced(x) for x in (labels, example_ids, prior)
+                        if x is not None)
+        labels_ok = ids_ok = prior_ok = None
+        asserts = []
         if eager:
             label_formats.validate_eager(labels, mode, k)
         else:
             row_ok, _ = label_formats.rows_ok(labels, mode, k)
-            labels_ok = tf.reduce_all(row_ok)
-            deps.append(label_formats.graph_assert(labels, mode, k, row_ok=row_ok))
-        with tf.control_dependencies(deps):
-            class_ids = label_formats.to_class_ids(labels, mode)
-        n = tf.shape(class_ids)[0]
+            labels_ok = ops.all(row_ok)
+            asserts.append(label_formats.graph_assert(labels, mode, k, row_ok=row_ok))
+        class_ids = label_formats.to_class_ids(labels, mode)
+        n = ops.shape(class_ids)[0]  # an int where static, else a scalar tensor
         ids = None
         if example_ids is not None:
             ids, ids_ok, id_asserts = input_checks.check_example_ids(example_ids, n, eager)
-            deps += id_asserts
+            asserts += id_asserts
         if prior is not None:  # checked before anything is drawn or counted
-            rows = n if class_ids.shape[0] is None else class_ids.shape[0]  # static if known
-            prior, prior_ok, prior_asserts = label_formats.check_prior(prior, mode, k, rows,
-                                                                       eager)
-            deps += prior_asserts
+            prior, prior_ok, prior_asserts = label_formats.check_prior(prior, mode, k, n, eager)
+            asserts += prior_asserts
+        with backend.impl().run_after(asserts):  # nothing is drawn or counted for a failed check
+            noisy, words = self._randomize(class_ids, ids, prior, k, n)
+            if not eager:
+                noisy = self._guard(noisy, words, k, labels_ok, ids_ok, prior_ok)
+            out = label_formats.from_class_ids(noisy, labels, mode, k)
+        return ops.cast(out, "bool") if out_dtype == "bool" else out
+
+    def _randomize(self, class_ids, ids, prior, k, n):
+        """Randomized class ids and the two noise words per label they came from; counts
+        the release."""
         if prior is not None or self.per_batch:
             # Fresh noise: a new release of every example in the call.
-            both = self._next_words(tf.stack([2, n]))
+            both = self._next_words((2, n))
             words = (both[0], both[1])
             if ids is not None:
                 self._count_release(rc.FRESH_IDS, n, ids)
@@ -245,28 +262,21 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
                 "epochs: E epochs cost E * eps).")
         if prior is not None:
             self._count_release(rc.PRIOR, n)
-            noisy = rr_with_prior(class_ids, prior, self.eps, noise=list(words))
-        else:
-            noisy = kary_randomized_response(class_ids, k, self.eps, noise=list(words))
-        if not eager:
-            noisy = self._guard(noisy, words, k, labels_ok, ids_ok, prior_ok, deps)
-        out = label_formats.from_class_ids(noisy, labels, mode, k)
-        return tf.cast(out, out_dtype) if out_dtype == tf.bool else out
+            return rr_with_prior(class_ids, prior, self.eps, noise=list(words)), words
+        return kary_randomized_response(class_ids, k, self.eps, noise=list(words)), words
 
-    def _guard(self, noisy, words, k, labels_ok, ids_ok, prior_ok, deps):
-        """Graph path: where asserts are compiled away (XLA), never release a
-        batch with invalid labels, ids or prior; output label-independent noise
-        and count the event for `check_input_errors`."""
+    def _guard(self, noisy, words, k, labels_ok, ids_ok, prior_ok):
+        """Traced path: where no assert runs (XLA, JAX), never release a batch
+        with invalid labels, ids or prior; output label-independent noise and
+        count the event for `check_input_errors`."""
         if ids_ok is None:
-            ids_ok = tf.constant(True)
+            ids_ok = ops.convert_to_tensor(True)
         if prior_ok is not None:
-            labels_ok = tf.logical_and(labels_ok, prior_ok)
-        ok = tf.logical_and(labels_ok, ids_ok)
-        uniform = tf.cast(tf.math.floormod(tf.cast(words[1], tf.int64), k), noisy.dtype)
-        count = self._count_input_errors([tf.logical_not(labels_ok), tf.logical_not(ids_ok)],
-                                         deps)
-        with tf.control_dependencies([count]):
-            return tf.where(ok, noisy, uniform)
+            labels_ok = ops.logical_and(labels_ok, prior_ok)
+        ok = ops.logical_and(labels_ok, ids_ok)
+        uniform = ops.cast(ops.mod(words[1], ops.cast(k, "uint32")), noisy.dtype)
+        self._count_input_errors([ops.logical_not(labels_ok), ops.logical_not(ids_ok)])
+        return ops.where(ok, noisy, uniform)
 
     def _num_classes(self):
         return self._resolved[1] if self._resolved else (self.num_classes or 2)

@@ -9,19 +9,24 @@ Formats:
 ``auto`` picks ``onehot`` for (N, K) with K >= 2, ``sparse`` for (N,) /
 (N, 1) when ``num_classes > 2`` is given, else ``binary``. Every row is
 validated (unlike the reference, which only checks the total count of ones).
-Eager inputs get a ValueError naming the first bad row; in a traced graph the
-same check runs as a `tf.debugging.Assert` (raising InvalidArgumentError with
-the same message); under XLA (`jit_compile=True`) asserts are compiled away, so
-`LabelDPLayer` then outputs pure noise for the batch and counts the event for
-the host (see `LabelDPLayer.check_input_errors`).
+Eager inputs get a ValueError naming the first bad row; in a traced TensorFlow
+graph the same check runs as a `tf.debugging.Assert` (raising
+InvalidArgumentError with the same message); under XLA (`jit_compile=True`)
+asserts are compiled away, and traced JAX code has none, so `LabelDPLayer`
+then outputs pure noise for the batch and counts the event for the host (see
+`LabelDPLayer.check_input_errors`).
 """
 
 from __future__ import annotations
 
 import collections.abc
 
+import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
+
+from keras_fedpriv import backend
+from keras_fedpriv.layers.input_checks import static_int
 
 MODES = ("auto", "binary", "onehot", "sparse")
 
@@ -104,27 +109,42 @@ def validate_eager(labels, mode, num_classes):
             f"row {int(bad[0])} has value {flat[bad[0]].item()!r} ({bad.size} invalid value(s) in total).")
 
 
+def _dtype(x):
+    return keras.backend.standardize_dtype(x.dtype)
+
+
 def rows_ok(labels, mode, num_classes):
-    """Graph check of every row: ``(bool (N,) tensor, rule text)``."""
-    v = tf.convert_to_tensor(labels)
+    """Traced check of every row: ``(bool (N,) tensor, rule text)``."""
+    v = ops.convert_to_tensor(labels)
+    if _dtype(v) == "bool":
+        v = ops.cast(v, "int32")
     if mode == "onehot":
-        valid_values = tf.reduce_all(tf.logical_or(tf.equal(v, 0), tf.equal(v, 1)), axis=-1)
-        one = tf.equal(tf.reduce_sum(tf.cast(tf.equal(v, 1), tf.int32), axis=-1), 1)
-        return (tf.logical_and(valid_values, one),
+        valid_values = ops.all(ops.logical_or(ops.equal(v, 0), ops.equal(v, 1)), axis=-1)
+        one = ops.equal(ops.sum(ops.cast(ops.equal(v, 1), "int32"), axis=-1), 1)
+        return (ops.logical_and(valid_values, one),
                 "LabelDPLayer(mode='onehot'): every row must hold exactly one 1; first bad row:")
-    flat = tf.reshape(v, [-1])
+    flat = ops.reshape(v, (-1,))
     if mode == "binary":
-        return (tf.logical_or(tf.equal(flat, 0), tf.equal(flat, 1)),
+        return (ops.logical_or(ops.equal(flat, 0), ops.equal(flat, 1)),
                 "LabelDPLayer(mode='binary'): labels must be exactly 0 or 1 (for integer class "
                 "ids use mode='sparse' with num_classes); first bad row:")
-    f = tf.cast(flat, tf.float64)
-    return (tf.logical_and(tf.equal(f, tf.round(f)), tf.logical_and(f >= 0, f < num_classes)),
+    # In the labels' own dtype: an integer is whole, a float must be (NaN fails every test).
+    whole = ops.equal(flat, ops.round(flat)) if "float" in _dtype(flat) else ops.ones_like(flat, "bool")
+    in_range = ops.logical_and(ops.greater_equal(flat, 0), ops.less(flat, num_classes))
+    return (ops.logical_and(whole, in_range),
             f"LabelDPLayer(mode='sparse'): labels must be integer class ids in "
             f"[0, {num_classes}); first bad row:")
 
 
+def first_false(flags):
+    """The position of the first False in a bool (N,) tensor (N when all are True, and for
+    an empty batch: a replica that got no rows of the last global batch)."""
+    return ops.argmin(ops.concatenate([ops.cast(flags, "int32"), ops.zeros((1,), "int32")]))
+
+
 def graph_assert(labels, mode, num_classes, row_ok=None):
-    """A tf.debugging.Assert op with the same rule (for traced graphs).
+    """The backend's graph assert with the same rule (TensorFlow: a
+    `tf.debugging.Assert` op; JAX: None, as traced JAX code cannot assert).
 
     Under XLA the assert is compiled away; `LabelDPLayer` then also uses
     `rows_ok` to make the output independent of invalid labels.
@@ -132,26 +152,23 @@ def graph_assert(labels, mode, num_classes, row_ok=None):
     checked, rule = rows_ok(labels, mode, num_classes)
     if row_ok is None:
         row_ok = checked
-    # A sentinel 0 at the end: argmin of an empty batch (a replica that got no
-    # rows of the last global batch) would fail; with no bad row it is unused.
-    first_bad = tf.argmin(tf.concat([tf.cast(row_ok, tf.int32), [0]], axis=0))
-    return tf.debugging.Assert(tf.reduce_all(row_ok), [rule, first_bad], summarize=8)
+    return backend.impl().graph_assert(ops.all(row_ok), [rule, first_false(row_ok)], summarize=8)
 
 
 def to_class_ids(labels, mode):
     """int32 class ids of shape (N,)."""
-    v = tf.convert_to_tensor(labels)
+    v = ops.convert_to_tensor(labels)
     if mode == "onehot":
-        return tf.cast(tf.argmax(v, axis=-1), tf.int32)
-    return tf.cast(tf.reshape(v, [-1]), tf.int32)
+        return ops.cast(ops.argmax(v, axis=-1), "int32")
+    return ops.cast(ops.reshape(v, (-1,)), "int32")
 
 
 def from_class_ids(ids, like, mode, num_classes):
     """Class ids back to the format, shape and dtype of ``like``."""
-    like = tf.convert_to_tensor(like)
+    like = ops.convert_to_tensor(like)
     if mode == "onehot":
-        return tf.one_hot(ids, num_classes, dtype=like.dtype)
-    return tf.reshape(tf.cast(ids, like.dtype), tf.shape(like))
+        return ops.one_hot(ids, num_classes, dtype=like.dtype)
+    return ops.reshape(ops.cast(ids, like.dtype), (-1,) + tuple(like.shape[1:]))
 
 
 #: How far a row of ``prior`` may sum from 1 (a float16 / bfloat16 softmax sums within ~0.005).
@@ -172,10 +189,9 @@ def refuse_non_dense_prior(prior):
     Called before Keras looks at the call's tensors (it would build the layer from a
     ragged prior's shape and blame the labels) and again when the prior is converted.
     """
-    if isinstance(prior, tf.RaggedTensor):
-        raise _not_dense("a tf.RaggedTensor (rows of different lengths)")
-    if isinstance(prior, tf.SparseTensor):
-        raise _not_dense("a tf.SparseTensor (densify it with tf.sparse.to_dense)")
+    kind = backend.impl().non_dense_kind(prior)
+    if kind is not None:
+        raise _not_dense(kind)
     if isinstance(prior, (collections.abc.Mapping, str, bytes)):
         raise _not_dense(f"a {type(prior).__name__}")
 
@@ -183,19 +199,28 @@ def refuse_non_dense_prior(prior):
 def prior_matrix(prior, mode, num_classes):
     """The prior as float32 (N, K); binary priors may be P(label = 1) of shape (N,) / (N, 1)."""
     refuse_non_dense_prior(prior)
-    try:
-        p = tf.convert_to_tensor(prior)
-    except (TypeError, ValueError):  # TensorFlow's message would show the prior's values
-        raise _not_dense(f"a {type(prior).__name__} that is not a rectangular array of "
-                         f"numbers") from None
-    if not (p.dtype.is_floating or p.dtype.is_integer or p.dtype == tf.bool):
+    if not (ops.is_tensor(prior) or isinstance(prior, np.ndarray)):
+        try:
+            array = np.asarray(prior)
+        except (TypeError, ValueError):  # NumPy's message would show the prior's values
+            array = None
+        if array is None or array.dtype.kind not in "biuf":
+            raise _not_dense(f"a {type(prior).__name__} that is not a rectangular array of "
+                             f"numbers")
+        prior = array
+    elif isinstance(prior, np.ndarray) and prior.dtype.kind not in "biuf":
         raise TypeError(f"LabelDPLayer: `prior` must be a numeric array of {_PRIOR_RULE}; got "
-                        f"dtype {p.dtype.name}.")
-    p = tf.cast(p, tf.float32)
-    if mode == "binary" and (p.shape.rank == 1 or p.shape[-1] == 1):
-        p1 = tf.reshape(p, [-1])
-        p = tf.stack([1.0 - p1, p1], axis=-1)
-    if p.shape.rank != 2 or p.shape[-1] != num_classes:
+                        f"dtype {prior.dtype}.")
+    p = ops.convert_to_tensor(prior)
+    dtype = _dtype(p)
+    if not (dtype == "bool" or dtype.startswith(("float", "bfloat", "int", "uint"))):
+        raise TypeError(f"LabelDPLayer: `prior` must be a numeric array of {_PRIOR_RULE}; got "
+                        f"dtype {dtype}.")
+    p = ops.cast(p, "float32")
+    if mode == "binary" and (len(p.shape) == 1 or p.shape[-1] == 1):
+        p1 = ops.reshape(p, (-1,))
+        p = ops.stack([1.0 - p1, p1], axis=-1)
+    if len(p.shape) != 2 or p.shape[-1] != num_classes:
         raise ValueError(
             f"LabelDPLayer: `prior` must have shape (N, {num_classes}) (one probability per "
             f"class{', or (N,) with P(label=1) for binary labels' if mode == 'binary' else ''}); "
@@ -216,9 +241,9 @@ def prior_rows_ok(p):
     layer's randomized response (an extra ``is_finite``/``where`` pass cost
     ~30% per call at 4096 x 10 under ``jit_compile``).
     """
-    in_range = tf.reduce_all(tf.logical_and(p >= 0.0, p <= 1.0), axis=-1)
-    return tf.logical_and(in_range,
-                          tf.abs(tf.reduce_sum(p, axis=-1) - 1.0) <= PRIOR_SUM_TOLERANCE)
+    in_range = ops.all(ops.logical_and(ops.greater_equal(p, 0.0), ops.less_equal(p, 1.0)), axis=-1)
+    return ops.logical_and(in_range,
+                           ops.abs(ops.sum(p, axis=-1) - 1.0) <= PRIOR_SUM_TOLERANCE)
 
 
 def check_prior(prior, mode, num_classes, num_labels, eager):
@@ -231,8 +256,9 @@ def check_prior(prior, mode, num_classes, num_labels, eager):
         prior: the ``prior`` call argument (see `prior_matrix` for shapes).
         mode: the resolved label mode.
         num_classes: K.
-        num_labels: the number of labels, a scalar int32 tensor.
-        eager: True to raise a ValueError now; False to build graph asserts.
+        num_labels: the number of labels, an int or a scalar int32 tensor.
+        eager: True to raise a ValueError now; False to build graph asserts
+            (TensorFlow) and a flag (every backend).
 
     Returns:
         ``(p, ok, asserts)``: the float32 (num_labels, K) prior (rows padded
@@ -247,13 +273,13 @@ def check_prior(prior, mode, num_classes, num_labels, eager):
             or (eager) a row that is not a probability vector.
     """
     p = prior_matrix(prior, mode, num_classes)
-    rows, static_n = p.shape[0], tf.get_static_value(num_labels)
+    rows, static_n = p.shape[0], static_int(num_labels)
     if rows is not None and static_n is not None and rows != int(static_n):
         raise ValueError(_wrong_rows(num_classes, rows, int(static_n)))
     if eager:
-        v = p.numpy()
-        if v.shape[0] != int(num_labels):
-            raise ValueError(_wrong_rows(num_classes, v.shape[0], int(num_labels)))
+        v = ops.convert_to_numpy(p)
+        if v.shape[0] != int(static_n):
+            raise ValueError(_wrong_rows(num_classes, v.shape[0], int(static_n)))
         with np.errstate(invalid="ignore"):
             finite = np.isfinite(v).all(axis=-1)
             in_range = ((v >= 0) & (v <= 1)).all(axis=-1)
@@ -268,19 +294,18 @@ def check_prior(prior, mode, num_classes, num_labels, eager):
         return p, None, []
     asserts = []
     if rows is not None and static_n is not None:  # the same count (checked above)
-        count_ok = tf.constant(True)
+        count_ok = ops.convert_to_tensor(True)
     else:  # a count known only when the graph runs: pad or cut to it, and check it
-        n = tf.cast(num_labels, tf.int32)
-        rows = tf.shape(p)[0]
-        count_ok = tf.equal(rows, n)
-        uniform = tf.fill(tf.stack([n, num_classes]), 1.0 / num_classes)
-        p = tf.concat([p, uniform], axis=0)[:n]
-        asserts.append(tf.debugging.Assert(
+        n = ops.cast(num_labels, "int32")
+        rows = ops.shape(p)[0]
+        count_ok = ops.equal(rows, n)
+        uniform = ops.full((n, num_classes), 1.0 / num_classes, "float32")
+        p = ops.concatenate([p, uniform], axis=0)[:n]
+        asserts.append(backend.impl().graph_assert(
             count_ok, [f"LabelDPLayer: `prior` must have shape (N, {num_classes}) with one row "
                        "per label; rows, labels:", rows, n]))
     row_ok = prior_rows_ok(p)
-    first_bad = tf.argmin(tf.concat([tf.cast(row_ok, tf.int32), [0]], axis=0))
-    asserts.append(tf.debugging.Assert(
-        tf.logical_or(tf.reduce_all(row_ok), tf.logical_not(count_ok)),
-        [f"LabelDPLayer: `prior` must hold {_PRIOR_RULE}; first bad row:", first_bad]))
-    return p, tf.logical_and(count_ok, tf.reduce_all(row_ok)), asserts
+    asserts.append(backend.impl().graph_assert(
+        ops.logical_or(ops.all(row_ok), ops.logical_not(count_ok)),
+        [f"LabelDPLayer: `prior` must hold {_PRIOR_RULE}; first bad row:", first_false(row_ok)]))
+    return p, ops.logical_and(count_ok, ops.all(row_ok)), [a for a in asserts if a is not None]

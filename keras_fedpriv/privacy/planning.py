@@ -41,9 +41,8 @@ from typing import Any, Iterable
 
 import dp_accounting
 import numpy as np
-import tensorflow as tf
 
-from keras_fedpriv.layers.release_counter import FRESH_IDS, busiest_bound
+from keras_fedpriv.layers.release_counter import FRESH_IDS, ReleaseCounterMixin, busiest_bound
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
 from keras_fedpriv.mechanisms.quantize import quantize_rr_dp_event
 from keras_fedpriv.mechanisms.randomized_response import randomized_response_dp_event
@@ -513,9 +512,8 @@ class PlanCheck(EpsilonLogger):
     def _counters(self, protection):
         """What must change for ``protection``'s (bounded) ledger to change: a layer's small
         counters and running per-example maximum, or another protection's ledger totals."""
-        totals = getattr(protection, "release_totals", None)  # a protection layer's
-        if isinstance(totals, tf.Variable):
-            calls = np.asarray(totals.numpy())
+        if isinstance(protection, ReleaseCounterMixin):  # a protection layer
+            calls = np.array(protection.release_totals)  # a host copy, on either backend
             if not self._exact:  # the per-example calls matter through the maximum only
                 calls = np.delete(calls, FRESH_IDS)
             return tuple(calls.tolist()), protection.release_id_max(), None
