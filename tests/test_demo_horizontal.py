@@ -3,8 +3,12 @@ digits."""
 
 import io
 
+import pytest
+
 from keras_fedpriv.demo_horizontal import footnote, run_horizontal_demo
 
+
+pytestmark = [pytest.mark.jax]
 
 def test_horizontal_demo_rows():
     out = io.StringIO()

@@ -5,8 +5,11 @@ import re
 import warnings
 
 import numpy as np
+import pytest
 
 from keras_fedpriv.optimizers import SignDSMessage, aggregate, flatten_update
+
+pytestmark = [pytest.mark.jax]
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "horizontal.md"
 

@@ -3,9 +3,11 @@
 
 import numpy as np
 import pytest
-import tensorflow as tf
+from keras import ops
 
 from keras_fedpriv.attacks import ReconstructionResult, feature_reconstruction
+
+pytestmark = [pytest.mark.jax]
 
 
 def _reconstruction_data(n=800, f=6, seed=0):
@@ -21,7 +23,7 @@ FAST = dict(hidden_units=(32,), epochs=20, batch_size=64, learning_rate=1e-2)
 
 def test_reconstruction_from_invertible_embeddings():
     x, emb, _ = _reconstruction_data()
-    result = feature_reconstruction(emb[:600], x[:600], tf.constant(emb[600:]), x[600:],
+    result = feature_reconstruction(emb[:600], x[:600], ops.convert_to_tensor(emb[600:]), x[600:],
                                     seed=0, **FAST)
     assert isinstance(result, ReconstructionResult)
     assert result.relative_mse < 0.2

@@ -20,7 +20,7 @@ from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
 from flower_stubs import Reply, model_fn  # noqa: E402
 
-pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.jax, pytest.mark.flower, pytest.mark.timeout(300)]
 
 
 

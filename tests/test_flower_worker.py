@@ -30,7 +30,7 @@ from keras_fedpriv.federated.flower import worker as w  # noqa: E402
 
 from flower_stubs import APP, load_test_app  # noqa: E402
 
-pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.jax, pytest.mark.flower, pytest.mark.timeout(300)]
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
        "PYTHONPATH": os.pathsep.join([str(APP.parents[1]), os.environ.get("PYTHONPATH", "")])}

@@ -17,6 +17,8 @@ from keras_fedpriv.federated import (
 from keras_fedpriv.optimizers import SignDSEncoder
 from digits_stubs import digits, digits_model
 
+pytestmark = [pytest.mark.jax]
+
 
 # -------------------------------------------------------------- HorizontalFL
 def test_fedavg_round_is_the_size_weighted_mean_of_independent_client_updates():

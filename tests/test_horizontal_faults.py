@@ -34,7 +34,7 @@ from keras_fedpriv.federated.horizontal_parties import ClientDataError  # noqa: 
 
 from flower_stubs import model_fn  # noqa: E402
 
-pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.jax, pytest.mark.flower, pytest.mark.timeout(300)]
 
 NODE_UNAVAILABLE = "Node Unavailable: the node did not answer in time"
 

@@ -11,6 +11,8 @@ from keras_fedpriv.federated.horizontal_parties import ClientResult, HorizontalS
 from keras_fedpriv.federated.uploads import as_upload
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, non_private_event
 
+pytestmark = [pytest.mark.jax]
+
 
 def _model():
     keras.utils.set_random_seed(0)

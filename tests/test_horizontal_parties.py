@@ -7,10 +7,16 @@ import numpy as np
 import pytest
 
 from keras_fedpriv.callbacks import MagRR
-from keras_fedpriv.federated.horizontal_parties import HorizontalServer, shuffle_order
+from keras_fedpriv.federated.horizontal_parties import HorizontalServer, LocalTrainer, shuffle_order
 from keras_fedpriv.federated.uploads import GaussianUpload, MalformedUpload
+from keras_fedpriv.layers.release_counter import FRESH_ANON, ReleaseCounterMixin
+from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.optimizers import SignDSEncoder
+from keras_fedpriv.optimizers.signds import flatten_update
+from digits_stubs import digits
+
+pytestmark = [pytest.mark.jax]
 
 DELTA = np.random.default_rng(0).normal(size=400).astype(np.float32)
 
@@ -106,3 +112,94 @@ def test_server_refuses_malformed_batch_norm_statistics():
         server.check_batch_norm([good[0], -good[1]])
     with pytest.raises(MalformedUpload, match="finite"):
         server.check_batch_norm([np.full(3, np.nan, np.float32), good[1]])
+
+
+# ------------------------------------------------------------------ LocalTrainer
+def _regularized_model(dropout=0.0):
+    """A seeded MLP with weight and activity regularizers, momentum and a scaled loss."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(1e-2),
+                           activity_regularizer=keras.regularizers.L2(1e-3)),
+        keras.layers.Dropout(dropout),
+        keras.layers.Dense(10)])
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9, loss_scale_factor=8.0),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_local_training_makes_model_fits_steps_and_starts_every_call_afresh():
+    """Short last batches, regularizer and add_loss terms, a scaled loss and momentum: the
+    update is what model.fit makes over the same batches, and the optimizer's state is
+    reset for every call (the same call twice gives the same update)."""
+    x, y = digits()
+    x, y = x[:40], y[:40]
+    model = _regularized_model()
+    start = [w.copy() for w in model.get_weights()]
+    trainer = LocalTrainer(model, 16, (x.shape[1:], x.dtype), (y.shape[1:], y.dtype))
+    order = np.tile(np.arange(40, dtype=np.int32), 2)  # two epochs in order, as shuffle=False
+    first, loss, bn_end = trainer.train(start, x, y, order, [])
+    assert np.isfinite(loss) and loss > 0 and bn_end == []
+    trained = [np.array(w) for w in model.get_weights()]
+    again, loss_again, _ = trainer.train(start, x, y, order, [])
+    np.testing.assert_allclose(again, first, atol=1e-6)
+    np.testing.assert_allclose(loss_again, loss, rtol=1e-5)
+
+    ref = _regularized_model()
+    ref.set_weights(start)
+    ref.fit(x, y, epochs=2, batch_size=16, shuffle=False, verbose=0)
+    want, _ = flatten_update([a - b for a, b in zip(ref.get_weights(), start)])
+    np.testing.assert_allclose(first, want, atol=2e-5)
+    for got, kept in zip(trained, ref.get_weights()):  # the model keeps the trained weights
+        np.testing.assert_allclose(got, kept, atol=2e-5)
+
+
+def test_local_training_carries_the_models_random_state_from_call_to_call():
+    """Dropout draws new masks in every call: the generator's state advances, never replays."""
+    x, y = digits()
+    model = _regularized_model(dropout=0.5)
+    start = [w.copy() for w in model.get_weights()]
+    trainer = LocalTrainer(model, 16, (x.shape[1:], x.dtype), (y.shape[1:], y.dtype))
+    order = np.arange(32, dtype=np.int32)
+    first, _, _ = trainer.train(start, x[:32], y[:32], order, [])
+    second, _, _ = trainer.train(start, x[:32], y[:32], order, [])
+    assert not np.allclose(first, second)
+
+
+@keras.saving.register_keras_serializable(package="test_horizontal_parties")
+class _Flip(ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
+    """Negates each input with probability 1/2 from the layer's secret per-call words."""
+
+    _rng_salt = 0x4F1
+
+    def __init__(self, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self._init_rng(seed)
+        self._init_release_counter()
+
+    def call(self, x):
+        words = self._next_words(keras.ops.shape(x))
+        self._count_release(FRESH_ANON, keras.ops.shape(x)[0])
+        return keras.ops.where(keras.ops.less(words, np.uint32(2**31)), -x, x)
+
+
+def test_local_training_advances_a_layers_secret_stream_and_counts_every_step():
+    """A protection layer inside the client's model: its counter moves once per step and its
+    release counts grow, across calls (the stream is never rewound or replayed)."""
+    x, y = digits()
+    keras.utils.set_random_seed(1)
+    flip = _Flip(name="flip")
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(8), flip,
+                              keras.layers.Dense(10)])
+    model.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    start = [w.copy() for w in model.get_weights()]
+    trainer = LocalTrainer(model, 16, (x.shape[1:], x.dtype), (y.shape[1:], y.dtype))
+    order = np.arange(40, dtype=np.int32)  # batches of 16, 16 and 8
+    first, _, _ = trainer.train(start, x[:40], y[:40], order, [])
+    assert flip.noise_draws == 3 and flip.release_calls()["fresh_without_ids"] == 3
+    second, _, _ = trainer.train(start, x[:40], y[:40], order, [])
+    assert flip.noise_draws == 6 and flip.release_calls()["fresh_without_ids"] == 6
+    assert not np.allclose(first, second)  # fresh signs, not the first call's again
+    assert len(model.get_weights()) == len(start)  # the stream is no weight

@@ -17,6 +17,8 @@ from keras_fedpriv.federated.uploads import SignDSUpload  # noqa: E402
 
 from flower_stubs import Reply, model_fn  # noqa: E402
 
+pytestmark = [pytest.mark.jax]
+
 
 class _Msg:
     def __init__(self, content):

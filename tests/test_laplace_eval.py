@@ -16,6 +16,8 @@ from keras_fedpriv.federated import HorizontalFL, partition
 from stats import SIGMAS
 from digits_stubs import digits
 
+pytestmark = [pytest.mark.jax]
+
 SKLEARN = {"silhouette": silhouette_score, "calinski_harabasz": calinski_harabasz_score,
            "davies_bouldin": davies_bouldin_score}
 K = 4

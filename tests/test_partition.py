@@ -7,6 +7,8 @@ import pytest
 from keras_fedpriv.federated import partition_indices
 from digits_stubs import digits
 
+pytestmark = [pytest.mark.jax]
+
 
 def test_iid_partition_covers_every_row_once_in_near_equal_parts():
     parts = partition_indices(1000, 7, seed=0)

@@ -146,7 +146,6 @@ def test_release_patterns_are_checked_against_the_mechanism():
         release_pattern("laplace")
 
 
-@pytest.mark.tensorflow_only("HorizontalFL's local training (federated/) is not on JAX here yet")
 def test_plan_check_follows_a_horizontal_run_round_by_round():
     import keras
 

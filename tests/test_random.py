@@ -2,6 +2,7 @@
 both backends (against a pure-Python reference with Random123's known answers, and TensorFlow's
 kernel), under XLA / jit, thresholds, the refusal of a fresh secret inside a trace."""
 
+import keras
 import numpy as np
 import pytest
 from keras import ops
@@ -104,6 +105,11 @@ def test_words_from_ids_is_philox_of_id_and_salt():
     want = np.array([_philox_reference((i, 0, 0, 5), (seed & _MASK, seed >> 32)) for i in ids],
                     np.uint32).T
     np.testing.assert_array_equal(got, want)
+    # the key as int32 words (their bit patterns), in a Keras variable as a layer keeps it
+    signed = keras.Variable(R.seed_to_key_words(seed).astype(np.uint32).view(np.int32),
+                            dtype="int32", trainable=False)
+    again = np.stack([ops.convert_to_numpy(w) for w in R.words_from_ids(signed, _ids(ids), 5)])
+    np.testing.assert_array_equal(again, want)
     # 64-bit host ids: the high word enters the counter
     host = np.array([2**40 + 3], np.int64)
     got = [int(ops.convert_to_numpy(w)[0]) for w in R.words_from_ids(
@@ -154,3 +160,21 @@ def test_mechanism_with_unseeded_noise_inside_a_trace_is_refused():
         fn(ops.convert_to_tensor([0, 1]))
     seeded = compiled(lambda b: M.binary_randomized_response(b, 1.0, seed=3))
     assert tuple(seeded(ops.convert_to_tensor([0, 1])).shape) == (2,)
+
+
+class _UnseededNoise(keras.layers.Layer):
+    """A layer that (wrongly) calls a mechanism with a fresh secret in its compiled call."""
+
+    def call(self, x):
+        return M.binary_randomized_response(ops.cast(ops.greater(x, 0), "int32"), 1.0)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+def test_a_fresh_secret_inside_a_compiled_predict_is_refused():
+    model = keras.Sequential([keras.Input((3,)), _UnseededNoise()])
+    with pytest.raises(ValueError, match="freeze one secret into the graph"):
+        model.predict(np.ones((2, 3), "float32"), verbose=0)
+    # eagerly, each call draws a fresh secret
+    assert tuple(model(np.ones((2, 3), "float32")).shape) == (2, 3)

@@ -8,6 +8,8 @@ import pytest
 from keras_fedpriv.optimizers import SignDS, SignDSEncoder, SignDSRounds
 from digits_stubs import digits, digits_model
 
+pytestmark = [pytest.mark.jax]
+
 
 def test_signds_optimizer_uploads_one_message_per_round_from_model_fit():
     x, y = digits()

@@ -13,6 +13,8 @@ from keras_fedpriv.federated.uploads import (
 from keras_fedpriv.federated.uploads import as_upload
 from keras_fedpriv.optimizers import SignDSEncoder
 
+pytestmark = [pytest.mark.jax]
+
 
 def _signds():
     return SignDSUpload(SignDSEncoder(k=0.2, eps=10.0, seed=0))

@@ -10,7 +10,7 @@
   client's training examples from its uploaded update; metric: MSE relative to
   predicting the mean, after matching (docs/results/gradient_inversion.md).
 
-All take plain (N, d) numpy arrays or TensorFlow tensors; see docs/attacks.md.
+All take plain (N, d) numpy arrays or tensors of the Keras backend; see docs/attacks.md.
 """
 
 from keras_fedpriv.attacks.feature_reconstruction import (  # noqa: F401

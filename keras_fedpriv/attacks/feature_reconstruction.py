@@ -71,6 +71,29 @@ def _standardizer(array):
     return mean, std
 
 
+def _shuffled_batches(keras, x, y, batch_size, seed):
+    """A `keras.utils.PyDataset` of ``(x, y)`` batches, the rows reshuffled every epoch by a
+    numpy generator of ``seed`` (on any Keras backend; no global RNG)."""
+
+    class ShuffledBatches(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__()
+            self.rng = np.random.default_rng(seed)
+            self.order = self.rng.permutation(len(x))
+
+        def __len__(self):
+            return -(-len(x) // batch_size)
+
+        def __getitem__(self, index):
+            rows = self.order[index * batch_size:(index + 1) * batch_size]
+            return x[rows], y[rows]
+
+        def on_epoch_end(self):
+            self.order = self.rng.permutation(len(x))
+
+    return ShuffledBatches()
+
+
 def feature_reconstruction(embeddings_aux: ArrayLike, features_aux: ArrayLike,
                            embeddings_test: ArrayLike, features_test: ArrayLike,
                            hidden_units: Sequence[int] = (64, 64), epochs: int = 100,
@@ -92,11 +115,10 @@ def feature_reconstruction(embeddings_aux: ArrayLike, features_aux: ArrayLike,
     float32; the metrics are accumulated in float64.
 
     Determinism: with an int ``seed`` the result is reproducible (on the same
-    machine and TensorFlow build): the decoder's initializers, the
-    train/validation split and the tf.data shuffle all take seeds derived from
-    it explicitly. No global RNG is seeded or changed (a global
-    ``tf.random.set_seed`` set by the caller does still enter the shuffle
-    order, as for any tf.data shuffle). ``seed=None`` draws a fresh seed.
+    machine, Keras backend and build): the decoder's initializers, the
+    train/validation split and the per-epoch shuffle of the training rows all
+    take seeds derived from it explicitly. No global RNG is seeded, changed or
+    read. ``seed=None`` draws a fresh seed.
 
     Args:
         embeddings_aux: (N_aux, e) embeddings of the auxiliary rows.
@@ -170,7 +192,6 @@ def feature_reconstruction(embeddings_aux: ArrayLike, features_aux: ArrayLike,
                          "the baseline error is 0 and the relative MSE is undefined.")
 
     import keras
-    import tensorflow as tf
 
     rng = np.random.default_rng(seed)
     layer_seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=len(units) + 1)]
@@ -197,14 +218,12 @@ def feature_reconstruction(embeddings_aux: ArrayLike, features_aux: ArrayLike,
     decoder.compile(optimizer=keras.optimizers.Adam(learning_rate=float(learning_rate)),
                     loss="mse")
 
-    train = tf.data.Dataset.from_tensor_slices((x_all[train_idx], y_all[train_idx]))
-    train = train.shuffle(len(train_idx), seed=shuffle_seed,
-                          reshuffle_each_iteration=True).batch(batch_size)
+    train = _shuffled_batches(keras, x_all[train_idx], y_all[train_idx], batch_size,
+                              shuffle_seed)
     stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=patience,
                                          restore_best_weights=True)
-    val = tf.data.Dataset.from_tensor_slices((x_all[val_idx], y_all[val_idx])).batch(
-        max(batch_size, 256))
-    history = decoder.fit(train, validation_data=val,
+    history = decoder.fit(train, validation_data=(x_all[val_idx], y_all[val_idx]),
+                          validation_batch_size=max(batch_size, 256),
                           epochs=epochs, callbacks=[stop], verbose=verbose, shuffle=False)
 
     pred_std = np.asarray(decoder.predict(x_test, batch_size=max(batch_size, 256), verbose=0))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 from typing import Any, Sequence
 
 import numpy as np
@@ -386,8 +387,9 @@ def _idlg(flat, tv, sizes, num_classes, lr_local, rng):
 def _quiet_retracing():
     """Silence TensorFlow's "triggered tf.function retracing" warning for one attack.
 
-    Every call builds its own small tf.function around the caller's model; the
-    warning (after 5 such calls) would be noise. The logger's level is restored.
+    On TensorFlow every call builds its own small tf.function around the
+    caller's model; the warning (after 5 such calls) would be noise. The
+    logger's level is restored (on JAX nothing logs there).
     """
     import logging
 
@@ -398,6 +400,88 @@ def _quiet_retracing():
         yield
     finally:
         logger.setLevel(level)
+
+
+_ADAM = (0.9, 0.999, 1e-8)  # beta_1, beta_2, epsilon of the dummy variables' Adam
+
+
+def _adam_state(x0, label0):
+    """``(x, label logits, first moments, second moments)`` at the start of a restart."""
+    from keras import ops
+
+    values = [ops.convert_to_tensor(x0), ops.convert_to_tensor(label0)]
+    return (*values, [ops.zeros_like(v) for v in values], [ops.zeros_like(v) for v in values])
+
+
+def _matching_steps(model, tv, *, from_logits, distance, target_unit, target_norm, y_onehot,
+                    scale, optimize_labels, bounds):
+    """The compiled Adam step of the dummy batch, and the final distance, as pure functions.
+
+    ``step(state, best, t, lr) -> (distance, state, best)``: the distance at
+    ``state`` (`_adam_state`), the state after one Adam step on it, and
+    ``best`` = ``(distance, x, label logits)`` of the closest state so far.
+    The dummy gradient is taken at the model's weights with
+    ``model.stateless_call`` and differentiated again
+    (`keras_fedpriv.backend` ``value_and_grad``: ``tf.GradientTape`` on
+    TensorFlow, ``jax.value_and_grad`` on JAX); the model is never modified.
+    """
+    from keras import ops
+
+    from keras_fedpriv import backend
+
+    impl = backend.impl()
+    weights = [ops.convert_to_tensor(ops.convert_to_numpy(v)) for v in tv]  # the global weights
+    frozen = [ops.convert_to_tensor(ops.convert_to_numpy(v)) for v in model.non_trainable_variables]
+    b1, b2, eps_adam = _ADAM
+    # what model(x, training=False) passes on: stateless_call hands its arguments to call()
+    inference = {"training": False} if "training" in inspect.signature(model.call).parameters \
+        else {}
+
+    def dummy_distance(x, label_logits):
+        def loss(*trainable):
+            out, _ = model.stateless_call(list(trainable), frozen, x, **inference)
+            out = ops.cast(out, "float32")
+            if from_logits:
+                logp = ops.log_softmax(out, axis=-1)
+            else:
+                logp = ops.log(ops.clip(out, 1e-7, 1.0))
+            soft = y_onehot if y_onehot is not None else ops.softmax(label_logits, axis=-1)
+            return -ops.mean(ops.sum(soft * logp, axis=-1))
+
+        _, grads = impl.value_and_grad(loss)(*weights)
+        g = scale * ops.concatenate([ops.reshape(ops.cast(gr, "float32"), [-1])
+                                     for gr in grads], 0)
+        if distance == "l2":
+            return ops.sum(ops.square(g / target_norm - target_unit))
+        return 1.0 - ops.sum(g * target_unit) / (ops.norm(g) + 1e-30)
+
+    def keep_if_best(d, x, label_logits, best):
+        better = ops.less(d, best[0])
+        return (ops.where(better, d, best[0]), ops.where(better, x, best[1]),
+                ops.where(better, label_logits, best[2]))
+
+    def step(state, best, t, lr):
+        x, label_logits, first, second = state
+        d, grads = impl.value_and_grad(dummy_distance)(x, label_logits)
+        best = keep_if_best(d, x, label_logits, best)
+        values = [x, label_logits]
+        first, second = list(first), list(second)
+        for i in range(2 if optimize_labels else 1):
+            g = ops.where(ops.isfinite(grads[i]), grads[i], ops.zeros_like(grads[i]))
+            first[i] = b1 * first[i] + (1 - b1) * g
+            second[i] = b2 * second[i] + (1 - b2) * ops.square(g)
+            m_hat = first[i] / (1 - ops.power(b1, t + 1.0))
+            s_hat = second[i] / (1 - ops.power(b2, t + 1.0))
+            values[i] = values[i] - lr * m_hat / (ops.sqrt(s_hat) + eps_adam)
+        if bounds:
+            values[0] = ops.clip(values[0], *bounds)
+        return d, (*values, first, second), best
+
+    def final_distance(state, best):
+        d = dummy_distance(state[0], state[1])
+        return d, keep_if_best(d, state[0], state[1], best)
+
+    return impl.compiled(step), impl.compiled(final_distance)
 
 
 def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
@@ -414,7 +498,8 @@ def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
     and receives ``target_update``. It creates ``num_examples`` dummy inputs
     (and, unless the labels are known or inferred, soft dummy labels), and
     minimizes with Adam, by differentiating through the gradient
-    (``tf.GradientTape`` twice), the distance between
+    (twice: ``tf.GradientTape`` on TensorFlow, ``jax.value_and_grad`` on
+    JAX), the distance between
 
     * the dummy batch's gradient ``g`` of the mean softmax cross-entropy at
       the model's weights (``lr_local=None``: ``target_update`` is a
@@ -478,8 +563,8 @@ def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
             after every step (e.g. ``(0, 1)`` for images scaled to [0, 1]).
         restarts: number of random restarts (integer >= 1).
         seed: None or a non-negative int for the dummy initialization and
-            iDLG's tie-breaking (reproducible on one machine with one
-            TensorFlow build). No global RNG is read or changed.
+            iDLG's tie-breaking (reproducible on one machine with one Keras
+            backend and build). No global RNG is read or changed.
         history_every: record the distance every this many steps.
 
     Returns:
@@ -498,7 +583,7 @@ def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
         >>> res = gradient_inversion(model, delta, lr_local=0.1, bounds=(0, 1))
         >>> res.reconstruction_mse(x_client), res.labels_reconstructed
     """
-    import tensorflow as tf
+    from keras import ops
 
     tv = _check_model(model)
     num_examples = validate_positive_int(num_examples, "num_examples")
@@ -531,7 +616,7 @@ def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
     try:
         out_shape = tuple(model.outputs[0].shape)
     except (AttributeError, ValueError, IndexError, TypeError):
-        out_shape = tuple(model(tf.zeros((1,) + shape), training=False).shape)
+        out_shape = tuple(model(ops.zeros((1,) + shape), training=False).shape)
     if len(out_shape) != 2 or out_shape[-1] is None or out_shape[-1] < 2:
         raise ValueError(f"`model` must be a classifier with output (batch, num_classes >= 2); "
                          f"got output shape {out_shape}.")
@@ -603,92 +688,39 @@ def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
         label0 = rng.standard_normal(size=(num_examples, num_classes))
         return x0.astype(np.float32), label0.astype(np.float32)
 
-    x0, label0 = draw_init()
-    x_var = tf.Variable(x0, name="dummy_x")
-    l_var = tf.Variable(label0, name="dummy_label_logits")
-    opt_vars = [x_var] if mode != "optimize" else [x_var, l_var]
-    m = [tf.Variable(tf.zeros_like(v)) for v in opt_vars]
-    s = [tf.Variable(tf.zeros_like(v)) for v in opt_vars]
-    best_x = tf.Variable(x_var)
-    best_l = tf.Variable(l_var)
-    best_d = tf.Variable(np.inf, dtype=tf.float32)
     norm = float(np.linalg.norm(flat))
-    target_unit = tf.constant((flat / norm).astype(np.float32))
-    target_norm = tf.constant(np.float32(norm))
-    y_onehot = tf.constant(np.eye(num_classes, dtype=np.float32)[y]) if y is not None else None
-    scale = np.float32(-lr_local) if lr_local is not None else np.float32(1.0)
-    b1, b2, eps_adam = 0.9, 0.999, 1e-8
-
-    def dummy_distance():
-        with tf.GradientTape() as inner:
-            out = model(x_var, training=False)
-            out = tf.cast(out, tf.float32)
-            if from_logits:
-                logp = tf.nn.log_softmax(out, axis=-1)
-            else:
-                logp = tf.math.log(tf.clip_by_value(out, 1e-7, 1.0))
-            soft = y_onehot if y_onehot is not None else tf.nn.softmax(l_var, axis=-1)
-            loss = -tf.reduce_mean(tf.reduce_sum(soft * logp, axis=-1))
-        grads = inner.gradient(loss, tv, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        g = scale * tf.concat([tf.reshape(tf.cast(gr, tf.float32), [-1]) for gr in grads], 0)
-        if distance == "l2":
-            return tf.reduce_sum(tf.square(g / target_norm - target_unit))
-        return 1.0 - tf.reduce_sum(g * target_unit) / (tf.norm(g) + 1e-30)
-
-    def keep_if_best(d):
-        if d < best_d:
-            best_d.assign(d)
-            best_x.assign(x_var)
-            best_l.assign(l_var)
-
-    @tf.function
-    def step(t, lr):
-        with tf.GradientTape() as outer:
-            d = dummy_distance()
-        dgrads = outer.gradient(d, opt_vars)
-        keep_if_best(d)
-        tf_t = tf.cast(t, tf.float32) + 1.0
-        for v, g, mv, sv in zip(opt_vars, dgrads, m, s):
-            g = tf.where(tf.math.is_finite(g), g, tf.zeros_like(g))
-            mv.assign(b1 * mv + (1 - b1) * g)
-            sv.assign(b2 * sv + (1 - b2) * tf.square(g))
-            mhat = mv / (1 - b1 ** tf_t)
-            shat = sv / (1 - b2 ** tf_t)
-            v.assign_sub(lr * mhat / (tf.sqrt(shat) + eps_adam))
-        if low is not None:
-            x_var.assign(tf.clip_by_value(x_var, low, high))
-        return d
-
-    @tf.function
-    def final_distance():
-        d = dummy_distance()
-        keep_if_best(d)
-        return d
+    step, final_distance = _matching_steps(
+        model, tv, from_logits=from_logits, distance=distance,
+        target_unit=(flat / norm).astype(np.float32), target_norm=np.float32(norm),
+        y_onehot=np.eye(num_classes, dtype=np.float32)[y] if y is not None else None,
+        scale=np.float32(-lr_local) if lr_local is not None else np.float32(1.0),
+        optimize_labels=mode == "optimize", bounds=None if low is None else (low, high))
 
     milestones = [int(iterations * f) for f in (0.5, 0.75, 0.9)]
     hist, hist_steps = [], []
+    best = (ops.convert_to_tensor(np.float32(np.inf)), ops.zeros(full),
+            ops.zeros((num_examples, num_classes)))
     with _quiet_retracing():
         for restart in range(restarts):
-            if restart:
-                x0, label0 = draw_init()
-                x_var.assign(x0)
-                l_var.assign(label0)
-            for v in m + s:
-                v.assign(tf.zeros_like(v))
+            x0, label0 = draw_init()
+            state = _adam_state(x0, label0)
             lr = learning_rate
             for t in range(iterations):
                 if t in milestones:
                     lr /= 10.0
-                d = step(tf.constant(t, tf.int64), tf.constant(lr, tf.float32))
+                d, state, best = step(state, best, ops.convert_to_tensor(np.float32(t)),
+                                      ops.convert_to_tensor(np.float32(lr)))
                 if t % history_every == 0:
                     hist.append(float(d))
                     hist_steps.append(restart * (iterations + 1) + t)
-            hist.append(float(final_distance()))
+            d, best = final_distance(state, best)
+            hist.append(float(d))
             hist_steps.append(restart * (iterations + 1) + iterations)
 
-    x_rec = best_x.numpy().astype(np.float32)
+    best_d, best_x, best_l = (ops.convert_to_numpy(b) for b in best)
+    x_rec = best_x.astype(np.float32)
     if mode == "optimize":
-        probs = tf.nn.softmax(best_l, axis=-1).numpy().astype(np.float32)
+        probs = ops.convert_to_numpy(ops.softmax(best_l, axis=-1)).astype(np.float32)
         y_rec = probs.argmax(axis=1).astype(np.int64)
     else:
         probs = np.eye(num_classes, dtype=np.float32)[y]
@@ -701,5 +733,5 @@ def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
     history_steps.setflags(write=False)
     return InversionResult(
         x_reconstructed=x_rec, labels_reconstructed=y_rec, label_probabilities=probs,
-        gradient_distance=float(best_d.numpy()), history=history, history_steps=history_steps,
+        gradient_distance=float(best_d), history=history, history_steps=history_steps,
         label_mode=mode, distance=distance, iterations=iterations, restarts=restarts)

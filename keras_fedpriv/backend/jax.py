@@ -365,8 +365,7 @@ def _split_ids(ids):
     ids sign-extended (as TensorFlow's int64 cast does)."""
     if _on_host(ids):
         ids = np.asarray(ids).astype(np.int64)
-        return (jnp.asarray(ids & _MASK32, jnp.uint32),
-                jnp.asarray((ids >> 32) & _MASK32, jnp.uint32))
+        return _u32(ids), _u32(ids >> 32)
     ids = jnp.asarray(ids)
     if jnp.issubdtype(ids.dtype, jnp.signedinteger):
         return _u32(ids.astype(jnp.int32)), _u32((ids >> (8 * ids.dtype.itemsize - 1))
@@ -393,10 +392,9 @@ def random_words(shape, seed):
     and the high counter words; word ``4 i + j`` is word ``j`` of Philox at
     counter ``(i, 0, ...)``.
     """
-    if isinstance(seed, (np.ndarray, list, tuple)) and np.asarray(seed).shape == (2,):
+    if _on_host(seed) and np.shape(seed) == (2,):
         seed = np.asarray(seed).astype(np.int64)
-        seed = [int(s) & _MASK32 if i % 2 == 0 else (int(s) >> 32) & _MASK32
-                for s in seed for i in range(2)]
+        seed = np.stack([seed, seed >> 32], axis=-1).reshape(-1)  # low 0, high 0, low 1, high 1
     seed = _u32(seed)
     if seed.shape != (4,):
         raise ValueError(f"`seed` must be two 64-bit integers or four uint32 words; got shape "
@@ -427,6 +425,96 @@ def inside_trace():
 
 # == training steps (federated/: VerticalModel, LocalTrainer) ==
 
+# -- horizontal: local training --
+
+def local_training(model: Any, batch_size: int, x_spec: Any, y_spec: Any,
+                   bn_variables: Any) -> Any:
+    """A client's whole local training with a compiled Keras model (the contract:
+    `keras_fedpriv.backend.tensorflow.local_training`).
+
+    Here: one ``jax.jit``-compiled, stateless training step (Keras'
+    ``StatelessScope`` around the forward pass and the loss,
+    ``jax.value_and_grad``, ``optimizer.stateless_apply``) run over the
+    mini-batches from the host; the model's whole state (weights,
+    BatchNormalization statistics, random-generator states, optimizer) is
+    carried through the steps and written back at the end (after an error too:
+    random states and release counters never go back). A step is compiled
+    once per batch shape: the full batch and each distinct short last batch.
+    """
+    del x_spec, y_spec  # every batch shape is compiled on first use
+    opt = model.optimizer
+    tv_refs = list(model.trainable_variables)
+    if not opt.built:
+        opt.build(tv_refs)
+    ntv_refs = list(model.non_trainable_variables)
+    opt_refs = list(opt.variables)
+    opt_init = [np.array(v.numpy()) for v in opt_refs]
+    bn_at = [next(i for i, r in enumerate(ntv_refs) if r is v) for v in bn_variables]
+
+    def loss_and_state(tv, ntv, ov, xb, yb):
+        mapping = list(zip(tv_refs, tv)) + list(zip(ntv_refs, ntv)) + list(zip(opt_refs, ov))
+        with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+            y_pred = model(xb, training=True)
+            loss = model.compute_loss(x=xb, y=yb, y_pred=y_pred, training=True)
+            # as Keras' train_step: a LossScaleOptimizer or a loss_scale_factor
+            # scales the loss here and unscales in stateless_apply()
+            scaled = opt.scale_loss(loss)
+        return scaled, (loss, [scope.get_current_value(v) for v in ntv_refs])
+
+    @jax.jit
+    def step(state, xb, yb):
+        tv, ntv, ov = state
+        (_, (loss, ntv)), grads = jax.value_and_grad(loss_and_state, has_aux=True)(
+            tv, ntv, ov, xb, yb)
+        tv, ov = opt.stateless_apply(ov, grads, tv)
+        return (tv, ntv, ov), loss.astype("float32")
+
+    def train(global_weights, x, y, order, bn_start):
+        ntv = [v.value for v in ntv_refs]
+        for i, w in zip(bn_at, bn_start):
+            ntv[i] = np.asarray(w, ntv_refs[i].dtype)
+        state = ([np.asarray(w, v.dtype) for v, w in zip(tv_refs, global_weights)], ntv,
+                 [np.asarray(o, v.dtype) for v, o in zip(opt_refs, opt_init)])
+        n = len(x)
+        starts = [(e * n + b, e * n + min(b + batch_size, n))
+                  for e in range(len(order) // n) for b in range(0, n, batch_size)]
+        losses = []
+        try:
+            for start, stop in starts:
+                idx = order[start:stop]
+                state, loss = step(state, x[idx], y[idx])
+                losses.append(loss)
+        finally:  # even after an error: random states and counters never go back
+            for refs, values in zip((tv_refs, ntv_refs, opt_refs), state):
+                for v, value in zip(refs, values):
+                    v.assign(value)
+        deltas = [np.asarray(v, np.float32) - np.asarray(w, np.float32)
+                  for v, w in zip(state[0], global_weights)]
+        total = float(np.sum(np.asarray(jax.device_get(losses), np.float32)))
+        return deltas, total / max(len(starts), 1), [np.array(state[1][i]) for i in bn_at]
+
+    return train
+
+
 
 
 # == end of training steps ==
+
+
+# == attacks (attacks/gradient_inversion.py) ==
+
+
+def value_and_grad(fn):
+    """``fn``'s value and its gradients with respect to all its (array) arguments, as a
+    function of the same arguments; differentiable again."""
+    def value_and_grads(*args):
+        return jax.value_and_grad(fn, argnums=tuple(range(len(args))))(*args)
+    return value_and_grads
+
+
+def compiled(fn):
+    """``fn`` compiled with ``jax.jit``."""
+    return jax.jit(fn)
+
+
+# == end of attacks ==

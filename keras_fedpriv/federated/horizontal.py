@@ -10,11 +10,12 @@ row per round, ``EarlyStopping`` and ``ModelCheckpoint`` work as usual, and a
 `keras_fedpriv.callbacks.MagRR` callback sets the server's step for SignDS.
 
 Speed: a naive simulation calls ``model.fit`` once per client and pays Keras'
-start-up (data adapter, iterator, callbacks) every time. Here one
-``tf.function`` does a client's whole local training (set the global weights,
-reset the optimizer, E epochs of mini-batches, return the update); it is traced
-once and reused for every client and round (client data have a dynamic first
-dimension). See ``bench/hfl_throughput.py`` for the measured speed-up.
+start-up (data adapter, iterator, callbacks) every time. Here one compiled
+function does a client's whole local training (set the global weights, reset
+the optimizer, E epochs of mini-batches, return the update) and is reused for
+every client and round: on TensorFlow one ``tf.function`` with a dynamic batch
+dimension, on JAX one ``jax.jit`` step per batch shape (`LocalTrainer`). See
+``bench/hfl_throughput.py`` for the measured speed-up.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ same global model, because nothing a half computes depends on the runtime:
 * the server samples a round's clients from the sorted list of client ids
   with its own generator, and aggregates the uploads in client-id order.
 
-`LocalTrainer` is the traced local training of a compiled Keras model;
+`LocalTrainer` is the compiled local training of a compiled Keras model;
 `HorizontalClient` is one client (its data, the trainer, the upload scheme's
 client side, MagRR's client side); `HorizontalServer` is the server (client
 sampling, the check of every received upload, aggregation, BatchNormalization
@@ -26,9 +26,10 @@ from typing import Any, Mapping, Sequence
 
 import keras
 import numpy as np
-import tensorflow as tf
 from numpy.typing import ArrayLike
 
+from keras_fedpriv import backend
+from keras_fedpriv.backend.private import flatten_layers
 from keras_fedpriv.federated.uploads import ClientUpload, MalformedUpload
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 from keras_fedpriv.optimizers.signds import flatten_update, unflatten_update
@@ -43,7 +44,7 @@ _SHUFFLE_TAG = 0x5A0FF1E5
 def batch_norm_statistics(model: keras.Model) -> list[Any]:
     """The moving mean and variance of every BatchNormalization layer, in layer order."""
     out = []
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in flatten_layers(model, include_self=False):
         if isinstance(layer, keras.layers.BatchNormalization):
             out += [layer.moving_mean, layer.moving_variance]
     return out
@@ -169,13 +170,14 @@ def shuffle_order(seed: int | None, client_id: int, round: int, num_examples: in
 
 
 class LocalTrainer:
-    """A client's local training as one traced function of a compiled Keras model.
+    """A client's local training as one compiled function of a compiled Keras model.
 
     Set the global weights and BatchNormalization statistics, reset the
     optimizer, run the mini-batches of ``order`` and return the update. The
-    function is traced once and reused for every client and round (client
-    data have a dynamic first dimension), so no Keras start-up is paid per
-    client.
+    function is compiled once and reused for every client and round, so no
+    Keras start-up is paid per client: on TensorFlow one ``tf.function`` with
+    a dynamic batch dimension, on JAX one ``jax.jit`` training step per batch
+    shape (see ``local_training`` in `keras_fedpriv.backend`).
 
     Args:
         model: a compiled, built `keras.Model` (its optimizer trains, reset
@@ -190,62 +192,8 @@ class LocalTrainer:
         self.model = model
         self.batch_size = validate_positive_int(batch_size, "batch_size")
         self.bn_variables = batch_norm_statistics(model)
-        self._fn = self._build(tuple(x_spec[0]), tf.as_dtype(x_spec[1]), tuple(y_spec[0]),
-                               tf.as_dtype(y_spec[1]))
-
-    def _build(self, x_shape, x_dtype, y_shape, y_dtype):
-        model = self.model
-        opt = model.optimizer
-        tv = list(model.trainable_variables)
-        if not opt.built:
-            opt.build(tv)
-        opt_vars = list(opt.variables)
-        opt_init = [np.array(v.numpy()) for v in opt_vars]
-        bs = self.batch_size
-        bn = list(self.bn_variables)
-        signature = [
-            [tf.TensorSpec(v.shape, v.dtype) for v in tv],
-            tf.TensorSpec((None,) + x_shape, x_dtype),
-            tf.TensorSpec((None,) + y_shape, y_dtype),
-            tf.TensorSpec((None,), tf.int32),
-            [tf.TensorSpec(v.shape, v.dtype) for v in bn],
-        ]
-
-        @tf.function(input_signature=signature)
-        def local_train(global_weights, x, y, order, bn_start):
-            for v, w in zip(tv, global_weights):
-                v.assign(w)
-            for v, w in zip(bn, bn_start):
-                v.assign(w)
-            for v, init in zip(opt_vars, opt_init):
-                v.assign(tf.constant(init, dtype=v.dtype))
-            n = tf.shape(x)[0]
-            batches_per_epoch = (n + bs - 1) // bs
-            steps = (tf.shape(order)[0] // n) * batches_per_epoch
-            total = tf.constant(0.0, tf.float32)
-            for step in tf.range(steps):
-                epoch = step // batches_per_epoch
-                b = step % batches_per_epoch
-                start = epoch * n + b * bs
-                stop = epoch * n + tf.minimum((b + 1) * bs, n)
-                idx = order[start:stop]
-                xb = tf.gather(x, idx)
-                yb = tf.gather(y, idx)
-                with tf.GradientTape() as tape:
-                    y_pred = model(xb, training=True)
-                    loss = model.compute_loss(x=xb, y=yb, y_pred=y_pred, training=True)
-                    # as Keras' train_step: a LossScaleOptimizer (mixed_float16) or a
-                    # loss_scale_factor scales the loss here and unscales in apply()
-                    scaled = opt.scale_loss(loss)
-                grads = tape.gradient(scaled, tv)
-                opt.apply(grads, tv)
-                total += tf.cast(loss, tf.float32)
-            deltas = [tf.cast(v, tf.float32) - tf.cast(w, tf.float32)
-                      for v, w in zip(tv, global_weights)]
-            bn_end = [tf.identity(v) for v in bn]
-            return deltas, total / tf.cast(tf.maximum(steps, 1), tf.float32), bn_end
-
-        return local_train
+        self._fn = backend.impl().local_training(model, self.batch_size, x_spec, y_spec,
+                                                 self.bn_variables)
 
     def train(self, global_weights: Sequence[ArrayLike], x: np.ndarray, y: np.ndarray,
               order: np.ndarray, bn_start: Sequence[ArrayLike]
@@ -257,7 +205,7 @@ class LocalTrainer:
             local training loss and the final BatchNormalization statistics.
         """
         deltas, loss, bn_end = self._fn(list(global_weights), x, y, order, list(bn_start))
-        return flatten_update(deltas)[0], float(loss), [np.array(b) for b in bn_end]
+        return flatten_update(deltas)[0], loss, bn_end
 
 
 @dataclasses.dataclass

@@ -42,6 +42,7 @@ from typing import Any, Iterable
 import dp_accounting
 import numpy as np
 
+from keras_fedpriv.backend import impl
 from keras_fedpriv.layers.release_counter import FRESH_IDS, ReleaseCounterMixin, busiest_bound
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
 from keras_fedpriv.mechanisms.quantize import quantize_rr_dp_event
@@ -513,7 +514,7 @@ class PlanCheck(EpsilonLogger):
         """What must change for ``protection``'s (bounded) ledger to change: a layer's small
         counters and running per-example maximum, or another protection's ledger totals."""
         if isinstance(protection, ReleaseCounterMixin):  # a protection layer
-            calls = np.array(protection.release_totals)  # a host copy, on either backend
+            calls = impl().to_numpy(protection.release_totals)  # a host copy, either backend
             if not self._exact:  # the per-example calls matter through the maximum only
                 calls = np.delete(calls, FRESH_IDS)
             return tuple(calls.tolist()), protection.release_id_max(), None

@@ -45,6 +45,7 @@ from typing import Any, Iterable
 import dp_accounting
 import keras
 
+from keras_fedpriv.backend.private import flatten_layers
 from keras_fedpriv.mechanisms.events import pure_dp_event, pure_epsilon
 from keras_fedpriv.mechanisms.ledger import (
     CLIENT,
@@ -156,7 +157,7 @@ def _children(obj):
     if holds_protections(obj):
         out += list(obj.privacy_protections())
     if isinstance(obj, keras.layers.Layer):
-        out += list(obj._flatten_layers(include_self=False, recursive=True))
+        out += list(flatten_layers(obj, include_self=False))
         if isinstance(obj, keras.Model) and getattr(obj, "optimizer", None) is not None:
             out.append(obj.optimizer)
         out += list(obj.__dict__.get("_fedpriv_protections", []))

@@ -73,7 +73,7 @@ from keras_fedpriv.privacy.report import privacy_ledger
 
 __all__ = ["FlowerRunResult", "horizontal_client_app", "horizontal_server_app", "message_nbytes"]
 
-# One model and one traced training function per (run, model builder) in a process: the
+# One model and one compiled training function per (run, model builder) in a process: the
 # Simulation Engine runs many virtual clients in one worker process, and tracing per client
 # would cost what Flower's own Keras quickstart pays.
 _TRAINERS: dict[Any, tuple[keras.Model, LocalTrainer]] = {}
