@@ -132,8 +132,9 @@ _SIMULATION = "flower-simulation"
 
 @functools.cache
 def _runs_simulation(path: str) -> bool:
-    """Whether the test module at ``path`` runs Flower's Simulation Engine."""
-    return "run_simulation" in pathlib.Path(path).read_text(encoding="utf-8")
+    """Whether the test module at ``path`` runs Flower's Simulation Engine (calls
+    ``run_simulation(``; a module that only names it, such as a docs check, does not)."""
+    return "run_simulation(" in pathlib.Path(path).read_text(encoding="utf-8")
 
 
 def _group(nodeid: str, root: pathlib.Path) -> str:
