@@ -47,6 +47,7 @@ import os
 import pathlib
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,15 +89,17 @@ class Clock:
 
 def run(command: list[str], env: dict, timeout: float) -> tuple[int, str, float]:
     """``(exit status, output, seconds)`` of ``command`` in the repository root; status 124
-    when it ran past ``timeout`` seconds."""
+    when it ran past ``timeout`` seconds (then it and every process it started are killed)."""
     started = time.monotonic()
-    try:
-        done = subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
-        status, output = done.returncode, done.stdout
-    except subprocess.TimeoutExpired as expired:
-        out = expired.stdout or b""
-        status, output = 124, out.decode(errors="replace") if isinstance(out, bytes) else out
+    with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True) as proc:
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            status = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: pytest's workers too
+            output, _ = proc.communicate()
+            status = 124
     return status, output, time.monotonic() - started
 
 
@@ -148,6 +151,18 @@ def junit_counts(path: pathlib.Path) -> dict:
             "skipped": counts["skipped"]}
 
 
+_PROGRESS = re.compile(r"^([.FEsxX]+)\s*(\[\s*\d+%\])?$")
+
+
+def progress_counts(output: str) -> dict:
+    """Counts from pytest's progress characters (``-q``), for a pass stopped before it wrote
+    its report."""
+    marks = "".join(m.group(1) for line in output.splitlines()
+                    if (m := _PROGRESS.match(line.strip())))
+    return {"passed": marks.count(".") + marks.count("X"), "failed": marks.count("F"),
+            "errors": marks.count("E"), "skipped": marks.count("s") + marks.count("x")}
+
+
 def run_tests(args: argparse.Namespace, env: dict, clock: Clock) -> dict:
     """The JAX pass's tests (``-m jax``) on ``args.tests``: counts, status, seconds and the
     output's last lines."""
@@ -159,7 +174,7 @@ def run_tests(args: argparse.Namespace, env: dict, clock: Clock) -> dict:
             command += ["-n", str(args.workers), "--dist", "loadgroup"]
         status, output, seconds = run(command + shlex.split(args.tests), env,
                                       clock.limit("tests"))
-        counts = junit_counts(report)
+        counts = junit_counts(report) if report.exists() else progress_counts(output)
     return dict(counts, status=status, seconds=seconds, tail=output.strip().splitlines()[-15:])
 
 

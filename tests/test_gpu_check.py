@@ -67,6 +67,12 @@ def test_junit_counts_read_every_suite(tmp_path):
     assert _gpu_check().junit_counts(tmp_path / "none.xml")["passed"] == 0
 
 
+def test_a_pass_stopped_before_its_report_is_counted_from_its_progress():
+    output = "collected 9 items\n..F.s [ 55%]\nsx.E\n\n2 failed in 3 s\n"
+    counts = _gpu_check().progress_counts(output)
+    assert counts == {"passed": 4, "failed": 1, "errors": 1, "skipped": 3}
+
+
 # --------------------------------------------------------------------------- the probes
 
 @pytest.mark.jax
