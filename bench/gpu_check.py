@@ -21,7 +21,9 @@ no test failed and both benchmarks finished.
 The wheels (about 3.2 MB; download them here, once, in the repository root; ``.whl/`` is
 ignored by git). Keras needs namex and optree (compiled: the cp312 manylinux wheel), and
 dp-accounting needs dm-tree (compiled); their other needs (absl-py, attrs, mpmath, numpy,
-rich, h5py, ml-dtypes, packaging, scipy, typing-extensions, wrapt) are on the machine::
+rich, h5py, ml-dtypes, packaging, scipy, typing-extensions, wrapt) are on the machine
+(``--no-deps``: their version pins, such as dp-accounting's attrs < 24, are not enforced).
+Flower is not carried: the Flower tests skip themselves there (``importorskip("flwr")``)::
 
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \\
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \\
