@@ -28,6 +28,11 @@ if BACKEND == "tensorflow":
             [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
     except RuntimeError:  # runtime already initialized (e.g. by a plugin)
         pass
+elif "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    # Two CPU devices for the data-parallel tests (keras.distribution), set before JAX
+    # starts; Keras places everything else on the first device, as with one.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=2").strip()
 
 
 #: The text that marks a backend-neutral test module (``pytestmark = [pytest.mark.jax]``).
