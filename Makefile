@@ -4,26 +4,49 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench api clean
+.PHONY: demo test test-jax bench api clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,bench,flower]"
+	$(PY) -m pip install --quiet -e ".[test,bench,flower,jax]"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m keras_fedpriv demo
 
-# Parallel workers (pytest-xdist; each holds its own TensorFlow): 3 by default, one more than
-# a 2-core machine's cores, because the tests that start Flower processes mostly wait on
-# Flower's polling while another worker computes. Tests that run Flower's Simulation Engine
-# (Ray) run one after another on one worker, and the tests of a module stay on one worker
-# (tests/conftest.py). TEST_WORKERS=auto: one per core; TEST_WORKERS=0: this process only.
+# Two test passes, side by side:
+# - TensorFlow (the default backend): every test, on parallel workers (pytest-xdist; each holds
+#   its own TensorFlow): 3 by default, one more than a 2-core machine's cores, because the tests
+#   that start Flower processes mostly wait on Flower's polling while another worker computes.
+#   Tests that run Flower's Simulation Engine (Ray) run one after another on one worker, and the
+#   tests of a module stay on one worker (tests/conftest.py). TEST_WORKERS=auto: one per core;
+#   TEST_WORKERS=0: this process only.
+# - JAX (KERAS_BACKEND=jax): the backend-neutral test modules (marked `jax`) again, in one
+#   process at a lower priority, filling the CPU time the TensorFlow pass leaves while its
+#   Flower tests wait. Its output goes to $(JAX_LOG) and is printed after the TensorFlow pass.
+#   JAX_PASS=0 skips it; `make test-jax` runs it alone, in the foreground.
+# `make test` fails if either pass fails.
 TEST_WORKERS ?= 3
+JAX_PASS ?= 1
+JAX_LOG := build/test-jax.log
+PYTEST_TF := TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q -n $(TEST_WORKERS) \
+	--dist loadgroup --durations 15 tests
+PYTEST_JAX := env KERAS_BACKEND=jax TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q -n 0 -m jax \
+	-p no:cacheprovider --durations 10 tests
 test: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q -n $(TEST_WORKERS) \
-		--dist loadgroup --durations 15 tests
+	@if [ "$(JAX_PASS)" = 0 ]; then $(PYTEST_TF); exit $$?; fi; \
+	mkdir -p $(dir $(JAX_LOG)); \
+	nice -n 10 $(PYTEST_JAX) >$(JAX_LOG) 2>&1 & jax=$$!; \
+	$(PYTEST_TF); tf=$$?; \
+	wait $$jax; status=$$?; \
+	echo; echo "==== JAX pass (KERAS_BACKEND=jax, tests marked jax): $(JAX_LOG)"; \
+	cat $(JAX_LOG); \
+	echo "==== TensorFlow pass: exit $$tf; JAX pass: exit $$status"; \
+	[ $$tf = 0 ] && [ $$status = 0 ]
+
+test-jax: $(STAMP)
+	$(PYTEST_JAX)
 
 # The API reference needs this checkout's package and pdoc 16 only: it creates .venv (with the
 # package's dependencies, no extras) only if it is missing, always installs this checkout

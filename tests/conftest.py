@@ -1,12 +1,15 @@
-"""Test session set-up: two logical CPU devices for MirroredStrategy tests.
+"""Test session set-up: the backend passes, and two logical CPU devices for MirroredStrategy tests.
 
-Logical devices must be configured before TensorFlow initializes its runtime,
-so this runs at conftest import time, before any test module touches TF.
+On TensorFlow (the default), logical devices must be configured before TensorFlow initializes
+its runtime, so this runs at conftest import time, before any test module touches TF. Under
+``KERAS_BACKEND=jax`` only the backend-neutral modules (marked ``jax``) are collected, and
+collecting one must not import TensorFlow (a GPU machine with JAX has none).
 """
 
 import functools
 import os
 import pathlib
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -25,6 +28,49 @@ if BACKEND == "tensorflow":
             [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
     except RuntimeError:  # runtime already initialized (e.g. by a plugin)
         pass
+elif "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    # Two CPU devices for the data-parallel tests (keras.distribution), set before JAX
+    # starts; Keras places everything else on the first device, as with one.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=2").strip()
+
+
+#: The text that marks a backend-neutral test module (``pytestmark = [pytest.mark.jax]``).
+JAX_MARK = "pytest.mark.jax"
+
+
+@functools.cache
+def _mentions_the_jax_mark(path: str) -> bool:
+    """Whether the file at ``path`` has the ``jax`` mark's text (read, not imported)."""
+    return JAX_MARK in pathlib.Path(path).read_text(encoding="utf-8")
+
+
+def pytest_ignore_collect(collection_path: pathlib.Path, config: pytest.Config) -> bool | None:
+    """Under a backend other than TensorFlow, a test module without the ``jax`` mark is not
+    even imported (it may import TensorFlow); its text is read for the mark instead."""
+    if BACKEND == "tensorflow" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return None if _mentions_the_jax_mark(str(collection_path)) else True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    """Under a backend other than TensorFlow, collecting (importing) a test module that
+    imports TensorFlow, directly or through what it imports, is a collection error naming
+    the module: a `jax` module must run where TensorFlow is not installed."""
+    had_tensorflow = "tensorflow" in sys.modules
+    report = yield
+    if (BACKEND != "tensorflow" and isinstance(collector, pytest.Module) and not had_tensorflow
+            and "tensorflow" in sys.modules and report.outcome == "passed"):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{collector.path.name} imported TensorFlow while it was collected under "
+            f"KERAS_BACKEND={BACKEND}: a module marked `jax` must not import TensorFlow, "
+            "directly or through keras_fedpriv (import it inside a test marked "
+            "`tensorflow_only` instead)")
+    return report
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -91,8 +137,9 @@ _SIMULATION = "flower-simulation"
 
 @functools.cache
 def _runs_simulation(path: str) -> bool:
-    """Whether the test module at ``path`` runs Flower's Simulation Engine."""
-    return "run_simulation" in pathlib.Path(path).read_text(encoding="utf-8")
+    """Whether the test module at ``path`` runs Flower's Simulation Engine (calls
+    ``run_simulation(``; a module that only names it, such as a docs check, does not)."""
+    return "run_simulation(" in pathlib.Path(path).read_text(encoding="utf-8")
 
 
 def _group(nodeid: str, root: pathlib.Path) -> str:

@@ -1,9 +1,17 @@
-"""What the Flower tests share: the seeded test app's model and a stand-in reply."""
+"""What the Flower tests share: the seeded test app's model, a stand-in reply, and the
+Simulation Engine's worker settings."""
 
 import pathlib
 import sys
 
 APP = pathlib.Path(__file__).resolve().parent / "flower_app"
+
+# The Simulation Engine's backend_config: one Ray worker process per simulation (each more one
+# imports TensorFlow and the package again: about 8 CPU-s a run on 2 cores), whatever the
+# machine's cores; TWO_WORKERS, for a run that must match the in-process run while a node's
+# messages move between processes.
+ONE_WORKER = {"init_args": {"num_cpus": 1}, "client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
+TWO_WORKERS = {"init_args": {"num_cpus": 2}, "client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 
 
 def load_test_app():

@@ -49,9 +49,14 @@ def _load(name):
     return module
 
 
+# scripts that are no benchmark of their own, and the test that runs them instead
+CHECKS = {"gpu_check": "tests/test_gpu_check.py"}
+
+
 def test_every_script_is_covered():
     scripts = {p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_")}
-    assert scripts == set(SCRIPTS)
+    assert scripts == set(SCRIPTS) | set(CHECKS)
+    assert all((REPO / test).exists() for test in CHECKS.values())
 
 
 @pytest.mark.timeout(600)  # generous: a busy 2-core machine is 3-5x slower

@@ -40,7 +40,7 @@ from keras_fedpriv.federated.uploads import (  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
-from flower_stubs import Reply, model_fn  # noqa: E402
+from flower_stubs import ONE_WORKER, Reply, model_fn  # noqa: E402
 
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
 DELTA = 1e-5
@@ -77,7 +77,7 @@ def test_central_dp_fedavg_on_the_simulation_engine_reports_flowers_accountant()
     client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
                                    seed=1)
     run_simulation(server_app=app, client_app=client, num_supernodes=2,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+                   backend_config=ONE_WORKER)
     strategy, result = out["strategy"], out["result"]
     assert accountant.num_releases == 2
     report = privacy_report(strategy, delta=DELTA)

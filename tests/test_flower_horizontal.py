@@ -30,11 +30,9 @@ from keras_fedpriv.federated.uploads import (  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
-from flower_stubs import APP, Reply, model_fn  # noqa: E402
+from flower_stubs import APP, ONE_WORKER, TWO_WORKERS, Reply, model_fn  # noqa: E402
 
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
-
-BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 
 
 def _digits():
@@ -44,9 +42,9 @@ def _digits():
     return (d.data / 16.0).astype("float32"), d.target.astype("int32")
 
 
-def _simulate(client_app, server_app, num_supernodes):
+def _simulate(client_app, server_app, num_supernodes, backend=ONE_WORKER):
     run_simulation(server_app=server_app, client_app=client_app,
-                   num_supernodes=num_supernodes, backend_config=BACKEND)
+                   num_supernodes=num_supernodes, backend_config=backend)
 
 
 def test_signds_with_magrr_on_flower_matches_the_in_process_run():
@@ -68,7 +66,7 @@ def test_signds_with_magrr_on_flower_matches_the_in_process_run():
                                    num_clients=3, seed=1, magrr=MagRR(eps_rr=3.0, seed=1),
                                    laplace_eval=laplace(), local_epochs=2, validation_data=val,
                                    on_finish=lambda r: out.update(result=r))
-    _simulate(client, server, 3)
+    _simulate(client, server, 3, TWO_WORKERS)
     result = out["result"]
 
     model = model_fn()

@@ -106,7 +106,7 @@ def test_killing_a_signds_client_mid_run_neither_stops_the_run_nor_corrupts_the_
 
         def run():
             out["done"] = deployment.run(
-                APP, {"upload": "signds", "num-server-rounds": 3, "round-timeout": 60.0,
+                APP, {"upload": "signds", "num-server-rounds": 2, "round-timeout": 60.0,
                       "result-path": str(tmp_path)}, timeout=600)
 
         thread = threading.Thread(target=run)
@@ -126,8 +126,10 @@ def test_killing_a_signds_client_mid_run_neither_stops_the_run_nor_corrupts_the_
     assert done.returncode == 0, done.stdout[-3000:]
     history, weights = _result(tmp_path)
     h = history["history"]
-    assert len(h["replies"]) == 3  # every round ran
-    assert h["replies"][-1] == 2.0  # the two live clients
+    # every round ran; the kill comes in the query or the first round, so the last round is
+    # answered by the two live clients
+    assert len(h["replies"]) == 2
+    assert h["replies"][-1] == 2.0
     assert all(np.isfinite(w).all() for w in weights)
     # each good reply was a sign and h indices, nothing else; Flower's messages carry more
     dim = sum(w.size for w in weights)

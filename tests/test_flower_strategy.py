@@ -18,7 +18,7 @@ from keras_fedpriv.federated.flower import HorizontalStrategy, horizontal_client
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
-from flower_stubs import Reply, model_fn  # noqa: E402
+from flower_stubs import ONE_WORKER, Reply, model_fn  # noqa: E402
 
 pytestmark = [pytest.mark.jax, pytest.mark.flower, pytest.mark.timeout(300)]
 
@@ -45,7 +45,7 @@ def test_a_users_own_server_app_runs_the_strategy_like_the_in_process_run():
     client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
                                    _signds, seed=1, eps_rr=3.0)
     run_simulation(server_app=app, client_app=client, num_supernodes=3,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+                   backend_config=ONE_WORKER)
     strategy, result = out["strategy"], out["result"]
 
     model = model_fn()

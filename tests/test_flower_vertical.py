@@ -29,9 +29,10 @@ from keras_fedpriv.federated.vertical_parties.loop import UntrainedEpoch  # noqa
 from keras_fedpriv.layers.release_counter import SLOTS  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
+from flower_stubs import ONE_WORKER, TWO_WORKERS  # noqa: E402
+
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(600)]
 
-BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = {"f1": slice(0, 8), "f2": slice(8, 15)}
 XA, XB, Y, XA_T, XB_T, Y_T = breast_cancer_vertical()
@@ -105,7 +106,8 @@ def _save_follower(folder):
     return on_finish
 
 
-def _run_on_flower(tmp_path, monkeypatch, tamper=False, shuffle=True, **run):
+def _run_on_flower(tmp_path, monkeypatch, tamper=False, shuffle=True, backend=ONE_WORKER,
+                   **run):
     # the Simulation Engine's worker processes import this checkout's package
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
@@ -121,7 +123,7 @@ def _run_on_flower(tmp_path, monkeypatch, tamper=False, shuffle=True, **run):
                                  validation_fn=lambda: (IDS_T, XB_T, Y_T),
                                  on_finish=lambda r: out.update(result=r), **{**RUN, **run})
     run_simulation(server_app=server, client_app=client, num_supernodes=2,
-                   backend_config=BACKEND)
+                   backend_config=backend)
     return out["result"]
 
 
@@ -155,7 +157,7 @@ def _assert_same_model(flower, local, parties, folder):
 
 
 def test_vertical_on_flower_matches_the_in_process_driver(tmp_path, monkeypatch):
-    flower = _run_on_flower(tmp_path, monkeypatch)
+    flower = _run_on_flower(tmp_path, monkeypatch, backend=TWO_WORKERS)
     parties, local = _run_in_process()
     _assert_same_model(flower, local, parties, str(tmp_path))
     # the model improves
@@ -243,7 +245,7 @@ def test_a_follower_with_a_budget_refuses_the_embeddings_that_would_go_over_it(t
                                              r"\d+\): error reply: BudgetExhausted: the "
                                              r"follower's privacy budget is spent; follower 'f2'"):
         run_simulation(server_app=server, client_app=client, num_supernodes=2,
-                       backend_config=BACKEND)
+                       backend_config=ONE_WORKER)
     batches = -(-N // RUN["batch_size"])
     assert out["skipped"] == [0.0, float(batches)]
     # each follower's own file (one entry for the run, numbered by the last of the batches

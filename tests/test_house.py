@@ -118,6 +118,7 @@ def test_relative_links_in_the_docs_resolve():
 CROSS_CUTTING = {
     "test_api_docs.py": "the API reference builds from the docstrings",
     "test_bench.py": "every bench/ script's --quick mode",
+    "test_gpu_check.py": "bench/gpu_check.py (the JAX tests and benchmarks on a GPU), on the CPU",
     "test_bench_hfl_signds.py": "bench/hfl_signds.py's DP-FedAvg eps against dp-accounting",
     "test_clear_errors.py": "a new user's common mistakes, on every path",
     "test_cli.py": "the command line (keras_fedpriv/__main__.py)",

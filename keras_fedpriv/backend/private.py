@@ -9,8 +9,16 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["compile_loss", "compute_output_spec", "flatten_layers", "loss_tracker",
+__all__ = ["compile_loss", "compute_output_spec", "flatten_layers", "keep_call_arguments_out",
+           "loss_tracker", "model_compile_loss", "seed_generator_class",
            "resource_variable_class", "unscale_loss_for_distribution"]
+
+
+def keep_call_arguments_out(error: BaseException) -> None:
+    """Mark ``error`` so that Keras does not append the layer's call arguments to its
+    message ("Arguments received by ..."): keras/src/utils/traceback_utils.py skips errors
+    that carry this attribute ("only inject info for the innermost failing call")."""
+    error._keras_call_info_injected = True
 
 
 def flatten_layers(layer: Any, include_self: bool = True) -> Iterable[Any]:

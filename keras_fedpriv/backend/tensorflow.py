@@ -17,6 +17,7 @@ from keras_fedpriv.backend.private import resource_variable_class
 # == secret random stream and local state (layers/secret_rng.py, layers/release_counter.py) ==
 
 _SKIP = 256  # RngReadAndSkip(delta=1) advances a Philox state by 256 (tests pin this)
+_SKIP_BITS = 8  # _SKIP == 2 ** _SKIP_BITS
 _PHILOX = 1  # TensorFlow's RNG algorithm id for Philox-4x32-10
 
 
@@ -202,7 +203,11 @@ def _next_key_counter(key, counter, salt):
     words = tf.cast(key_words(key), tf.int64)
     high = tf.bitwise.bitwise_xor(words[1], tf.constant(salt, tf.int64))
     key64 = tf.bitwise.bitwise_or(words[0], tf.bitwise.left_shift(high, tf.constant(32, tf.int64)))
-    call = tf.bitcast(state[0] // _SKIP, tf.uint64)
+    # state[0] = calls * 256 (>= 0): a shift, not `// 256`. Under XLA an int64 floor
+    # division here made the whole Philox kernel about 10x slower on CPU (the scalar is
+    # recomputed in the generator's fused loop); a shift costs nothing there.
+    call = tf.bitcast(tf.bitwise.right_shift(state[0], tf.constant(_SKIP_BITS, tf.int64)),
+                      tf.uint64)
     return (tf.reshape(tf.bitcast(key64, tf.uint64), [1]),
             tf.stack([tf.constant(0, tf.uint64), call]))
 

@@ -35,6 +35,7 @@ import numpy as np
 from keras import ops
 
 from keras_fedpriv import backend
+from keras_fedpriv.backend.private import keep_call_arguments_out
 
 _COUNT_RULE = "`example_ids` must hold exactly one id per label"
 _UNIQUE_RULE = "`example_ids` must be unique within a call (one id per example)"
@@ -59,9 +60,7 @@ def private_errors(call):
         try:
             return call(self, *args, **kwargs)
         except Exception as error:
-            # keras/src/utils/traceback_utils.py skips errors that carry this
-            # attribute ("only inject info for the innermost failing call").
-            error._keras_call_info_injected = True
+            keep_call_arguments_out(error)
             raise
 
     return wrapped

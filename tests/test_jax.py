@@ -1,0 +1,78 @@
+"""The JAX implementation of the backend interface (`keras_fedpriv.backend.jax`).
+
+Runs in the ``KERAS_BACKEND=jax`` pass of ``make test`` (skipped on TensorFlow).
+What both backends promise is tested in tests/test_backend.py; here, what is
+particular to JAX: the local slots, their int32 storage, the two-word call
+counter, and distinct noise on every device under Keras' data parallelism.
+"""
+
+import numpy as np
+import pytest
+
+import keras
+
+if keras.backend.backend() != "jax":
+    pytest.skip("the JAX backend's own tests (KERAS_BACKEND=jax)", allow_module_level=True)
+
+import jax  # noqa: E402
+
+from keras_fedpriv.backend import jax as jax_backend  # noqa: E402
+from tests.test_backend import _Flip  # noqa: E402
+
+pytestmark = [pytest.mark.jax]
+
+
+def test_a_local_slot_is_layer_state_but_no_weight_and_no_seed_generator():
+    layer = keras.layers.Layer()
+    layer.slot = jax_backend.local_variable(layer, np.arange(3, dtype=np.int64), "counts")
+    assert layer.weights == [] and layer.get_weights() == []
+    assert [v.name for v in layer.variables] == ["counts"]
+    assert layer.slot.dtype == "int32"  # int64 kept as int32 (no x64)
+    with pytest.raises(TypeError, match="no seed generator"):
+        layer.slot.next()
+    with pytest.raises(TypeError, match="never serialized"):
+        layer.slot.get_config()
+
+
+def test_a_value_that_does_not_fit_in_int32_is_refused_not_wrapped():
+    with pytest.raises(ValueError, match="int32"):
+        jax_backend.local_variable(None, np.array([2**31], np.int64), "too_big")
+
+
+def test_the_call_counter_carries_into_its_high_word():
+    flip = _Flip(seed=1)
+    flip.rng_counter.assign(np.array([2**32 - 1, 0], np.uint32))
+    before = flip.noise_draws
+    flip._next_words((2,))
+    assert flip.noise_draws == before + 1 == 2**32
+    np.testing.assert_array_equal(flip.rng_counter.numpy(), [0, 1])
+
+
+def test_a_traced_array_of_sizes_is_refused_as_a_shape():
+    flip = _Flip(seed=1)
+
+    @jax.jit
+    def draw(sizes):
+        return flip._next_words(sizes)
+
+    with pytest.raises(TypeError, match="must be static"):
+        draw(jax.numpy.array([2, 3]))
+
+
+def test_every_device_draws_its_own_noise_under_data_parallelism():
+    devices = jax.devices("cpu")
+    if len(devices) < 2:
+        pytest.skip("needs two CPU devices (tests/conftest.py sets XLA_FLAGS on JAX)")
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices[:2]))
+    try:
+        x = keras.Input((4,))
+        model = keras.Model(x, _Flip(seed=3, name="flip")(x))
+        out = model.predict(np.ones((8, 4), "float32"), batch_size=8, verbose=0)
+    finally:
+        keras.distribution.set_distribution(None)
+    first, second = out[:4], out[4:]  # the two devices' shards of one batch
+    assert np.all(np.abs(out) == 1.0)
+    # 16 independent fair signs per shard: equal halves by chance with probability 2**-16;
+    # seeded, so the outcome is fixed
+    assert not np.array_equal(first, second)
+    assert model.get_layer("flip").noise_draws == 1
