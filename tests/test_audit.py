@@ -28,6 +28,8 @@ from keras_fedpriv.privacy.audit import (
     eps_lower_bound,
 )
 
+pytestmark = [pytest.mark.jax]
+
 N = 200_000
 
 

@@ -9,6 +9,8 @@ from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger
 from keras_fedpriv.mechanisms.randomized_response import randomized_response_dp_event
 from keras_fedpriv.privacy import BudgetExhausted, PrivacyBudget, privacy_report
 
+pytestmark = [pytest.mark.jax]
+
 KIND = ReleaseKind("test RR", "client data", CLIENT, randomized_response_dp_event(2.0))
 
 

@@ -5,6 +5,8 @@ import pytest
 
 from keras_fedpriv import datasets
 
+pytestmark = [pytest.mark.jax]
+
 
 def test_breast_cancer_vertical_split():
     xa, xb, y, xa_t, xb_t, y_t = datasets.breast_cancer_vertical()

@@ -8,6 +8,8 @@ import pytest
 import keras_fedpriv as kf
 from keras_fedpriv.layers.local_state import load_local_state, local_state, restore, snapshot
 
+pytestmark = [pytest.mark.jax]
+
 X = np.random.default_rng(3).normal(size=(6, 4)).astype("float32")
 IDS = np.arange(6, dtype="int64")
 

@@ -9,6 +9,8 @@ from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.federated.vertical_parties import EmbeddingSpec, decode_embedding
 from keras_fedpriv.optimizers import SignDSEncoder
 
+pytestmark = [pytest.mark.jax]
+
 
 def test_both_protocols_raise_a_malformed_message_that_is_a_value_error():
     assert issubclass(MalformedUpload, MalformedMessage)

@@ -15,6 +15,8 @@ from keras_fedpriv.federated.flower.party_store import (  # noqa: E402
     state_version,
 )
 
+pytestmark = [pytest.mark.jax]
+
 
 @pytest.fixture()
 def folder(tmp_path):

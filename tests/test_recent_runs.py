@@ -4,6 +4,8 @@ import pytest
 
 from keras_fedpriv.federated.flower.recent_runs import DEFAULT_KEEP_RUNS, RecentRuns
 
+pytestmark = [pytest.mark.jax]
+
 
 def test_the_least_recently_used_runs_beyond_keep_are_dropped_from_every_cache():
     a, b = {}, {}

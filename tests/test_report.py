@@ -22,6 +22,8 @@ from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon
 from keras_fedpriv.optimizers import SignDSEncoder
 from keras_fedpriv.privacy import EpsilonLogger, compose_epsilon, privacy_report
 
+pytestmark = [pytest.mark.jax]
+
 
 def _vertical(label_dp=None, embedding_dp=None):
     rng = np.random.default_rng(0)

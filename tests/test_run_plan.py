@@ -12,6 +12,8 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from keras_fedpriv.privacy import RunPlan, TooSmallToLearnWarning, plan, privacy_report
 from keras_fedpriv.privacy.run_plan import DEFAULT_WEIGHTS, TOO_SMALL_SIGNAL, signal
 
+pytestmark = [pytest.mark.jax]
+
 DELTA = 1e-5
 HORIZONTAL = dict(mechanisms=("signds", "magrr", "laplace_eval"), rounds=20, clients_per_round=5,
                   num_clients=10, num_classes=10, evaluate_every=5, eval_rows=50)

@@ -9,6 +9,8 @@ import pytest
 
 from keras_fedpriv.federated.flower.run_status import flwr_run
 
+pytestmark = [pytest.mark.jax]
+
 FAKE_FLWR = """#!{python}
 import json, sys
 status, run_code = {status!r}, {run_code}

@@ -1,6 +1,10 @@
 """The aligned plain-text table of the demo and the privacy report (keras_fedpriv/text_table.py)."""
 
+import pytest
+
 from keras_fedpriv.text_table import text_table
+
+pytestmark = [pytest.mark.jax]
 
 
 def test_columns_are_padded_to_the_widest_entry_under_a_rule():
