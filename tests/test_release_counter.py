@@ -2,10 +2,11 @@
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_fedpriv as kf
 from keras_fedpriv.layers import release_counter as rc
+
+pytestmark = [pytest.mark.jax]
 
 X = np.ones((4, 3), "float32")
 
@@ -35,7 +36,10 @@ def test_a_call_without_ids_counts_for_every_example():
     assert ledger.total(kind) == 1 and ledger.units_seen(kind) == 0
 
 
+@pytest.mark.tensorflow_only("a tf.function graph call with fewer ids than rows")
 def test_ids_that_do_not_name_every_row_count_for_every_example():
+    import tensorflow as tf
+
     layer = kf.EmbeddingDPLayer(1.0, seed=1)
     tf.function(lambda x, i: layer(x, training=True, example_ids=i))(
         tf.constant(X), tf.constant([0, 1], tf.int64))
@@ -63,7 +67,10 @@ def test_the_largest_row_size_is_kept():
     assert _totals(layer)["max_coordinates"] == 9
 
 
+@pytest.mark.tensorflow_only("tf.function(jit_compile=True) and tf.data maps")
 def test_counting_runs_inside_xla_and_tf_data():
+    import tensorflow as tf
+
     layer = kf.EmbeddingDPLayer(1.0, seed=1)
     step = tf.function(lambda x, i: layer(x, training=True, example_ids=i), jit_compile=True)
     step(tf.constant(X), tf.constant([0, 1, 2, 3], tf.int64))
@@ -125,9 +132,12 @@ def test_release_calls_names_the_release_slots():
     assert "max_coordinates" not in calls and "lineage" not in calls
 
 
+@pytest.mark.tensorflow_only("tf.function(jit_compile=True) and tf.data maps")
 def test_the_running_maximum_follows_the_busiest_example_in_every_execution_path():
     """``release_id_max`` is updated by the counting call from its own ids (eager, XLA,
     tf.data), equals the table's maximum, and bounds the ledger within `busiest_bound`."""
+    import tensorflow as tf
+
     layer = kf.EmbeddingDPLayer(1.0, seed=1)
     assert layer.release_id_max() == 0
     layer(X, training=True, example_ids=np.array([0, 1, 2, 3]))
@@ -185,6 +195,9 @@ def test_a_snapshot_restored_into_a_copy_raises_its_running_maximum():
     assert copy.release_id_max() == 3
 
 
+@pytest.mark.tensorflow_only("simulates a concurrent graph call through the variable's "
+                             "numpy/read_value; a JAX variable changes on the host only, "
+                             "between steps")
 def test_raising_the_maximum_from_the_host_keeps_a_count_made_meanwhile():
     """The host-side raise is an ``assign_add`` of the excess: a call that counts between its
     read and its write (simulated: +5 right after the read) is kept, never overwritten by
