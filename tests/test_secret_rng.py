@@ -16,11 +16,16 @@ import h5py
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_fedpriv as kf
-from keras_fedpriv.layers.secret_rng import _SKIP, SecretKeyVariable
 from keras_fedpriv.mechanisms import random as R
+
+pytestmark = [pytest.mark.jax]
+
+ON_TENSORFLOW = keras.backend.backend() == "tensorflow"
+#: Files hold the counter as TensorFlow's Philox state, ``[draws * 256, 0, 0]``, on every
+#: backend (RngReadAndSkip advances it by 256 per draw).
+SKIP = 256
 
 N = 256
 X = np.random.default_rng(7).normal(size=(8, 6)).astype("float32")
@@ -42,7 +47,7 @@ def _model(seed=None):
 def _noise(model):
     """One training-mode release of both layers (advances the embedding counter by one)."""
     emb, lab = model([X, Y, IDS], training=True)
-    return emb.numpy(), lab.numpy()
+    return keras.ops.convert_to_numpy(emb), keras.ops.convert_to_numpy(lab)
 
 
 def _dp_layers(model):
@@ -50,19 +55,21 @@ def _dp_layers(model):
 
 
 def _emb_noise(layer):
-    return layer(np.ones((4, 64), "float32"), training=True).numpy()
+    return keras.ops.convert_to_numpy(layer(np.ones((4, 64), "float32"), training=True))
 
 
 def _label_noise(layer):
-    return layer(Y, example_ids=IDS, training=True).numpy()
+    return keras.ops.convert_to_numpy(layer(Y, example_ids=IDS, training=True))
 
 
 def _key_patterns(keys):
-    """Byte patterns a stored key would show up as (little-endian int64 words and pairs)."""
+    """Byte patterns a stored key would show up as (little-endian int64 words and pairs, and
+    the pair as 32-bit words, as a backend without 64-bit integers stores it)."""
     patterns = []
     for key in keys:
         key = np.asarray(key, "<i8")[:2]  # the two key words (the third is the 'set' flag)
         patterns.append(key.tobytes())
+        patterns.append(key.astype("<u4").tobytes())
         patterns.extend(np.asarray([w], "<i8").tobytes() for w in key)
     return patterns
 
@@ -105,10 +112,12 @@ def test_set_random_seed_does_not_fix_the_secret():
 
     keras.utils.set_random_seed(123)
     first_emb, first_lab = _emb_noise(kf.EmbeddingDPLayer(0.0)), _label_noise(kf.LabelDPLayer(0.0))
-    first_keras = keras.random.uniform((64,), seed=keras.random.SeedGenerator()).numpy()
+    first_keras = keras.ops.convert_to_numpy(
+        keras.random.uniform((64,), seed=keras.random.SeedGenerator()))
     keras.utils.set_random_seed(123)  # "replay" everything
     again_emb, again_lab = _emb_noise(kf.EmbeddingDPLayer(0.0)), _label_noise(kf.LabelDPLayer(0.0))
-    again_keras = keras.random.uniform((64,), seed=keras.random.SeedGenerator()).numpy()
+    again_keras = keras.ops.convert_to_numpy(
+        keras.random.uniform((64,), seed=keras.random.SeedGenerator()))
     # Control: ordinary Keras randomness IS replayed by set_random_seed ...
     np.testing.assert_array_equal(first_keras, again_keras)
     # ... the layers' noise is not.
@@ -120,11 +129,16 @@ def test_rng_key_holds_64_bits_of_os_entropy():
     layers = [kf.EmbeddingDPLayer(1.0) for _ in range(10)] + [kf.LabelDPLayer(1.0) for _ in range(10)]
     keys = []
     for layer in layers:
-        assert isinstance(layer.rng_key, SecretKeyVariable)
-        assert layer.rng_key.keep_when_saved is False
-        assert not layer.rng_key.trainable
+        if ON_TENSORFLOW:
+            from keras_fedpriv.layers.secret_rng import SecretKeyVariable
+
+            assert isinstance(layer.rng_key, SecretKeyVariable)
+            assert layer.rng_key.keep_when_saved is False
+            assert not layer.rng_key.trainable
         key = layer.rng_key.numpy()
-        assert key.shape == (3,) and key.dtype == np.int64 and key[2] == 1
+        assert key.shape == (3,) and key.dtype == (np.int64 if ON_TENSORFLOW else np.uint32)
+        key = key.astype(np.int64)
+        assert key[2] == 1
         key = key[:2]
         assert np.all((key > 0) & (key < 2**32))  # both 32-bit words non-zero
         keys.append(key)
@@ -147,7 +161,8 @@ def test_key_comes_from_the_secrets_module(monkeypatch):
 
 def test_explicit_seed_is_kept_when_saved():
     for layer in (kf.EmbeddingDPLayer(1.0, seed=SEEDED), kf.LabelDPLayer(1.0, seed=SEEDED)):
-        assert layer.rng_key.keep_when_saved is True
+        if ON_TENSORFLOW:
+            assert layer.rng_key.keep_when_saved is True
         np.testing.assert_array_equal(layer.rng_key.numpy(), _seeded_key(SEEDED))
 
 
@@ -192,8 +207,8 @@ def _seeded_key(seed):
 
 
 def _draws(counter_value):
-    """Noise draws recorded in a stored counter (RngReadAndSkip advances it by _SKIP)."""
-    return int(np.asarray(counter_value)[0]) // _SKIP
+    """Noise draws recorded in a stored counter."""
+    return int(np.asarray(counter_value)[0]) // SKIP
 
 
 def _scramble(model, key=True):
@@ -201,7 +216,7 @@ def _scramble(model, key=True):
     for layer in _dp_layers(model):
         if key:
             layer.rng_key.assign(np.array([3, 4, 1], np.int64))
-        layer.rng_counter.assign(np.zeros(3, np.int64))
+        layer.rng_counter.assign(np.zeros(layer.rng_counter.shape, np.int64))
 
 
 def _save_and_reload(model, fmt, tmp_path, seed):
@@ -227,6 +242,8 @@ def _save_and_reload(model, fmt, tmp_path, seed):
         fresh.load_weights(path)
         return fresh, _files_under(tmp_path), _h5_datasets(path)
     assert fmt == "tf_checkpoint"
+    import tensorflow as tf
+
     prefix = tf.train.Checkpoint(model=model).write(os.path.join(tmp_path, "ckpt"))
     datasets = {name: tf.train.load_variable(prefix, name)
                 for name, _ in tf.train.list_variables(prefix) if "rng_" in name}
@@ -234,7 +251,8 @@ def _save_and_reload(model, fmt, tmp_path, seed):
     return fresh, _files_under(tmp_path), datasets
 
 
-@pytest.mark.parametrize("fmt", ["keras", "weights_h5", "tf_checkpoint"])
+@pytest.mark.parametrize("fmt", ["keras", "weights_h5", pytest.param(
+    "tf_checkpoint", marks=pytest.mark.tensorflow_only("tf.train.Checkpoint"))])
 @pytest.mark.parametrize("seed", [None, SEEDED], ids=["secret", "seeded"])
 def test_checkpoint_round_trip(fmt, seed, tmp_path):
     model = _model(seed)
@@ -278,7 +296,10 @@ def test_checkpoint_round_trip(fmt, seed, tmp_path):
 
 
 @pytest.mark.parametrize("seed", [None, SEEDED], ids=["secret", "seeded"])
+@pytest.mark.tensorflow_only("model.export() writes a TF SavedModel")
 def test_exported_saved_model(seed, tmp_path):
+    import tensorflow as tf
+
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(64, name="bottom"),
                               kf.EmbeddingDPLayer(0.0, seed=seed, name="edp")])
     layer = model.get_layer("edp")
@@ -299,7 +320,7 @@ def test_exported_saved_model(seed, tmp_path):
     assert _draws(counter.numpy()) == 1
     first = loaded.serve(X).numpy()
     assert first.shape == (8, 64) and np.all((first == 0) | (first == 1))
-    counter.assign([_SKIP, 0, 0])  # replay the same counter state
+    counter.assign([SKIP, 0, 0])  # replay the same counter state
     replay = loaded.serve(X).numpy()
 
     if seed is None:
@@ -325,7 +346,10 @@ def test_exported_saved_model(seed, tmp_path):
         assert _differ(loaded.serve(X).numpy(), first) > 0.3  # counter advanced: fresh noise
 
 
+@pytest.mark.tensorflow_only("model.export() writes a TF SavedModel")
 def test_exported_saved_model_files_do_not_contain_the_key(tmp_path):
+    import tensorflow as tf
+
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(64, name="bottom"),
                               kf.EmbeddingDPLayer(0.0, name="edp")])
     key = model.get_layer("edp").rng_key.numpy().copy()
