@@ -22,6 +22,8 @@ from keras_fedpriv.tuning import (
 
 from tuning_cases import vertical_data, vertical_trial_model
 
+pytestmark = [pytest.mark.jax]
+
 
 def _data():
     return vertical_data(192, 64)
