@@ -10,13 +10,18 @@ import os
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_fedpriv as kf
-from keras_fedpriv.layers.secret_rng import SecretKeyVariable
 from crosspath import assert_bits_are_the_sign  # noqa: E402
 
+pytestmark = [pytest.mark.jax]
+
 RNG = np.random.default_rng(20240601)
+
+
+def _np(x):
+    """A backend tensor as a numpy array."""
+    return keras.ops.convert_to_numpy(x)
 
 
 def _is_zero_one(a):
@@ -58,15 +63,15 @@ def test_embedding_layer_in_sequential_and_functional_models():
     bottom = keras.layers.Dense(64, name="bottom")
     func = keras.Model(inp, kf.EmbeddingDPLayer(0.5)(bottom(inp)))
     for model in (seq, func):
-        sign = (model.get_layer("bottom")(x).numpy() > 0).astype("float32")
+        sign = (_np(model.get_layer("bottom")(x)) > 0).astype("float32")
         for training in (True, False):
-            out = model(x, training=training).numpy()
+            out = _np(model(x, training=training))
             assert out.shape == (32, 64) and out.dtype == np.float32
             assert _is_zero_one(out)
             # eps=0.5: each bit flips with q = 1/(e^0.25 + 1) ~ 0.44, at training and inference.
             assert 0.3 < np.mean(out != sign) < 0.6
         # Fresh noise at every call.
-        assert np.mean(model(x, training=True).numpy() != model(x, training=True).numpy()) > 0.3
+        assert np.mean(_np(model(x, training=True)) != _np(model(x, training=True))) > 0.3
 
 
 def test_embedding_at_inference_false_is_quantization_only_in_models():
@@ -77,10 +82,10 @@ def test_embedding_at_inference_false_is_quantization_only_in_models():
     func = keras.Model(inp, kf.EmbeddingDPLayer(0.5, at_inference=False)(
         keras.layers.Dense(64, name="bottom")(inp)))
     for model in (seq, func):
-        sign = (model.get_layer("bottom")(x).numpy() > 0).astype("float32")
-        np.testing.assert_array_equal(model(x, training=False).numpy(), sign)
-        np.testing.assert_array_equal(model(x).numpy(), sign)  # default is inference
-        noisy = model(x, training=True).numpy()
+        sign = (_np(model.get_layer("bottom")(x)) > 0).astype("float32")
+        np.testing.assert_array_equal(_np(model(x, training=False)), sign)
+        np.testing.assert_array_equal(_np(model(x)), sign)  # default is inference
+        noisy = _np(model(x, training=True))
         assert _is_zero_one(noisy) and np.mean(noisy != sign) > 0.3
 
 
@@ -89,18 +94,18 @@ def test_label_layer_in_functional_model_with_example_ids():
     y = (np.arange(n) % 2).astype("float32").reshape(n, 1)
     ids = np.arange(n, dtype="int64")
     model = _label_model(0.1, seed=41)  # seeded: the band below is deterministic
-    noisy = model([y, ids], training=True).numpy()
+    noisy = _np(model([y, ids], training=True))
     assert noisy.shape == (n, 1) and noisy.dtype == np.float32 and _is_zero_one(noisy)
     # eps = 0.1: flip probability 1 / (1 + e^0.1) ~ 0.475.
     assert 0.35 < np.mean(noisy != y) < 0.6
     # Same ids -> same noisy labels in every call (every epoch).
-    np.testing.assert_array_equal(model([y, ids], training=True).numpy(), noisy)
+    np.testing.assert_array_equal(_np(model([y, ids], training=True)), noisy)
     # The noise follows the id, not the position in the batch.
     perm = RNG.permutation(n)
-    np.testing.assert_array_equal(model([y[perm], ids[perm]], training=True).numpy(), noisy[perm])
+    np.testing.assert_array_equal(_np(model([y[perm], ids[perm]], training=True)), noisy[perm])
     # Inference / evaluation: labels pass unchanged.
-    np.testing.assert_array_equal(model([y, ids], training=False).numpy(), y)
-    np.testing.assert_array_equal(model([y, ids]).numpy(), y)
+    np.testing.assert_array_equal(_np(model([y, ids], training=False)), y)
+    np.testing.assert_array_equal(_np(model([y, ids])), y)
 
 
 def test_sparse_int_labels_in_functional_model_keep_dtype():
@@ -118,10 +123,10 @@ def test_label_layer_in_sequential_model():
     # seeded (the bands below are deterministic): fresh noise per call comes from the counter
     per_batch = keras.Sequential([keras.Input((1,)),
                                   kf.LabelDPLayer(0.1, per_batch=True, seed=42)])
-    a, b = per_batch(y, training=True).numpy(), per_batch(y, training=True).numpy()
+    a, b = _np(per_batch(y, training=True)), _np(per_batch(y, training=True))
     assert a.shape == (300, 1) and _is_zero_one(a) and _is_zero_one(b)
     assert np.mean(a != y) > 0.3 and np.mean(a != b) > 0.3  # fresh noise per call
-    np.testing.assert_array_equal(per_batch(y, training=False).numpy(), y)
+    np.testing.assert_array_equal(_np(per_batch(y, training=False)), y)
     # Without ids and without per_batch there is no way to randomize once per example.
     once = keras.Sequential([keras.Input((1,)), kf.LabelDPLayer(0.1)])
     with pytest.raises(ValueError, match="example_ids"):
@@ -131,7 +136,10 @@ def test_label_layer_in_sequential_model():
 
 # --- 2. tf.data ----------------------------------------------------------------
 
+@pytest.mark.tensorflow_only("tf.data maps")
 def test_layers_inside_dataset_map():
+    import tensorflow as tf
+
     n = 64
     x = RNG.normal(size=(n, 32)).astype("float32")
     y = (np.arange(n) % 2).astype("float32")
@@ -159,7 +167,10 @@ def test_layers_inside_dataset_map():
     np.testing.assert_array_equal(lab1, lab(y, example_ids=np.arange(n), training=True).numpy())
 
 
+@pytest.mark.tensorflow_only("privatize_dataset maps a tf.data.Dataset")
 def test_privatize_dataset_is_stable_across_iterations():
+    import tensorflow as tf
+
     n = 1000
     x = RNG.normal(size=(n, 3)).astype("float32")
     y = (np.arange(n) % 2).astype("float32")
@@ -182,7 +193,10 @@ def test_privatize_dataset_is_stable_across_iterations():
     assert np.mean(other != noisy) > 0.3
 
 
+@pytest.mark.tensorflow_only("privatize_dataset maps a tf.data.Dataset")
 def test_privatize_dataset_label_index_and_onehot():
+    import tensorflow as tf
+
     n = 200
     y = np.eye(4, dtype="float32")[np.arange(n) % 4]
     w = np.arange(n, dtype="float32")
@@ -194,7 +208,10 @@ def test_privatize_dataset_label_index_and_onehot():
     np.testing.assert_array_equal([e[2].numpy() for e in out], w)  # other components untouched
 
 
+@pytest.mark.tensorflow_only("tf.data maps")
 def test_parallel_dataset_map_never_reuses_embedding_noise():
+    import tensorflow as tf
+
     emb = kf.EmbeddingDPLayer(0.0)  # eps=0: every bit is a fair coin, 128 bits per element
     emb.build((None, 128))
     x = RNG.normal(size=(1, 128)).astype("float32")
@@ -227,7 +244,10 @@ def test_jit_compiled_fit_with_embedding_layer_trains():
     assert model.get_layer("edp").noise_draws - counter0 == 4 * 4
 
 
+@pytest.mark.tensorflow_only("tf.function(jit_compile=True) and its HLO")
 def test_jit_compiled_label_layer_matches_eager():
+    import tensorflow as tf
+
     layer = kf.LabelDPLayer(0.3, num_classes=7)
     y = (np.arange(500) % 7).astype("int32")
     ids = (np.arange(500, dtype="int64") * 7919 + 2**40)  # ids beyond 32 bits
@@ -244,7 +264,12 @@ def test_jit_compiled_label_layer_matches_eager():
 
 
 
+@pytest.mark.tensorflow_only("tf.distribute.MirroredStrategy")
 def test_mirrored_strategy_fit_with_embedding_layer(strategy):
+    import tensorflow as tf
+
+    from keras_fedpriv.layers.secret_rng import SecretKeyVariable
+
     assert strategy.num_replicas_in_sync == 2
     keras.utils.set_random_seed(2)
     x, y = _easy_task()
@@ -262,7 +287,10 @@ def test_mirrored_strategy_fit_with_embedding_layer(strategy):
     assert out.shape == (16, 16) and _is_zero_one(out)
 
 
+@pytest.mark.tensorflow_only("tf.distribute.MirroredStrategy")
 def test_mirrored_replicas_never_share_noise(strategy):
+    import tensorflow as tf
+
     with strategy.scope():
         emb = kf.EmbeddingDPLayer(0.0)
         emb.build((None, 64))
@@ -303,11 +331,11 @@ def test_keras_round_trip_preserves_config_and_weights(tmp_path):
     assert (edp.eps, edp.seed, edp.at_inference, edp.ste) == (2.5, None, False, "hardtanh")
     for name in ("bottom", "top"):
         for a, b in zip(emb_model.get_layer(name).weights, emb_back.get_layer(name).weights):
-            np.testing.assert_array_equal(a.numpy(), b.numpy())  # bit for bit
+            np.testing.assert_array_equal(_np(a), _np(b))  # bit for bit
     assert edp.noise_draws == emb_model.get_layer("edp").noise_draws
     # Inference is deterministic here (quantization only): identical predictions.
-    np.testing.assert_array_equal(emb_back(x, training=False).numpy(),
-                                  emb_model(x, training=False).numpy())
+    np.testing.assert_array_equal(_np(emb_back(x, training=False)),
+                                  _np(emb_model(x, training=False)))
 
     label_model = _label_model(0.7, mode="sparse", num_classes=3, per_batch=False)
     path = os.path.join(tmp_path, "label.keras")
@@ -318,13 +346,16 @@ def test_keras_round_trip_preserves_config_and_weights(tmp_path):
     assert (ldp.eps, ldp.mode, ldp.num_classes, ldp.seed, ldp.per_batch) == \
         (0.7, "sparse", 3, None, False)
     labels = (np.arange(30) % 3).astype("float32").reshape(-1, 1)
-    out = label_back([labels, np.arange(30)], training=True).numpy()
+    out = _np(label_back([labels, np.arange(30)], training=True))
     assert out.shape == (30, 1) and set(np.unique(out)) <= {0, 1, 2}
-    np.testing.assert_array_equal(label_back([labels, np.arange(30)], training=False).numpy(),
+    np.testing.assert_array_equal(_np(label_back([labels, np.arange(30)], training=False)),
                                   labels)
 
 
+@pytest.mark.tensorflow_only("model.export() writes a TF SavedModel")
 def test_exported_saved_model_randomizes_at_inference(tmp_path):
+    import tensorflow as tf
+
     x = RNG.normal(size=(16, 6)).astype("float32")
     model = _bottom_top(0.5, width=32)
     bottom_only = keras.Model(model.inputs[0], model.get_layer("edp").output)
@@ -339,7 +370,10 @@ def test_exported_saved_model_randomizes_at_inference(tmp_path):
     assert np.mean(a != sign) > 0.3
 
 
+@pytest.mark.tensorflow_only("model.export() writes a TF SavedModel")
 def test_exported_saved_model_without_inference_noise_is_the_sign(tmp_path):
+    import tensorflow as tf
+
     x = RNG.normal(size=(16, 6)).astype("float32")
     model = _bottom_top(0.5, at_inference=False, width=32)
     bottom_only = keras.Model(model.inputs[0], model.get_layer("edp").output)
