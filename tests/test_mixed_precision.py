@@ -9,6 +9,8 @@ from keras_fedpriv.layers import EmbeddingDPLayer, LabelDPLayer
 from keras_fedpriv.optimizers import SignDS, SignDSEncoder, SignDSRounds
 from digits_stubs import digits, digits_model
 
+pytestmark = [pytest.mark.jax]
+
 
 @pytest.fixture
 def policy():

@@ -144,7 +144,11 @@ class SignDS(keras.optimizers.Optimizer):
         own = len(self._variables)
         new_tv, new_inner = self.inner_optimizer.stateless_apply(
             optimizer_variables[own:], grads, trainable_variables)
-        return new_tv, list(optimizer_variables[:own]) + list(new_inner)
+        # Values, not variables: keras' LossScaleOptimizer passes this optimizer's variables
+        # themselves (read through its StatelessScope) and returns the result from an
+        # `ops.cond`, which on JAX takes arrays only.
+        own_values = [keras.ops.convert_to_tensor(v) for v in optimizer_variables[:own]]
+        return new_tv, own_values + list(new_inner)
 
     @property
     def learning_rate(self) -> Any:
