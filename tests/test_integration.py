@@ -108,6 +108,18 @@ def test_label_layer_in_functional_model_with_example_ids():
     np.testing.assert_array_equal(_np(model([y, ids])), y)
 
 
+@pytest.mark.tensorflow_only("JAX: Keras casts an int64 model input to int32 before the layer "
+                             "sees it, so ids k and k + 2**32 get the same noise")
+def test_ids_beyond_32_bits_in_a_functional_model_keep_their_own_noise():
+    model = _label_model(0.0, num_classes=7, seed=3, dtype="int32")
+    y = (np.arange(64) % 7).astype("int32").reshape(64, 1)
+    ids = np.arange(64, dtype="int64")
+    low = _np(model([y, ids], training=True))
+    high = _np(model([y, ids + 2**32], training=True))
+    # eps=0: each noisy label is uniform over 7 classes; all 64 equal by chance: 7**-64
+    assert not np.array_equal(low, high)
+
+
 def test_sparse_int_labels_in_functional_model_keep_dtype():
     n = 300
     y = (np.arange(n) % 5).astype("int32").reshape(n, 1)
