@@ -36,8 +36,8 @@ from typing import Any, Mapping, Sequence, TextIO
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from keras_fedpriv import backend
 from keras_fedpriv.attacks import direction_label_inference, norm_label_inference
 from keras_fedpriv.datasets import breast_cancer_vertical
 from keras_fedpriv.federated import MessageRecorder, VerticalModel, with_example_ids
@@ -156,23 +156,32 @@ def build_model(num_a: int, num_b: int, embedding_dp: EmbeddingDPLayer | None = 
                             keras.layers.Dense(1, activation="sigmoid")], name="top")
     model = VerticalModel({"party_a": bottom_a, "party_b": bottom_b}, top, leader="party_b",
                           embedding_dp=embedding_dp, name="vertical_model")
-    # No XLA: this tiny model is dominated by per-step overhead and compile time on a CPU.
+    # TensorFlow without XLA: this tiny model is dominated by per-step overhead and compile
+    # time on a CPU. JAX without jit would run every op eagerly: there it is compiled.
     model.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE), loss="binary_crossentropy",
-                  metrics=["accuracy"], jit_compile=False)
+                  metrics=["accuracy"], jit_compile=not backend.is_tensorflow())
     return model
 
 
-def _dataset(xa, xb, y, seed=None):
-    """Shuffled batches of ({"party_a": xa, "party_b": xb, "example_ids": row}, y).
+def _fit_data(xa, xb, y, seed=None):
+    """``fit``'s arguments for ({"party_a": xa, "party_b": xb, "example_ids": row}, y).
 
-    Reshuffled every epoch. The example ids (row numbers) let the attack
-    evaluation match recorded messages to the true labels.
+    Shuffled batches, reshuffled every epoch: on TensorFlow a `tf.data`
+    pipeline (seeded by ``seed``), elsewhere the arrays with Keras' own
+    shuffling (seeded by ``keras.utils.set_random_seed``). The example ids
+    (row numbers) let the attack evaluation match recorded messages to the
+    true labels.
     """
     ids = np.arange(len(y), dtype="int64")
-    data = tf.data.Dataset.from_tensor_slices(
-        ({"party_a": xa, "party_b": xb, "example_ids": ids}, y))
-    return (data.cache().shuffle(len(y), seed=seed, reshuffle_each_iteration=True)
+    x = {"party_a": xa, "party_b": xb, "example_ids": ids}
+    if not backend.is_tensorflow():
+        return dict(x=x, y=y, batch_size=BATCH_SIZE, shuffle=True)
+    import tensorflow as tf
+
+    data = tf.data.Dataset.from_tensor_slices((x, y))
+    data = (data.cache().shuffle(len(y), seed=seed, reshuffle_each_iteration=True)
             .batch(BATCH_SIZE).prefetch(tf.data.AUTOTUNE))
+    return dict(x=data, shuffle=False)  # the dataset reshuffles itself
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -275,12 +284,11 @@ def _run_configuration(config, sub_seed, epochs, data):
                                  name="embedding_dp")
     model = build_model(xa_train.shape[1], xb_train.shape[1], embedding_dp=layer,
                         vae=config["vae"], vae_seed=sub_seed)
-    train = _dataset(xa_train, xb_train, y_fit, seed=sub_seed)
+    train = _fit_data(xa_train, xb_train, y_fit, seed=sub_seed)
     # Optimizer slots created up front: the train step is traced once, not twice.
     model.optimizer.build(model.trainable_variables)
     recorder = MessageRecorder(epochs=(0,))  # what crossed the wire in the first epoch
-    history = model.fit(train, epochs=epochs, verbose=0, shuffle=False,  # reshuffles itself
-                        callbacks=[recorder])
+    history = model.fit(**train, epochs=epochs, verbose=0, callbacks=[recorder])
     # One forward pass on the test set, with the protection applied as at inference
     # (the follower's embedding goes through it; test labels are untouched). Test rows get
     # ids after the training rows', so the pass counts one release for each test row only.
@@ -374,7 +382,8 @@ def run_demo(epochs: int | None = None, seed: int | None = None, quick: bool = F
     start = time.perf_counter()
     data = (xa_train, xb_train, y_train, xa_test, xb_test, y_test)
     quiet = _NoRetracingWarning()
-    tf.get_logger().addFilter(quiet)
+    logger = logging.getLogger("tensorflow")  # tf.get_logger(), without importing TensorFlow
+    logger.addFilter(quiet)
     try:
         for i, config in enumerate(configs):
             t0 = time.perf_counter()
@@ -389,7 +398,7 @@ def run_demo(epochs: int | None = None, seed: int | None = None, quick: bool = F
                 f"{_auc_cell(row, 'norm')}  direction AUC {_auc_cell(row, 'direction')}  "
                 f"({row['seconds']:.1f} s)")
     finally:
-        tf.get_logger().removeFilter(quiet)
+        logger.removeFilter(quiet)
     say()
     say(format_table(rows))
     say()

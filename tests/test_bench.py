@@ -33,6 +33,7 @@ SCRIPTS = {
     "rr_with_prior": (["RR-with-prior", "2 seeds"], (pytest.mark.slow,)),
     "vertical_privacy": (["LabelDP, RR, eps=2", "EmbeddingDP, eps=4"], (pytest.mark.slow,)),
     "vertical_k": (["| 4 |", "the same eps for every K at each seed: True"], ()),
+    "vertical_throughput": (["| VerticalModel |", "ratio"], ()),
 }
 
 

@@ -7,6 +7,8 @@ from keras_fedpriv.federated.vertical_driver import FeatureTable, FollowerReques
 from keras_fedpriv.federated.vertical_parties import MalformedMessage, VerticalFollower
 from vertical_stubs import COLUMNS, model_fn, vertical_data
 
+pytestmark = [pytest.mark.jax]
+
 
 @pytest.fixture(scope="module")
 def data():

@@ -6,6 +6,8 @@ import pytest
 from keras_fedpriv.federated.vertical_parties import MalformedMessage, VerticalLeader
 from vertical_stubs import model_fn, vertical_data
 
+pytestmark = [pytest.mark.jax]
+
 
 @pytest.fixture(scope="module")
 def data():

@@ -13,6 +13,8 @@ from keras_fedpriv.federated.vertical_parties.loop import (
 )
 from vertical_stubs import COLUMNS, model_fn, vertical_data
 
+pytestmark = [pytest.mark.jax]
+
 
 @pytest.fixture(scope="module")
 def table():

@@ -7,7 +7,6 @@ computation, the bytes in the history equal hand-computed totals."""
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_fedpriv as kf
 from keras_fedpriv.federated import (
@@ -18,15 +17,20 @@ from keras_fedpriv.federated import (
 )
 from vertical_stubs import bottom, compile_model, is_zero_one, top, two_party_data
 
+pytestmark = [pytest.mark.jax]
+
 
 @pytest.fixture(scope="module")
 def data():
     return two_party_data()
 
 
+@pytest.mark.tensorflow_only("the independent gradient is a tf.GradientTape's")
 def test_messages_are_the_protocol_gradients(data):
     """g_p = d loss / d e_p computed independently, and the bottom's SGD update comes from g_p
     (plus the party's own regularization loss) alone."""
+    import tensorflow as tf
+
     keras.utils.set_random_seed(3)
     lr, n = 0.5, 64
     bottom_a = bottom(15, 12, "bottom_a", kernel_regularizer=keras.regularizers.L2(0.05))
@@ -117,7 +121,10 @@ def test_bytes_in_history_equal_hand_computed_totals(data):
     assert set(model.protections) == {"party_a", "party_c"} and model.protections["party_c"] is None
 
 
+@pytest.mark.tensorflow_only("tf.data")
 def test_with_example_ids_for_arrays_tuples_and_datasets(data):
+    import tensorflow as tf
+
     x = with_example_ids(data["train"])
     np.testing.assert_array_equal(x["example_ids"], np.arange(len(data["y"])))
     assert x["example_ids"].dtype == np.int64 and "example_ids" not in data["train"]

@@ -16,6 +16,8 @@ from keras_fedpriv.federated.vertical_driver import FeatureTable, VerticalDriver
 from keras_fedpriv.privacy import privacy_report
 from vertical_stubs import COLUMNS, follower_data, model_fn, vertical_data
 
+pytestmark = [pytest.mark.jax]
+
 
 @pytest.fixture(scope="module")
 def data():
@@ -89,6 +91,24 @@ def test_driver_matches_vertical_model_fit_with_label_dp_and_embedding_dp(data):
         privacy_report(model.label_dp, delta=1e-5).epsilon)
     assert privacy_report(driver.parties.followers["f1"], delta=1e-5).epsilon == pytest.approx(
         privacy_report(model.protections["f1"], delta=1e-5).epsilon)
+
+
+def test_driver_matches_vertical_model_fit_without_protections(data):
+    """Plain bottoms (every backend): the halves' steps and VerticalModel's train_step are
+    the same computation; the counts of releases without DP agree."""
+    epochs, batch_size, seed = 2, 32, 1
+    model = model_fn(embedding_dp=None, label_dp=False)
+    history = _fit_model_like_driver(model, data, epochs, batch_size, seed)
+    halves_model = model_fn(embedding_dp=None, label_dp=False)
+    _, result = _driver_fit(halves_model.split_parties(), data, epochs, batch_size, seed)
+    assert result.rejected == [] and result.history["skipped"] == [0.0] * epochs
+    for a, b in zip(model.get_weights(), halves_model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(history["loss"], result.history["loss"], rtol=1e-5)
+    for p in ("f1", "f2"):
+        assert history[f"bytes_up_{p}"] == result.history[f"bytes_up_{p}"]
+    np.testing.assert_array_equal(model.unprotected_releases.numpy(),
+                                  halves_model.unprotected_releases.numpy())
 
 
 def test_driver_trains_on_breast_cancer(data):

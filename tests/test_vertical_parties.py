@@ -9,6 +9,8 @@ from keras_fedpriv.federated import VerticalModel
 from keras_fedpriv.federated.vertical_parties import EmbeddingSpec, split_parties
 from vertical_stubs import COLUMNS, model_fn, vertical_data
 
+pytestmark = [pytest.mark.jax]
+
 
 @pytest.fixture(scope="module")
 def data():

@@ -12,6 +12,8 @@ from keras_fedpriv.federated.vertical_parties import (
     encode_embedding,
     )
 
+pytestmark = [pytest.mark.jax]
+
 
 SPEC_BITS = EmbeddingSpec((12,), "float32", True)
 

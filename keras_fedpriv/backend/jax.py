@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +69,9 @@ class LocalSlot(seed_generator_class()):
         return self.assign(self.state.value + jnp.asarray(delta).astype(self.state.dtype))
 
     def numpy(self) -> np.ndarray:
-        return np.asarray(self.state.numpy())
+        # the JAX array itself: keras.Variable.numpy() goes through an __array__ without
+        # numpy 2's `copy` keyword (a DeprecationWarning)
+        return np.array(self.state.value)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -496,6 +498,157 @@ def local_training(model: Any, batch_size: int, x_spec: Any, y_spec: Any,
     return train
 
 
+
+
+# -- vertical --
+# VerticalModel's steps (keras_fedpriv/federated/vertical.py): Keras' JAX trainer passes
+# and takes back the state (trainable, non-trainable, optimizer, metrics variables); each
+# party's gradients come from the vjp of its own forward pass with its cut gradient.
+
+
+# The variables of the step being run and the scope holding their current values: `vjp`
+# maps every one of them in its own scope (a `keras.StatelessScope` does not read through to
+# an enclosing one).
+_STEPS: list[tuple[list[Any], Any]] = []
+
+
+def _in_step(variables, values, fn):
+    """``(fn(), new values)``: ``fn`` run in a `keras.StatelessScope` mapping ``variables`` to
+    ``values``, with `vjp` able to see them."""
+    with keras.StatelessScope(state_mapping=list(zip(variables, values)),
+                              collect_losses=True) as scope:
+        _STEPS.append((variables, scope))
+        try:
+            out = fn()
+        finally:
+            _STEPS.pop()
+    return out, [scope.get_current_value(v) for v in variables]
+
+
+def vjp(fn: Callable[[Any], tuple[list[Any], Any]], variables: list[Any],
+        inputs: Any = None) -> tuple[list[Any], Any, Callable[[list[Any]], Any]]:
+    """``fn(inputs)`` with what its gradients need: ``(outputs, aux, pullback)``.
+
+    ``fn`` returns ``(outputs, aux)``: a list of tensors (or None) and anything
+    else. ``pullback(cotangents)`` (one per output; None: ones) returns
+    ``(gradients of variables, gradients of inputs)`` (zeros where an output
+    does not depend on one). Here ``fn`` runs as a function of the values of
+    ``variables`` (and of ``inputs``) under `jax.vjp`, inside the step that
+    `party_function` or a `VerticalModel` step opened: the other variables'
+    updates (random counters, release counts) go back into that step.
+    """
+    if not _STEPS:
+        raise RuntimeError("keras_fedpriv.backend.jax.vjp runs inside party_function or a "
+                           "VerticalModel step.")
+    step_variables, outer = _STEPS[-1]
+    ids = {id(v) for v in variables}
+    others = [v for v in step_variables if id(v) not in ids]
+
+    def forward(weights, inputs):
+        mapping = list(zip(variables, weights)) + [
+            (v, outer.get_current_value(v)) for v in others]
+        with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+            outputs, aux = fn(inputs)  # add_loss inside: in this scope (read by `.losses`)
+        return outputs, (aux, [scope.get_current_value(v) for v in others])
+
+    weights = [outer.get_current_value(v) for v in variables]
+    outputs, pull, (aux, updates) = jax.vjp(forward, weights, inputs, has_aux=True)
+    for v, value in zip(others, updates):
+        outer.add_update((v, value))
+
+    def pullback(cotangents):
+        seeds = [None if o is None else jnp.ones_like(o) if c is None
+                 else jnp.asarray(c, o.dtype) for o, c in zip(outputs, cotangents)]
+        return pull(seeds)
+
+    return outputs, aux, pullback
+
+
+def party_function(fn: Callable[..., Any], signature: list[Any],
+                   variables: Callable[[], list[Any]]) -> Callable[..., Any]:
+    """A party's step, compiled: ``fn(*args)`` as a `jax.jit` function of the values of
+    ``variables()`` (every variable it reads or updates) and of ``args``, the new values
+    assigned after each call (``signature`` is TensorFlow's; JAX traces once per shape)."""
+    del signature
+    compiled: dict[tuple[int, ...], Any] = {}
+
+    def call(*args):
+        state = list(variables())
+        key = tuple(map(id, state))
+        if key not in compiled:
+            compiled[key] = jax.jit(
+                lambda values, args: _in_step(state, values, lambda: fn(*args)))
+        out, values = compiled[key]([v.value for v in state], args)
+        for v, value in zip(state, values):
+            v.assign(value)
+        return out
+
+    return call
+
+
+def _functional_step(model, groups, state, fn):
+    """Keras' functional step: ``fn()`` over the state ``groups`` (lists of the model's
+    variables) hold; ``(its result, the new state)``."""
+    variables = [v for group in groups for v in group]
+    out, values = _in_step(variables, [x for part in state for x in part], fn)
+    new, start = [], 0
+    for group in groups:
+        new.append(values[start:start + len(group)])
+        start += len(group)
+    return out, tuple(new)
+
+
+def vertical_train_step(model: Any, state: Any, data: Any) -> tuple[dict[str, Any], Any]:
+    """One training step of a `VerticalModel` (Keras' JAX ``train_step(state, data)``):
+    the protocol step, stateless over the model's variables."""
+    groups = [model.trainable_variables, model.non_trainable_variables,
+              model.optimizer.variables, model.metrics_variables]
+    return _functional_step(model, groups, state, lambda: model._protocol_train_step(data))
+
+
+def vertical_test_step(model: Any, state: Any, data: Any) -> tuple[dict[str, Any], Any]:
+    """One evaluation step of a `VerticalModel` (Keras' JAX ``test_step(state, data)``)."""
+    groups = [model.trainable_variables, model.non_trainable_variables,
+              model.metrics_variables]
+    return _functional_step(model, groups, state, lambda: model._test_logs(data))
+
+
+def gather_replicas(structure: Any) -> Any:
+    """The captured messages of a step (one device: unchanged)."""
+    return structure
+
+
+def traced_check_errors() -> tuple[type, ...]:
+    """The exceptions a failed in-graph check raises out of a compiled step (none on JAX:
+    the protection layers flag invalid inputs, and ``check_input_errors`` raises)."""
+    return ()
+
+
+def wrap_step_function(function: Callable[..., Any], after: Callable[[Any], Any],
+                       reads_state: Callable[[], bool], model: Any) -> Callable[..., Any]:
+    """Keras' JAX step function ``function(state, iterator) -> (outputs, state)``, with
+    ``after(outputs)`` run on the outputs of every call.
+
+    During JAX's ``fit``/``evaluate``/``predict`` the model's variables do not hold their
+    values (the state does). When ``reads_state()``, ``after`` runs in a
+    `keras.StatelessScope` that maps the model's trainable and non-trainable variables to
+    the new state: what it reads (e.g. a layer's input-error flags) is the value after the
+    step.
+    """
+    variables = []
+
+    def step(state, iterator):
+        outputs, state = function(state, iterator)
+        if not reads_state():
+            return after(outputs), state
+        if not variables:  # fixed once the step function exists
+            variables.extend(list(model.trainable_variables) + list(model.non_trainable_variables))
+        values = list(state[0]) + list(state[1])
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            outputs = after(outputs)
+        return outputs, state
+
+    return step
 
 
 # == end of training steps ==

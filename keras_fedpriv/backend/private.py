@@ -71,3 +71,27 @@ def seed_generator_class() -> type:
     import keras
 
     return keras.random.SeedGenerator
+
+
+# -- vertical (federated/vertical.py, federated/vertical_parties/) --
+
+def model_compute_loss(model: Any, **kwargs: Any) -> Any:
+    """``model.compute_loss(**kwargs)`` the way Keras' own steps call it
+    (``Trainer._compute_loss``: with ``training`` only where ``compute_loss`` takes it)."""
+    return model._compute_loss(**kwargs)
+
+
+def own_losses(layer: Any) -> list[Any]:
+    """The losses ``layer`` added itself (``add_loss``), not its sublayers'
+    (``Layer._get_own_losses``)."""
+    return layer._get_own_losses()
+
+
+def inputs_struct(model: Any) -> Any:
+    """A functional model's nested input structure (``Functional._inputs_struct``), or None."""
+    return getattr(model, "_inputs_struct", None)
+
+
+def build_shapes(layer: Any) -> dict[str, Any]:
+    """The shapes a layer was built with (``Layer._build_shapes_dict``), or an empty dict."""
+    return getattr(layer, "_build_shapes_dict", None) or {}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
+import keras
 import numpy as np
 import tensorflow as tf
+from keras import tree
 
 from keras_fedpriv.backend.private import resource_variable_class
 
@@ -495,6 +497,90 @@ def local_training(model: Any, batch_size: int, x_spec: Any, y_spec: Any,
     return train
 
 
+
+
+# -- vertical --
+# VerticalModel's steps and the parties' gradients (keras_fedpriv/federated/vertical.py,
+# vertical_parties/): a tape per party.
+
+
+def vjp(fn: Callable[[Any], tuple[list[Any], Any]], variables: list[Any],
+        inputs: Any = None) -> tuple[list[Any], Any, Callable[[list[Any]], Any]]:
+    """``fn(inputs)`` with what its gradients need: ``(outputs, aux, pullback)``.
+
+    ``fn`` returns ``(outputs, aux)``: a list of tensors (or None) and anything
+    else. ``pullback(cotangents)`` (one per output; None: ones) returns
+    ``(gradients of variables, gradients of inputs)`` (None where an output
+    does not depend on one). Here a `tf.GradientTape` records ``fn``
+    (watching ``inputs``); ``pullback`` is ``tape.gradient`` with those
+    output gradients, called at most once.
+    """
+    flat_inputs = tree.flatten(inputs) if inputs is not None else []
+    with tf.GradientTape() as tape:
+        for t in flat_inputs:
+            tape.watch(t)
+        outputs, aux = fn(inputs)
+
+    def pullback(cotangents):
+        pairs = [(o, tf.ones_like(o) if c is None else c)
+                 for o, c in zip(outputs, cotangents) if o is not None]
+        sources = list(variables) + flat_inputs
+        if not sources:
+            return [], inputs
+        grads = tape.gradient([o for o, _ in pairs], sources,
+                              output_gradients=[c for _, c in pairs])
+        n = len(variables)
+        return (list(grads[:n]),
+                None if inputs is None else tree.pack_sequence_as(inputs, grads[n:]))
+
+    return outputs, aux, pullback
+
+
+def party_function(fn: Callable[..., Any], signature: list[Any],
+                   variables: Callable[[], list[Any]]) -> Callable[..., Any]:
+    """A party's step, compiled once for any batch size: a `tf.function` with the input
+    signature ``signature`` (KerasTensors, batch dimension None; ``variables`` is JAX's)."""
+    del variables
+    specs = tree.map_structure(
+        lambda t: tf.TensorSpec(t.shape, keras.backend.standardize_dtype(t.dtype)), signature)
+    return tf.function(fn, input_signature=specs)
+
+
+def vertical_train_step(model: Any, data: Any) -> dict[str, Any]:
+    """One training step of a `VerticalModel` (Keras' ``train_step(data)``)."""
+    return model._protocol_train_step(data)
+
+
+def vertical_test_step(model: Any, data: Any) -> dict[str, Any]:
+    """One evaluation step of a `VerticalModel` (Keras' ``test_step(data)``)."""
+    return model._test_logs(data)
+
+
+def gather_replicas(structure: Any) -> Any:
+    """Under ``tf.distribute`` with several replicas, every replica's tensors gathered
+    along axis 0 (the whole global batch on each); else ``structure`` unchanged."""
+    context = tf.distribute.get_replica_context()
+    if context is not None and context.num_replicas_in_sync > 1:
+        return tree.map_structure(lambda t: context.all_gather(t, axis=0), structure)
+    return structure
+
+
+def traced_check_errors() -> tuple[type, ...]:
+    """The exceptions a failed in-graph check raises out of a compiled step."""
+    return (tf.errors.InvalidArgumentError,)
+
+
+def wrap_step_function(function: Callable[..., Any], after: Callable[[Any], Any],
+                       reads_state: Callable[[], bool], model: Any) -> Callable[..., Any]:
+    """Keras' step function ``function(iterator) -> outputs``, with ``after(outputs)``
+    run on what every call returns (the model's variables hold their values: JAX's
+    ``reads_state`` and ``model`` are not needed)."""
+    del reads_state, model
+
+    def step(iterator):
+        return after(function(iterator))
+
+    return step
 
 
 # == end of training steps ==

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import sys
 from typing import Any, Sequence
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import tree
 
 from keras_fedpriv.mechanisms.validation import validate_int_sequence
 
@@ -258,8 +259,16 @@ class MessageRecorder(MessageCallback):
                        if party is None or p == party))
 
 
+def is_tf_dataset(value: Any) -> bool:
+    """Whether ``value`` is a `tf.data.Dataset` (never imports TensorFlow: a dataset exists
+    only if TensorFlow was imported)."""
+    tf = sys.modules.get("tensorflow")
+    data = getattr(tf, "data", None)
+    return data is not None and isinstance(value, data.Dataset)
+
+
 def _num_rows(structure):
-    sizes = {int(np.shape(a)[0]) for a in tf.nest.flatten(structure)}
+    sizes = {int(np.shape(a)[0]) for a in tree.flatten(structure)}
     if len(sizes) != 1:
         raise ValueError(f"with_example_ids: the arrays have different numbers of rows: "
                          f"{sorted(sizes)}.")
@@ -306,7 +315,9 @@ def with_example_ids(data: Any, start: int = 0) -> Any:
     """
     if isinstance(start, (bool, np.bool_)) or not isinstance(start, numbers.Integral) or start < 0:
         raise ValueError(f"with_example_ids: `start` must be an integer >= 0; got {start!r}.")
-    if isinstance(data, tf.data.Dataset):
+    if is_tf_dataset(data):
+        import tensorflow as tf
+
         spec = data.element_spec
         features_spec = spec[0] if isinstance(spec, tuple) else spec
         if not isinstance(features_spec, dict):

@@ -14,29 +14,31 @@ from typing import Any, Callable, Mapping
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import tree
-# No public equivalent (Keras 3.15): the loss unscaling that Keras' own train_step applies
-# under tf.distribute before updating the loss tracker.
-from keras.src.losses import loss as keras_loss_module
 
+from keras_fedpriv import backend
+from keras_fedpriv.backend import private
 from keras_fedpriv.federated.messages import (
     EXAMPLE_IDS_KEY,
     EvaluationData,
     MessageCallback,
     PartyMessages,
     StepMessages,
+    is_tf_dataset,
 )
 from keras_fedpriv.federated.vertical_parties import VerticalLeader, VerticalParties, split_parties
 from keras_fedpriv.federated.vertical_parties.party import (
     PartyBottom,
     _Counter,
+    add_all,
     copy_protection,
+    counter_variable,
     derive_party_seed,
     follower_unprotected_ledger,
     label_assert_message,
     leader_loss,
     leader_unprotected_ledger,
+    rows_of,
     sum_losses,
     validate_class_weight,
     validate_party_name,
@@ -49,12 +51,13 @@ from keras_fedpriv.layers.input_checks import (
 )
 from keras_fedpriv.layers.label_dp import LabelDPLayer
 from keras_fedpriv.layers.release_counter import ReleaseCounterMixin
-from keras_fedpriv.layers.secret_rng import _MonotoneVariable
 from keras_fedpriv.mechanisms.ledger import ReleaseLedger
 
 __all__ = ["VerticalModel", "derive_party_seed"]
 
 _MESSAGES_KEY = "__keras_fedpriv_messages__"  # train_step output, removed before callbacks
+_EXPORT_ON_JAX = ("save the model (model.save('model.keras')) and serve each party's part "
+                  "with keras.Model(...) / party_embeddings on JAX.")
 _SAMPLE_WEIGHT_REFUSAL = (
     "VerticalModel.fit: `sample_weight` (or a third element of the data) with label_dp: sample "
     "weights derived from the labels would reveal the true labels through the gradients sent "
@@ -62,14 +65,10 @@ _SAMPLE_WEIGHT_REFUSAL = (
     "label_free_sample_weight=True to fit if your weights do not depend on the labels.")
 
 
-def _rows(t):
-    return tf.shape(t)[0]
-
-
 def _dims(value):
     """The shape of an array, tensor or `tf.TensorSpec` as a tuple, or None (unknown rank)."""
     shape = value.shape if hasattr(value, "shape") else np.shape(value)
-    if isinstance(shape, tf.TensorShape):
+    if hasattr(shape, "as_list"):  # a tf.TensorShape
         return None if shape.rank is None else tuple(shape.as_list())
     return tuple(shape)
 
@@ -92,14 +91,10 @@ def _describe(value):
     if isinstance(value, (list, tuple)):
         return f"a {type(value).__name__} of {len(value)} items"
     kind = ("numpy array" if isinstance(value, np.ndarray)
-            else "tensor" if tf.is_tensor(value) or isinstance(value, tf.TensorSpec)
+            else "tensor" if keras.ops.is_tensor(value) or type(value).__name__ == "TensorSpec"
             else type(value).__name__)
     dims = _dims(value) if hasattr(value, "shape") else None
     return f"a {kind} of shape {_shape_text(dims)}" if dims is not None else f"a {kind}"
-
-
-def _coords(t):
-    return tf.reduce_prod(tf.shape(t)[1:])
 
 
 @keras.saving.register_keras_serializable(package="keras_fedpriv")
@@ -236,9 +231,7 @@ class VerticalModel(keras.Model):
         # What leaves a party without a DP mechanism, counted where it is sent:
         # one slot per follower (embedding calls), the last for training steps
         # whose cut gradients come from unprotected labels.
-        self.unprotected_releases = _MonotoneVariable(
-            np.zeros(len(self._followers) + 1, np.int64), trainable=False,
-            name="unprotected_releases")
+        self.unprotected_releases = counter_variable(len(self._followers) + 1)
         self._label_class_weight = None  # fit(class_weight=) with label_dp: applied in train_step
         self._label_free_sample_weight = False
         self._build_protocol()
@@ -314,7 +307,10 @@ class VerticalModel(keras.Model):
         names = ["bytes_up", "bytes_down"]
         for p in self._followers:
             names += [f"bytes_up_{p}", f"bytes_down_{p}"]
-        return {n: keras.metrics.Sum(name=n, dtype="float64") for n in names}
+        # float64 holds every byte count exactly; JAX without x64 has no float64 (float32
+        # would round above 2**24 bytes), so there the sums are int32
+        dtype = "float64" if backend.is_tensorflow() else "int32"
+        return {n: keras.metrics.Sum(name=n, dtype=dtype) for n in names}
 
     # --- building and the top's input rule --------------------------------------------
 
@@ -412,7 +408,7 @@ class VerticalModel(keras.Model):
         or traces anything: a dict of arrays, or a `tf.data.Dataset`'s element spec (other
         inputs, e.g. generators, are checked when the step is traced)."""
         where = f"VerticalModel.{method}"
-        if isinstance(x, tf.data.Dataset):
+        if is_tf_dataset(x):
             spec = x.element_spec
             features = spec[0] if isinstance(spec, tuple) and spec else spec
             if not isinstance(features, dict):
@@ -507,7 +503,7 @@ class VerticalModel(keras.Model):
         return self.top(self._combine(sent), training=training)
 
     def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None,
-                     sample_weight: Any = None, training: bool = True) -> tf.Tensor:
+                     sample_weight: Any = None, training: bool = True) -> Any:
         """The leader's loss: the compiled loss plus the top model's own losses.
 
         The parties' own losses (``add_loss`` and weight regularizers inside a
@@ -516,8 +512,8 @@ class VerticalModel(keras.Model):
         differentiates its own.
         """
         del x, training
-        return leader_loss(self._compile_loss, y, y_pred, sample_weight,
-                           self._get_own_losses() + list(self.top.losses))
+        return leader_loss(private.model_compile_loss(self), y, y_pred, sample_weight,
+                           private.own_losses(self) + list(self.top.losses))
 
     def _input_flag_layers(self):
         layers = [self.label_dp] + [self.protections[p] for p in self._followers]
@@ -533,12 +529,14 @@ class VerticalModel(keras.Model):
             layer.check_input_errors()
 
     def _wire_bytes(self, party, sent):
-        """(bytes up, bytes down) of one message of ``party`` (float64 scalars)."""
-        rows = tf.cast(_rows(sent), tf.int64)
-        coords = tf.cast(_coords(sent), tf.int64)
-        size = int(sent.dtype.size)
+        """(bytes up, bytes down) of one message of ``party`` (float64 scalars; float32 on
+        JAX without x64)."""
+        rows = rows_of(sent)  # an int where static (always on JAX), else a tensor
+        rows = float(rows) if isinstance(rows, int) else keras.ops.cast(rows, "float64")
+        coords = int(np.prod(sent.shape[1:]))  # static: checked when the model was built
+        size = np.dtype(keras.backend.standardize_dtype(sent.dtype)).itemsize
         up = up_bytes(rows, coords, size, self._halves[party].spec.bits)
-        return tf.cast(up, tf.float64), tf.cast(rows * coords * size, tf.float64)
+        return up, rows * float(coords * size)
 
     def _count_traffic(self, sent, gradients_sent):
         total_up, total_down = [], []
@@ -549,84 +547,114 @@ class VerticalModel(keras.Model):
             if gradients_sent:
                 self.traffic[f"bytes_down_{p}"].update_state(down)
                 total_down.append(down)
-        self.traffic["bytes_up"].update_state(tf.add_n(total_up))
+        self.traffic["bytes_up"].update_state(add_all(total_up))
         if total_down:
-            self.traffic["bytes_down"].update_state(tf.add_n(total_down))
+            self.traffic["bytes_down"].update_state(add_all(total_down))
 
-    def train_step(self, data: Any) -> dict[str, Any]:
+    # The steps run through the backend (`vertical_train_step`, `vertical_test_step`): on
+    # TensorFlow they are the protocol step below as is; on JAX the same step runs stateless
+    # over the state Keras' functional trainer passes (see `keras_fedpriv.backend.jax`).
+
+    def train_step(self, *args: Any) -> Any:
+        """One step of the protocol (`_protocol_train_step`); ``(data)`` on TensorFlow,
+        ``(state, data)`` on JAX (Keras' functional trainer)."""
+        return backend.impl().vertical_train_step(self, *args)
+
+    def test_step(self, *args: Any) -> Any:
+        """Evaluation (`_test_logs`); ``(data)`` on TensorFlow, ``(state, data)`` on JAX."""
+        return backend.impl().vertical_test_step(self, *args)
+
+    def _protocol_train_step(self, data):
+        """One training step of the protocol (see the class docstring); Keras' logs."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         features, ids = self._split_inputs(x)
-        scale = self.optimizer.scale_loss if self.optimizer is not None else (lambda v: v)
+        scale = self._step_scale()
 
-        # 1. Each party: bottom (+ protection) under its own tape.
-        tapes, sent, local, local_scaled = {}, {}, {}, {}
+        # 1. Each party: bottom (+ protection), recorded for its own gradients.
+        sent, local, pullbacks = {}, {}, {}
         for p in self._parties:
-            tape = tf.GradientTape()
-            with tape:
-                _, sent[p], losses = self._party_forward(p, features[p], training=True,
-                                                         example_ids=ids)
-                local[p] = sum_losses(losses)
-                local_scaled[p] = None if local[p] is None else scale(local[p])
-            tapes[p] = tape
+            sent[p], local[p], pullbacks[p] = self._halves[p].record_forward(
+                features[p], ids, scale)
 
         # 2. The leader: labels (label DP), top on what arrived (no autograd history
         #    crosses the wire), loss, cut gradients.
-        leader = self._leader_half
-        received = {p: tf.stop_gradient(sent[p]) for p in self._parties}
-        y_train = leader.privatize_labels(y, ids)
-        sample_weight = leader.label_sample_weight(
-            y_train, sample_weight, self._label_class_weight, self._label_free_sample_weight,
-            _SAMPLE_WEIGHT_REFUSAL)
-
-        def loss_fn(y_true, y_pred, weights):
-            return self._compute_loss(x=x, y=y_true, y_pred=y_pred, sample_weight=weights,
-                                      training=True)
-
-        loss, y_pred, cut, top_pairs = leader.top_backward(received, y_train, sample_weight,
-                                                           loss_fn, scale)
+        received = {p: keras.ops.stop_gradient(sent[p]) for p in self._parties}
+        y_train, sample_weight = self._leader_labels(y, ids, sample_weight)
+        loss, y_pred, cut, top_pairs = self._leader_half.top_backward(
+            received, y_train, sample_weight, self._leader_loss_fn(x), scale)
         by_var = {id(v): g for g, v in top_pairs}
 
         # 3. Each party: its gradients from g_p alone (+ its own losses).
         for p in self._parties:
             half = self._halves[p]
-            grads = half.gradients(tapes[p], sent[p], cut[p], local_scaled[p])
-            for v, g in zip(half.trainable_variables, grads):
-                by_var[id(v)] = g
+            by_var.update(zip(map(id, half.trainable_variables),
+                              half.gradients(pullbacks[p], cut[p])))
 
         # 4. One optimizer step (per-party optimizers in deployment; same math).
         trainable = self.trainable_variables
         if trainable:
-            self.optimizer.apply_gradients(zip([by_var.get(id(v)) for v in trainable], trainable))
+            self.optimizer.apply_gradients(zip([by_var.get(id(v)) for v in trainable],
+                                               trainable))
+        return self._train_logs(dict(x=x, y=y, y_train=y_train, y_pred=y_pred,
+                                     sample_weight=sample_weight, loss=loss, local=local,
+                                     features=features, sent=sent, cut=cut, ids=ids))
 
-        total = loss
-        for p in self._parties:
-            if local[p] is not None:
-                total = total + tf.cast(local[p], total.dtype)
-        batch = _rows(tree.flatten(features)[0])
-        self._loss_tracker.update_state(
-            keras_loss_module.unscale_loss_for_distribution(total), sample_weight=batch)
-        self._count_traffic(sent, gradients_sent=True)
-        logs = self.compute_metrics(x, y_train, y_pred, sample_weight=sample_weight)
+    def _step_scale(self):
+        """The optimizer's loss scaling (the identity without an optimizer)."""
+        return self.optimizer.scale_loss if self.optimizer is not None else (lambda v: v)
+
+    def _leader_labels(self, y, ids, sample_weight):
+        """The leader's labels trained on (label DP) and the weights they get."""
+        leader = self._leader_half
+        y_train = leader.privatize_labels(y, ids)
+        sample_weight = leader.label_sample_weight(
+            y_train, sample_weight, self._label_class_weight, self._label_free_sample_weight,
+            _SAMPLE_WEIGHT_REFUSAL)
+        return y_train, sample_weight
+
+    def _leader_loss_fn(self, x):
+        """``loss_fn(y, y_pred, sample_weight)``: the compiled loss of a training step."""
+        def loss_fn(y_true, y_pred, weights):
+            return private.model_compute_loss(self, x=x, y=y_true, y_pred=y_pred,
+                                              sample_weight=weights, training=True)
+        return loss_fn
+
+    def _train_logs(self, step):
+        """The loss tracker, traffic and metrics of a training step; its logs.
+
+        Args:
+            step: a dict with ``x, y, y_train, y_pred, sample_weight, loss``
+                (the leader's), ``local`` (party -> its own loss or None),
+                ``features, sent, cut, ids``.
+        """
+        total = step["loss"]
+        for value in step["local"].values():
+            if value is not None:
+                total = total + keras.ops.cast(value, total.dtype)
+        batch = rows_of(tree.flatten(step["features"])[0])
+        private.loss_tracker(self).update_state(
+            private.unscale_loss_for_distribution(total), sample_weight=batch)
+        self._count_traffic(step["sent"], gradients_sent=True)
+        logs = self.compute_metrics(step["x"], step["y_train"], step["y_pred"],
+                                    sample_weight=step["sample_weight"])
         if self._capture_messages:
             logs = dict(logs)
-            logs[_MESSAGES_KEY] = self._gather_messages(sent, cut, y, y_train, ids)
+            logs[_MESSAGES_KEY] = self._gather_messages(step)
         return logs
 
-    def _gather_messages(self, sent, cut, y, y_train, ids):
-        captured = {"up": {p: sent[p] for p in self._followers},
-                    "down": {p: cut[p] for p in self._followers},
-                    "labels": y,
-                    "noisy_labels": y_train}
-        if ids is not None:
-            captured["example_ids"] = ids
-        context = tf.distribute.get_replica_context()
-        if context is not None and context.num_replicas_in_sync > 1:
-            # Every replica returns the whole global batch (replica order = batch
-            # order), so Keras' cross-replica reduction leaves it unchanged.
-            captured = tree.map_structure(lambda t: context.all_gather(t, axis=0), captured)
-        return captured
+    def _gather_messages(self, step):
+        captured = {"up": {p: step["sent"][p] for p in self._followers},
+                    "down": {p: step["cut"][p] for p in self._followers},
+                    "labels": step["y"],
+                    "noisy_labels": step["y_train"]}
+        if step["ids"] is not None:
+            captured["example_ids"] = step["ids"]
+        # Every replica returns the whole global batch (replica order = batch order), so
+        # Keras' cross-replica reduction leaves it unchanged.
+        return backend.impl().gather_replicas(captured)
 
-    def test_step(self, data: Any) -> dict[str, Any]:
+    def _test_logs(self, data):
+        """The body of ``test_step`` (stateful: on JAX it runs in a `keras.StatelessScope`)."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         features, ids = self._split_inputs(x)
         sent, total_local = {}, []
@@ -636,13 +664,13 @@ class VerticalModel(keras.Model):
             if losses:
                 total_local.append(sum_losses(losses))
         y_pred = self.top(self._combine(sent), training=False)
-        loss = self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                  training=False)
+        loss = private.model_compute_loss(self, x=x, y=y, y_pred=y_pred,
+                                          sample_weight=sample_weight, training=False)
         for extra in total_local:
-            loss = loss + tf.cast(extra, loss.dtype)
-        self._loss_tracker.update_state(
-            keras_loss_module.unscale_loss_for_distribution(loss),
-            sample_weight=_rows(tree.flatten(features)[0]))
+            loss = loss + keras.ops.cast(extra, loss.dtype)
+        private.loss_tracker(self).update_state(
+            private.unscale_loss_for_distribution(loss),
+            sample_weight=rows_of(tree.flatten(features)[0]))
         self._count_traffic(sent, gradients_sent=False)  # inference messages go up too
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -718,7 +746,7 @@ class VerticalModel(keras.Model):
         try:
             return super().fit(x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
                                callbacks=callbacks, **kwargs)
-        except tf.errors.InvalidArgumentError as error:
+        except backend.impl().traced_check_errors() as error:
             short = label_assert_message(error) or example_ids_assert_message(error)
             if short is None:
                 raise
@@ -775,50 +803,52 @@ class VerticalModel(keras.Model):
         finally:
             self._warn_if_charged_to_all("predict", before)
 
+    # Keras' step functions, wrapped: after every step the protection layers' input checks
+    # and, in training, the captured messages go to the message callbacks.
+    # (TensorFlow: ``function(iterator) -> logs``; JAX: ``function(state, iterator) ->
+    # (logs, state)``; `wrap_step_function` keeps each backend's form.)
+
+    def _after_train_step(self, logs):
+        self.check_input_errors()
+        if isinstance(logs, dict) and _MESSAGES_KEY in logs:
+            logs = dict(logs)
+            self._dispatch(logs.pop(_MESSAGES_KEY))
+        return logs
+
+    def _after_reads_state(self):
+        """Whether `_after_step` reads variables (the input-error flags of the layers)."""
+        return bool(self._input_flag_layers())
+
+    def _after_step(self, outputs):
+        self.check_input_errors()
+        return outputs
+
     def make_train_function(self, force: bool = False) -> Callable[..., Any]:
         if self.train_function is not None and not force:
             return self.train_function
         super().make_train_function(force=True)
-        inner = self.train_function
-
-        def train_function(iterator):
-            logs = inner(iterator)
-            self.check_input_errors()
-            if isinstance(logs, dict) and _MESSAGES_KEY in logs:
-                logs = dict(logs)
-                self._dispatch(logs.pop(_MESSAGES_KEY))
-            return logs
-
-        self.train_function = train_function
-        return train_function
+        self.train_function = backend.impl().wrap_step_function(self.train_function,
+                                                                self._after_train_step,
+                                                                self._after_reads_state, self)
+        return self.train_function
 
     def make_test_function(self, force: bool = False) -> Callable[..., Any]:
         if self.test_function is not None and not force:
             return self.test_function
         super().make_test_function(force=True)
-        inner = self.test_function
-
-        def test_function(iterator):
-            logs = inner(iterator)
-            self.check_input_errors()
-            return logs
-
-        self.test_function = test_function
-        return test_function
+        self.test_function = backend.impl().wrap_step_function(self.test_function,
+                                                               self._after_step,
+                                                               self._after_reads_state, self)
+        return self.test_function
 
     def make_predict_function(self, force: bool = False) -> Callable[..., Any]:
         if self.predict_function is not None and not force:
             return self.predict_function
         super().make_predict_function(force=True)
-        inner = self.predict_function
-
-        def predict_function(iterator):
-            outputs = inner(iterator)
-            self.check_input_errors()
-            return outputs
-
-        self.predict_function = predict_function
-        return predict_function
+        self.predict_function = backend.impl().wrap_step_function(self.predict_function,
+                                                                  self._after_step,
+                                                                  self._after_reads_state, self)
+        return self.predict_function
 
     def _dispatch(self, captured):
         if not self._message_callbacks:
@@ -905,6 +935,8 @@ class VerticalModel(keras.Model):
         Reload with ``tf.saved_model.load(filepath).serve(features)``.
         """
         self._check_party(party)
+        backend.require_tensorflow("VerticalModel.export_party (a TensorFlow SavedModel)",
+                                   _EXPORT_ON_JAX)
         if party == self._leader:
             return self.export_leader(filepath, verbose=verbose)
         bottom, protection = self.bottoms[party], self.protections.get(party)
@@ -928,6 +960,10 @@ class VerticalModel(keras.Model):
         each follower's name, the message that follower sent (its
         `export_party` output). Returns the top's prediction.
         """
+        backend.require_tensorflow("VerticalModel.export_leader (a TensorFlow SavedModel)",
+                                   _EXPORT_ON_JAX)
+        import tensorflow as tf
+
         archive = keras.export.ExportArchive()
         signature = {}
         for p in self._parties:
@@ -960,6 +996,8 @@ class VerticalModel(keras.Model):
         its own part, see `export_party`). ``input_signature`` defaults to
         one dict keyed by party name with each party's feature spec.
         """
+        backend.require_tensorflow("VerticalModel.export (a TensorFlow SavedModel)",
+                                   _EXPORT_ON_JAX)
         if input_signature is None:
             input_signature = [{p: self._tensor_spec(p) for p in self._parties}]
         return super().export(filepath, format=format, verbose=verbose,
@@ -971,6 +1009,8 @@ class VerticalModel(keras.Model):
         A party with several feature tensors gets ``{party}_0``, ``{party}_1``,
         ... in the flattened order of its inputs.
         """
+        import tensorflow as tf
+
         flat = tree.flatten(self._input_specs[party])
         names = [party] if len(flat) == 1 else [f"{party}_{i}" for i in range(len(flat))]
         specs = [tf.TensorSpec((None,) + tuple(t.shape[1:]), t.dtype, name=name)

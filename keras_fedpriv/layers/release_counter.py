@@ -115,6 +115,8 @@ def _saved_totals(saved, owner):
     """``saved`` totals as int64 with every slot (lineage 0 = unknown, for files written
     before lineages existed); ValueError if malformed (wrong size, negative counts)."""
     saved = np.asarray(saved, np.int64).reshape(-1)
+    if saved.size == len(SLOTS) + 1:  # a variable's JAX layout (a party's own state)
+        saved = _totals_from_variable(saved)
     if saved.size == len(SLOTS) - 1:
         saved = np.concatenate([saved, [0]])
     if saved.size != len(SLOTS) or np.any(saved[:LINEAGE] < 0):
@@ -157,7 +159,7 @@ def refuse_if_behind(live: Any, saved: Any, owner: str) -> None:
     Raises:
         ValueError: the state is behind the live layer, or from another one.
     """
-    live = np.asarray(live, np.int64).reshape(-1)
+    live = _totals_from_variable(live)
     saved = _saved_totals(saved, owner)
     if _released(live) and (saved[LINEAGE] != live[LINEAGE]
                             or np.any(saved[:LINEAGE] < live[:LINEAGE])):

@@ -6,9 +6,9 @@ from typing import Any, Mapping
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import tree
 
+from keras_fedpriv import backend
 from keras_fedpriv.federated.vertical_parties.party import (
     PartyBottom,
     _Counter,
@@ -20,7 +20,6 @@ from keras_fedpriv.federated.vertical_parties.party import (
     batch_signature,
     follower_unprotected_ledger,
     logger,
-    sum_losses,
 )
 from keras_fedpriv.federated.vertical_parties.wire import (
     MalformedMessage,
@@ -88,9 +87,9 @@ class VerticalFollower(PartyBottom):
             return self._fns[key]
         signature = [batch_signature(self.input_spec)]
         if has_ids:
-            signature.append(tf.TensorSpec((None,), tf.int64))
+            signature.append(keras.KerasTensor((None,), "int64"))
         if kind == "replay":
-            signature.append(tf.TensorSpec((None,) + self.spec.shape, self.spec.dtype))
+            signature.append(keras.KerasTensor((None,) + self.spec.shape, self.spec.dtype))
 
             def fn(features, *rest):
                 ids = rest[0] if has_ids else None
@@ -102,20 +101,18 @@ class VerticalFollower(PartyBottom):
                 ids = rest[0] if has_ids else None
                 return self.forward(features, ids, training=training)[1]
 
-        self._fns[key] = tf.function(fn, input_signature=signature)
+        self._fns[key] = backend.impl().party_function(fn, signature,
+                                                       lambda: self.state_variables)
         return self._fns[key]
 
     def _traced_replay(self, features, example_ids, cut):
-        scale = self.optimizer.scale_loss
-        with tf.GradientTape() as tape:
-            _, sent, losses = self.forward(features, example_ids, training=True, count=False)
-            local = sum_losses(losses)
-            local_scaled = None if local is None else scale(local)
-        grads = self.gradients(tape, sent, tf.cast(cut, sent.dtype), local_scaled)
-        grads = [tf.zeros_like(v) if g is None else g
+        sent, local, pullback = self.record_forward(features, example_ids,
+                                                    self.optimizer.scale_loss, count=False)
+        grads = self.gradients(pullback, keras.ops.cast(cut, sent.dtype))
+        grads = [keras.ops.zeros_like(v) if g is None else g
                  for g, v in zip(grads, self.trainable_variables)]
-        return sent, grads, (tf.zeros((), tf.float32) if local is None
-                             else tf.cast(local, tf.float32))
+        return sent, grads, (keras.ops.zeros((), "float32") if local is None
+                             else keras.ops.cast(local, "float32"))
 
     def _apply(self, grads):
         if "apply" not in self._fns:
@@ -124,8 +121,9 @@ class VerticalFollower(PartyBottom):
             def apply(gradients):
                 self.optimizer.apply(gradients, variables)
 
-            self._fns["apply"] = tf.function(
-                apply, input_signature=[[tf.TensorSpec(v.shape, v.dtype) for v in variables]])
+            self._fns["apply"] = backend.impl().party_function(
+                apply, [[keras.KerasTensor(v.shape, v.dtype) for v in variables]],
+                lambda: variables + list(self.optimizer.variables))
         self._fns["apply"](grads)
 
     # -- the protocol ----------------------------------------------------------------------

@@ -6,13 +6,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import tree
-# No public equivalents (Keras 3.15): symbolic tracing of the top without building a
-# model, and the loss container Keras' compile() builds.
-from keras.src import backend as keras_backend
-from keras.src.trainers.compile_utils import CompileLoss
 
+from keras_fedpriv import backend
+from keras_fedpriv.backend import private
 from keras_fedpriv.federated.messages import EXAMPLE_IDS_KEY
 from keras_fedpriv.federated.vertical_parties.party import (
     PartyBottom,
@@ -21,12 +18,12 @@ from keras_fedpriv.federated.vertical_parties.party import (
     _as_numpy_features,
     _make_optimizer,
     _num_rows,
+    backend_variables,
     batch_signature,
     label_assert_message,
     leader_loss,
     leader_unprotected_ledger,
     rows_of,
-    sum_losses,
     validate_class_weight,
     validate_party_name,
 )
@@ -151,7 +148,7 @@ class VerticalLeader:
             self.optimizer = _make_optimizer(optimizer, owner)
             if loss is None:
                 raise ValueError(f"{owner}: `loss` is required (e.g. 'binary_crossentropy').")
-            self._compiled_loss = CompileLoss(loss)
+            self._compiled_loss = private.compile_loss(loss)
             self.metrics = []
             for m in metrics or []:
                 metric = keras.metrics.get(m) if isinstance(m, str) else m
@@ -177,7 +174,7 @@ class VerticalLeader:
         sent = self.embedding_tensors()
         self.top_takes_dict = self._resolve_top_rule(sent)
         try:
-            self.top_output_spec = keras_backend.compute_output_spec(
+            self.top_output_spec = private.compute_output_spec(
                 lambda m: self.top(self.combine(m), training=False), sent)
         except Exception as error:
             shapes = {p: tuple(s.shape) for p, s in sent.items()}
@@ -189,7 +186,7 @@ class VerticalLeader:
 
     def _resolve_top_rule(self, sent):
         owner = self._owner
-        struct = getattr(self.top, "_inputs_struct", None)
+        struct = private.inputs_struct(self.top)
         names = None
         if isinstance(struct, dict):
             names = list(struct)
@@ -228,7 +225,7 @@ class VerticalLeader:
         if self.top_takes_dict:
             return {p: sent[p] for p in self.parties}
         parts = [sent[p] for p in self.parties]
-        return parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
+        return parts[0] if len(parts) == 1 else keras.ops.concatenate(parts, axis=-1)
 
     # -- labels ----------------------------------------------------------------------------
     def declared_label_classes(self) -> int | None:
@@ -282,8 +279,8 @@ class VerticalLeader:
         """
         if self.label_dp is None:
             return
-        if isinstance(y, tf.Tensor) and hasattr(y, "numpy"):
-            y = y.numpy()
+        if keras.ops.is_tensor(y) and (hasattr(y, "numpy") or not backend.is_tensorflow()):
+            y = keras.ops.convert_to_numpy(y)  # eager (a TensorFlow graph tensor has no numpy)
         if not isinstance(y, np.ndarray) or y.ndim == 0:
             return
         layer = self.label_dp
@@ -340,16 +337,18 @@ class VerticalLeader:
         table = np.ones(k, np.float32)
         for c, w in class_weight.items():
             table[c] = w
+        ops = keras.ops
         if mode == "onehot":
-            classes = tf.argmax(y_train, axis=-1)
+            classes = ops.argmax(y_train, axis=-1)
         else:
-            classes = tf.cast(tf.round(tf.cast(tf.reshape(y_train, [-1]), tf.float32)), tf.int32)
-        weights = tf.gather(tf.constant(table), classes)
+            classes = ops.cast(ops.round(ops.cast(ops.reshape(y_train, [-1]), "float32")),
+                               "int32")
+        weights = ops.take(ops.convert_to_tensor(table), classes)
         if sample_weight is None:
             return weights
-        sample_weight = tf.convert_to_tensor(sample_weight)
-        return sample_weight * tf.reshape(tf.cast(weights, sample_weight.dtype),
-                                          tf.shape(sample_weight))
+        sample_weight = ops.convert_to_tensor(sample_weight)
+        return sample_weight * ops.reshape(ops.cast(weights, sample_weight.dtype),
+                                           ops.shape(sample_weight))
 
     # -- the top's backward pass -------------------------------------------------------------
     def top_backward(self, received: Mapping[str, Any], y_train: Any, sample_weight: Any,
@@ -371,17 +370,17 @@ class VerticalLeader:
             depend on it), ``top_grads`` is a list of (gradient, variable).
         """
         top_vars = list(self.top.trainable_variables)
-        with tf.GradientTape() as tape:
-            for t in received.values():
-                tape.watch(t)
-            y_pred = self.top(self.combine(received), training=True)
+
+        def forward(arrived):
+            y_pred = self.top(self.combine(arrived), training=True)
             loss = loss_fn(y_train, y_pred, sample_weight)
-            scaled = scale(loss)
-        grads = tape.gradient(scaled, [received[p] for p in self.parties] + top_vars)
-        n = len(self.parties)
-        cut = {p: (g if g is not None else tf.zeros_like(received[p]))
-               for p, g in zip(self.parties, grads[:n])}
-        return loss, y_pred, cut, list(zip(grads[n:], top_vars))
+            return [scale(loss)], (loss, y_pred)
+
+        _, (loss, y_pred), pullback = backend.impl().vjp(forward, top_vars, dict(received))
+        top_grads, grads = pullback([None])
+        cut = {p: (grads[p] if grads[p] is not None else keras.ops.zeros_like(received[p]))
+               for p in self.parties}
+        return loss, y_pred, cut, list(zip(top_grads, top_vars))
 
     # -- standalone ------------------------------------------------------------------------
     def _require_standalone(self, what):
@@ -396,7 +395,7 @@ class VerticalLeader:
         own = self.own.trainable_variables if self.own is not None else []
         return list(self.top.trainable_variables) + own
 
-    def loss(self, y: Any, y_pred: Any, sample_weight: Any = None) -> tf.Tensor:
+    def loss(self, y: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         """The leader's loss: the compiled loss plus the top's own losses."""
         return leader_loss(self._compiled_loss, y, y_pred, sample_weight, list(self.top.losses))
 
@@ -414,15 +413,11 @@ class VerticalLeader:
     def _traced_train(self, received, y, example_ids, x, sample_weight):
         scale = self.optimizer.scale_loss
         sent = {p: received[p] for p in self.follower_specs}
-        own_tape = own_sent = local = local_scaled = None
+        own_pullback = local = None
         if self.own is not None:
-            own_tape = tf.GradientTape()
-            with own_tape:
-                _, own_sent, losses = self.own.forward(x, example_ids, training=True)
-                local = sum_losses(losses)
-                local_scaled = None if local is None else scale(local)
-            sent[self.own.name] = own_sent
-        arrived = {p: tf.stop_gradient(sent[p]) for p in self.parties}
+            sent[self.own.name], local, own_pullback = self.own.record_forward(
+                x, example_ids, scale)
+        arrived = {p: keras.ops.stop_gradient(sent[p]) for p in self.parties}
         y_train = self.privatize_labels(y, example_ids)
         sample_weight = self.label_sample_weight(
             y_train, sample_weight, self.class_weight, self.label_free_sample_weight,
@@ -432,12 +427,20 @@ class VerticalLeader:
             "label_free_sample_weight=True if your weights do not depend on the labels.")
         loss, _, cut, pairs = self.top_backward(arrived, y_train, sample_weight, self.loss, scale)
         if self.own is not None:
-            pairs += list(zip(self.own.gradients(own_tape, own_sent, cut[self.own.name],
-                                                 local_scaled), self.own.trainable_variables))
+            pairs += list(zip(self.own.gradients(own_pullback, cut[self.own.name]),
+                              self.own.trainable_variables))
         if pairs:
             self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
-        total = loss if local is None else loss + tf.cast(local, loss.dtype)
+        total = loss if local is None else loss + keras.ops.cast(local, loss.dtype)
         return {p: cut[p] for p in self.follower_specs}, loss, total
+
+    def _state_variables(self):
+        """Every variable the leader's steps read or update (see ``party_function``)."""
+        layers = [self.top] + ([self.label_dp] if self.label_dp is not None else [])
+        out = [v for layer in layers for v in layer.variables]
+        out += self.own.state_variables if self.own is not None else []
+        out += list(self.optimizer.variables) + backend_variables(self._counter.variable)
+        return out
 
     def _inputs(self, received, rows, x, what):
         missing = sorted(set(self.follower_specs) - set(received))
@@ -501,7 +504,7 @@ class VerticalLeader:
             fn = self._function("train", y, ids is not None, sample_weight)
             args = [received, y] + [a for a in (ids, x, sample_weight) if a is not None]
             cut, loss, total = fn(*args)
-        except tf.errors.InvalidArgumentError as error:
+        except backend.impl().traced_check_errors() as error:
             short = label_assert_message(error)
             if short is None:
                 raise
@@ -516,17 +519,17 @@ class VerticalLeader:
                None if sample_weight is None else sample_weight.shape[1:])
         if key in self._fns:
             return self._fns[key]
-        signature = [{p: tf.TensorSpec((None,) + s.shape, s.dtype)
+        signature = [{p: keras.KerasTensor((None,) + s.shape, s.dtype)
                       for p, s in self.follower_specs.items()}]
         if kind == "train":
-            signature.append(tf.TensorSpec((None,) + y.shape[1:], y.dtype))
+            signature.append(keras.KerasTensor((None,) + y.shape[1:], y.dtype.name))
         if has_ids:
-            signature.append(tf.TensorSpec((None,), tf.int64))
+            signature.append(keras.KerasTensor((None,), "int64"))
         if self.own is not None:
             signature.append(batch_signature(self.own.input_spec))
         if sample_weight is not None:
-            signature.append(tf.TensorSpec((None,) + sample_weight.shape[1:],
-                                           sample_weight.dtype))
+            signature.append(keras.KerasTensor((None,) + sample_weight.shape[1:],
+                                               sample_weight.dtype.name))
 
         def fn(received, *rest):
             rest = list(rest)
@@ -538,7 +541,7 @@ class VerticalLeader:
                 return self._traced_train(received, y_, ids, x, weights)
             return self._traced_predict(received, x)
 
-        self._fns[key] = tf.function(fn, input_signature=signature)
+        self._fns[key] = backend.impl().party_function(fn, signature, self._state_variables)
         return self._fns[key]
 
     def _traced_predict(self, received, x):
@@ -559,7 +562,7 @@ class VerticalLeader:
         """``{"loss": ..., <metric>: ...}`` on true labels (no label DP at evaluation)."""
         y_pred = self.predict(received, x)
         y = np.asarray(y)
-        logs = {"loss": float(self.loss(y, tf.convert_to_tensor(y_pred)))}
+        logs = {"loss": float(self.loss(y, keras.ops.convert_to_tensor(y_pred)))}
         for metric in self.metrics:
             metric.reset_state()
             metric.update_state(y, y_pred)

@@ -9,26 +9,26 @@ losses, and the record of what a party sends without a DP mechanism.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import inspect
 import logging
 import math
+import operator
 import re
 from typing import Any, Callable, Sequence
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import tree
-# No public equivalent (Keras 3.15): symbolic tracing of a party's forward pass without
-# building a model.
-from keras.src import backend as keras_backend
 
+from keras_fedpriv import backend
+from keras_fedpriv.backend import private
 from keras_fedpriv.federated.messages import EXAMPLE_IDS_KEY
 from keras_fedpriv.federated.vertical_parties.wire import EmbeddingSpec
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
 from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
-from keras_fedpriv.layers.secret_rng import SecretRandomMixin, _MonotoneVariable
+from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.layers.vae_bottom import vae_release_scope
 from keras_fedpriv.mechanisms.ledger import (
     EXAMPLE,
@@ -39,8 +39,9 @@ from keras_fedpriv.mechanisms.ledger import (
 )
 
 
-__all__ = ["PartyBottom", "batch_signature", "bottom_input_spec", "copy_protection",
-           "derive_party_seed", "follower_unprotected_ledger", "is_bit_protection",
+__all__ = ["PartyBottom", "add_all", "batch_signature", "bottom_input_spec", "copy_protection",
+           "counter_variable", "derive_party_seed", "follower_unprotected_ledger",
+           "is_bit_protection", "is_integer_tensor",
            "label_assert_message", "leader_loss", "leader_unprotected_ledger", "rows_of",
            "sum_losses", "takes_example_ids", "validate_class_weight", "validate_party_name"]
 
@@ -113,15 +114,16 @@ def _spec_of(t):
 
 
 def batch_signature(spec: Any) -> Any:
-    """The `tf.TensorSpec` (batch dimension None) of each KerasTensor of a structure."""
+    """Each KerasTensor of a structure with its batch dimension None (a step's input
+    signature, see the backend's ``party_function``)."""
     return tree.map_structure(
-        lambda t: tf.TensorSpec((None,) + tuple(t.shape[1:]),
-                                keras.backend.standardize_dtype(t.dtype)), spec)
+        lambda t: keras.KerasTensor((None,) + tuple(t.shape[1:]),
+                                    keras.backend.standardize_dtype(t.dtype)), spec)
 
 
 def bottom_input_spec(party: str, bottom: keras.layers.Layer, owner: str) -> Any:
     """Symbolic inputs (KerasTensors, possibly nested) of a built bottom model."""
-    struct = getattr(bottom, "_inputs_struct", None)
+    struct = private.inputs_struct(bottom)
     if struct is not None:
         return tree.map_structure(_spec_of, struct)
     try:
@@ -130,7 +132,7 @@ def bottom_input_spec(party: str, bottom: keras.layers.Layer, owner: str) -> Any
         inputs = None
     if inputs:
         return _spec_of(inputs[0]) if len(inputs) == 1 else [_spec_of(t) for t in inputs]
-    shapes = getattr(bottom, "_build_shapes_dict", None) or {}
+    shapes = private.build_shapes(bottom)
     if bottom.built and len(shapes) == 1:
         shape = next(iter(shapes.values()))
         if shape is not None and not isinstance(shape, dict):
@@ -157,12 +159,22 @@ def label_assert_message(error: BaseException) -> str | None:
             "(the labels come from the dataset, so they were checked inside the training step).")
 
 
-def rows_of(t: Any) -> tf.Tensor:
-    """The batch size of a tensor, as a scalar tensor."""
-    return tf.shape(t)[0]
+def rows_of(t: Any) -> Any:
+    """The batch size of a tensor: an int where it is static, else a scalar tensor."""
+    return keras.ops.shape(t)[0]
 
 
-def sum_losses(losses: Sequence[Any]) -> tf.Tensor | None:
+def is_integer_tensor(t: Any) -> bool:
+    """Whether a tensor (or array) has an integer dtype."""
+    return "int" in keras.backend.standardize_dtype(t.dtype)
+
+
+def add_all(values: Sequence[Any]) -> Any:
+    """The sum of a non-empty list of tensors, left to right."""
+    return functools.reduce(operator.add, values)
+
+
+def sum_losses(losses: Sequence[Any]) -> Any:
     """A party's own losses (``add_loss``, regularizers) as one scalar, as Keras adds them.
 
     Each loss is cast to ``floatx`` if it is not floating and summed, then all are
@@ -175,11 +187,11 @@ def sum_losses(losses: Sequence[Any]) -> tf.Tensor | None:
         if not keras.backend.is_float_dtype(loss.dtype):
             loss = keras.ops.cast(loss, keras.backend.floatx())
         out.append(keras.ops.sum(loss))
-    return tf.add_n(out)
+    return add_all(out)
 
 
 def leader_loss(compiled: Callable[..., Any] | None, y: Any, y_pred: Any, sample_weight: Any,
-                extra_losses: Sequence[Any]) -> tf.Tensor:
+                extra_losses: Sequence[Any]) -> Any:
     """The leader's loss: the compiled loss plus the top's own losses (`sum_losses` rule)."""
     losses = []
     if compiled is not None:
@@ -190,7 +202,7 @@ def leader_loss(compiled: Callable[..., Any] | None, y: Any, y_pred: Any, sample
         losses.append(sum_losses([loss]))
     if not losses:
         raise ValueError("No loss to compute. Provide a `loss` argument in `compile()`.")
-    return losses[0] if len(losses) == 1 else tf.add_n(losses)
+    return add_all(losses)
 
 
 def validate_class_weight(class_weight: Any, owner: str) -> dict[int, float]:
@@ -211,25 +223,44 @@ def validate_class_weight(class_weight: Any, owner: str) -> dict[int, float]:
     return out
 
 
+def counter_variable(size: int) -> Any:
+    """A new counter of ``size`` slots (zeros) that a restore can only move forward.
+
+    Not a Keras weight (the backend's ``local_variable``): on TensorFlow an
+    int64 variable whose checkpoint restore keeps the larger count; on JAX an
+    int32 slot that a layer keeping it as an attribute carries through
+    ``fit`` as state.
+    """
+    return backend.impl().local_variable(None, np.zeros(int(size), np.int64),
+                                         "unprotected_releases", monotone=True)
+
+
+def backend_variables(counter: Any) -> list[Any]:
+    """The Keras variables behind a `counter_variable` (none on TensorFlow: a TensorFlow
+    variable is read and updated in place)."""
+    state = getattr(counter, "state", None)
+    return [state] if isinstance(state, keras.Variable) else []
+
+
 class _Counter:
-    """One slot of an int64 counter variable: what a party sent without a DP mechanism.
+    """One slot of an integer counter variable: what a party sent without a DP mechanism.
 
     A `VerticalModel` holds one variable with a slot per follower and one for
     the leader; the halves it hands out count into their own slots.
     """
 
-    def __init__(self, variable: tf.Variable | None = None, slot: int = 0) -> None:
+    def __init__(self, variable: Any = None, slot: int = 0) -> None:
         if variable is None:
-            variable = _MonotoneVariable(np.zeros(1, np.int64), trainable=False,
-                                      name="unprotected_releases")
+            variable = counter_variable(1)
             slot = 0
         self.variable = variable
         self.slot = int(slot)
 
     def count(self, rows: Any) -> Any:
         size = int(self.variable.shape[0])
-        update = tf.one_hot(self.slot, size, dtype=tf.int64)
-        return self.variable.assign_add(update * tf.cast(rows > 0, tf.int64))
+        dtype = keras.backend.standardize_dtype(self.variable.dtype)
+        update = keras.ops.one_hot(self.slot, size, dtype=dtype)
+        return self.variable.assign_add(update * keras.ops.cast(rows > 0, dtype))
 
     def value(self) -> int:
         return int(self.variable.numpy()[self.slot])
@@ -314,7 +345,7 @@ class PartyBottom:
 
     def _build_spec(self):
         """Trace the forward pass symbolically: the embedding's KerasTensor, checked."""
-        spec = keras_backend.compute_output_spec(
+        spec = private.compute_output_spec(
             lambda f: self.forward(f, training=False, count=False)[1], self.input_spec)
         return self._check_spec(spec)
 
@@ -374,7 +405,7 @@ class PartyBottom:
         released = self.sends and count and not is_protection(protection)
         with vae_release_scope(released) as recorders:
             if (released and example_ids is not None and is_protection(self.bottom)
-                    and tf.as_dtype(example_ids.dtype).is_integer
+                    and is_integer_tensor(example_ids)
                     and takes_example_ids(self.bottom)):
                 z = self.bottom(features, training=training, example_ids=example_ids)
             else:
@@ -384,31 +415,57 @@ class PartyBottom:
             self._counter.count(rows_of(z))
         if protection is None:
             return z, z, losses
-        if example_ids is not None and tf.as_dtype(example_ids.dtype).is_integer and \
+        if example_ids is not None and is_integer_tensor(example_ids) and \
                 takes_example_ids(protection):
             sent = protection(z, training=training, example_ids=example_ids)
         else:
             sent = protection(z, training=training)
         return z, sent, losses + list(protection.losses)
 
-    def gradients(self, tape: tf.GradientTape, sent: Any, cut: Any,
-                  local_scaled: Any = None) -> list[Any]:
+    def record_forward(self, features: Any, example_ids: Any, scale: Callable[[Any], Any],
+                       count: bool = True) -> tuple[Any, Any, Callable[[list[Any]], Any]]:
+        """The training forward pass, recorded for `gradients` (the backend's ``vjp``).
+
+        Args:
+            features: the party's features.
+            example_ids: None or int tensor (batch,).
+            scale: the optimizer's loss scaling (applied to the party's own losses).
+            count: False when the pass is a replay of one already counted.
+
+        Returns:
+            ``(sent, local, pullback)``: what the party sends, its own losses
+            (one scalar, or None) and what `gradients` takes.
+        """
+        def forward(_):
+            _, sent, losses = self.forward(features, example_ids, training=True, count=count)
+            local = sum_losses(losses)
+            return [sent, None if local is None else scale(local)], local
+
+        (sent, _), local, pullback = backend.impl().vjp(forward, self.trainable_variables)
+        return sent, local, pullback
+
+    def gradients(self, pullback: Callable[[list[Any]], Any], cut: Any) -> list[Any]:
         """The party's gradients from the cut gradient alone (plus its own losses).
 
-        ``tape.gradient(sent, variables, output_gradients=cut)``, plus the
-        gradient of the party's own (scaled) losses.
+        The gradient of ``sum(sent * cut) + scaled local losses`` with respect
+        to the party's variables: ``pullback`` (from `record_forward`) with
+        the output gradients ``[cut, 1]``.
 
         Returns:
             One gradient (or None) per `trainable_variables` entry.
         """
-        variables = self.trainable_variables
-        if not variables:
+        if not self.trainable_variables:
             return []
-        targets, out_grads = [sent], [cut]
-        if local_scaled is not None:
-            targets.append(local_scaled)
-            out_grads.append(tf.ones_like(local_scaled))
-        return list(tape.gradient(targets, variables, output_gradients=out_grads))
+        return list(pullback([cut, None])[0])
+
+    @property
+    def state_variables(self) -> list[Any]:
+        """Every variable the party's steps read or update: its layers' (random state
+        included) and its counter of releases without DP."""
+        out = [v for layer in self.layers for v in layer.variables]
+        if self._counter is not None:
+            out += backend_variables(self._counter.variable)
+        return out
 
     def unprotected_count(self) -> int:
         """How many calls sent this party's embedding without a DP mechanism."""
