@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import secrets
 from typing import Any, Callable
 
 import jax
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from keras_fedpriv.backend.private import seed_generator_class
+from keras_fedpriv.backend.private import in_stateless_scope, seed_generator_class
 
 # Each section below is one part of the interface; keras_fedpriv/backend/tensorflow.py and
 # keras_fedpriv/backend/jax.py define the same names in the same sections.
@@ -21,6 +22,62 @@ from keras_fedpriv.backend.private import seed_generator_class
 _SKIP = 256  # files hold the counter as TensorFlow's Philox state: [draws * 256, 0, 0]
 _MASK32 = 0xFFFFFFFF
 _INT32_MAX = 2**31 - 1
+
+
+#: This process's mask of the secret keys in JAX variables (see `LocalSlot`).
+_KEY_MASK = np.frombuffer(secrets.token_bytes(12), np.uint32)
+
+
+class _SlotVariable(keras.Variable):
+    """The Keras variable of a `LocalSlot`: what Keras itself assigns to it never rewinds.
+
+    Keras assigns a model's variables from outside the package's code in
+    ``set_state_tree`` (what ``keras.callbacks.OrbaxCheckpoint`` restores
+    with) and in its state sync after ``fit``, ``evaluate`` and ``predict``.
+    Such an assignment, made on the host, follows the slot's ``rule``:
+
+    * ``"key"``: ignored (the layer keeps its live key, as a TensorFlow
+      checkpoint restore gives a fresh one: never an old key);
+    * ``"counter"``: the larger of the live and the assigned call count;
+    * ``"max"``: elementwise maximum, the ``keep`` positions (a lineage)
+      staying as they are;
+    * None: assigned as given.
+
+    The package's own code (`LocalSlot.assign`) assigns directly, rewinds
+    included (a follower recomputing its forward pass from a snapshot).
+    """
+
+    rule: str | None = None
+    keep: tuple[int, ...] = ()
+
+    def assign(self, value: Any) -> Any:
+        if self.rule is None or in_stateless_scope() or isinstance(value, jax.core.Tracer):
+            return super().assign(value)
+        try:
+            live = np.asarray(self.value)
+        except (TypeError, RuntimeError):
+            # Keras' JAX trainer purged the value (fit, evaluate and predict carry the state
+            # themselves) or donated its buffer to a compiled step: ``value`` is that
+            # state, which follows the purged one (the sync at the end of the loop)
+            return super().assign(value)
+        new = np.asarray(value).astype(live.dtype).reshape(live.shape)
+        if self.rule == "key":
+            new = live
+        elif self.rule == "counter":
+            new = live if _draws(live) >= _draws(new) else new
+        else:
+            merged = np.maximum(live, new)
+            merged[list(self.keep)] = live[list(self.keep)]
+            new = merged
+        return super().assign(new)
+
+    def assign_unchecked(self, value: Any) -> Any:
+        return super().assign(value)
+
+
+def _draws(words):
+    low, high = (int(w) for w in np.asarray(words).reshape(-1))
+    return low | (high << 32)
 
 
 class LocalSlot(seed_generator_class()):
@@ -35,18 +92,33 @@ class LocalSlot(seed_generator_class()):
     key, random counter and release counts in such slots and decide in their
     own ``save_own_variables`` what a file holds.
 
+    Keras still lists ``state`` among the model's non-trainable variables, so
+    ``model.get_state_tree()`` (and an Orbax checkpoint) holds it. Hence:
+
+    * a secret key is stored XOR-ed with ``_KEY_MASK``, a random mask that
+      lives only in this process's memory: the stored words are useless
+      outside it (`value`, `numpy` and `assign` unmask and mask);
+    * Keras' own assignments never rewind a counter or a count and never
+      replace a key (`_SlotVariable`).
+
     It offers the part of TensorFlow's variable API the package uses
     (``read_value``, ``value``, ``assign``, ``assign_add``, ``numpy``,
     ``shape``, ``dtype``).
     """
 
-    def __init__(self, value: Any, dtype: str, name: str) -> None:  # no super().__init__:
-        self.name = name  # a SeedGenerator's own state (a (2,) seed) is not wanted here
+    def __init__(self, value: Any, dtype: str, name: str, rule: str | None = None,
+                 keep: tuple[int, ...] = (), masked: bool = False) -> None:
+        self.name = name  # no super().__init__: a SeedGenerator's (2,) seed is not wanted
         self._initial_seed = None
-        value = np.asarray(value)
+        self._mask = _KEY_MASK[:np.size(value)].reshape(np.shape(value)) if masked else None
+        value = np.asarray(value).astype(dtype)
         with keras.name_scope(name, caller=self):
-            self.state = keras.Variable(value.astype(dtype), dtype=dtype, trainable=False,
-                                        aggregation="none", name=name)
+            self.state = _SlotVariable(self._stored(value), dtype=dtype, trainable=False,
+                                       aggregation="none", name=name)
+        self.state.rule, self.state.keep = rule, tuple(keep)
+
+    def _stored(self, value):
+        return value if self._mask is None else value ^ self._mask.astype(value.dtype)
 
     def next(self, ordered: bool = True) -> Any:
         raise TypeError(f"{self.name!r} holds a layer's local state; it is no seed generator.")
@@ -56,22 +128,25 @@ class LocalSlot(seed_generator_class()):
 
     @property
     def value(self) -> Any:
-        return self.state.value
+        if self._mask is None:
+            return self.state.value
+        return self.state.value ^ jnp.asarray(self._mask, self.state.dtype)
 
     def read_value(self) -> Any:
-        return self.state.value
+        return self.value
 
     def assign(self, value: Any) -> Any:
-        self.state.assign(jnp.asarray(value).astype(self.state.dtype).reshape(self.shape))
-        return self.state.value
+        value = jnp.asarray(value).astype(self.state.dtype).reshape(self.shape)
+        self.state.assign_unchecked(self._stored(value))
+        return self.value
 
     def assign_add(self, delta: Any) -> Any:
-        return self.assign(self.state.value + jnp.asarray(delta).astype(self.state.dtype))
+        return self.assign(self.value + jnp.asarray(delta).astype(self.state.dtype))
 
     def numpy(self) -> np.ndarray:
         # the JAX array itself: keras.Variable.numpy() goes through an __array__ without
         # numpy 2's `copy` keyword (a DeprecationWarning)
-        return np.array(self.state.value)
+        return np.array(self.value)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -99,7 +174,8 @@ def new_key_variable(owner: Any, value: np.ndarray, keep_when_saved: bool, fresh
     """The layer's ``rng_key``: ``[k0, k1, 1]`` as uint32 words. On JAX there is no
     checkpoint or SavedModel that restores it: the layer never saves an unseeded key,
     and a reloaded layer is built with a fresh one."""
-    return LocalSlot(np.asarray(value, np.int64).astype(np.uint32), "uint32", "rng_key")
+    return LocalSlot(np.asarray(value, np.int64).astype(np.uint32), "uint32", "rng_key",
+                     rule="key", masked=True)
 
 
 def add_fresh_key_hook(key: Any, hook: Any) -> None:
@@ -109,16 +185,17 @@ def add_fresh_key_hook(key: Any, hook: Any) -> None:
 def new_counter_variable(owner: Any):
     """The layer's ``rng_counter``: the number of calls that drew noise, as two uint32
     words ``[low, high]`` (`next_words` carries from low to high)."""
-    return LocalSlot(np.zeros(2, np.uint32), "uint32", "rng_counter")
+    return LocalSlot(np.zeros(2, np.uint32), "uint32", "rng_counter", rule="counter")
 
 
 def local_variable(owner: Any, value: Any, name: str, monotone: bool = False,
                    cls: type | None = None):
     """A `LocalSlot` holding ``value`` (int64 stored as int32; ValueError if it does
     not fit). The caller assigns it to an attribute of the owning layer, which makes
-    the layer track it. ``monotone`` and ``cls`` concern TensorFlow checkpoints only."""
+    the layer track it. ``monotone``: Keras' own assignments (``set_state_tree``) take
+    the elementwise maximum. ``cls`` concerns TensorFlow checkpoints only."""
     value, dtype = _narrow(value)
-    return LocalSlot(value, dtype, name)
+    return LocalSlot(value, dtype, name, rule="max" if monotone else None)
 
 
 def local_variable_class() -> type:
@@ -228,7 +305,9 @@ def load_counter(counter: Any, saved: Any) -> None:
 
 def release_totals_variable(owner: Any, value: np.ndarray, merge: Any):
     """The layer's ``release_totals`` in the int32 layout (see release_counter)."""
-    return LocalSlot(np.asarray(value, np.int32), "int32", "release_totals")
+    # Keras' own assignments: elementwise maximum, the lineage (its two parts) kept
+    return LocalSlot(np.asarray(value, np.int32), "int32", "release_totals", rule="max",
+                     keep=(len(value) - 2, len(value) - 1))
 
 
 #: The dtype of counts in traced code (JAX without x64 has no int64).

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["compile_loss", "compute_output_spec", "flatten_layers", "keep_call_arguments_out",
+__all__ = ["compile_loss", "compute_output_spec", "flatten_layers", "in_stateless_scope",
+           "keep_call_arguments_out",
            "loss_tracker", "model_compile_loss", "seed_generator_class",
            "resource_variable_class", "unscale_loss_for_distribution"]
 
@@ -63,6 +64,14 @@ def resource_variable_class() -> type:
     from tensorflow.python.ops import resource_variable_ops
 
     return resource_variable_ops.ResourceVariable
+
+
+def in_stateless_scope() -> bool:
+    """Whether Keras runs a stateless call now (variables are read from and written to a
+    ``StatelessScope``, as inside JAX's compiled ``fit``)."""
+    from keras.src.backend.common.stateless_scope import in_stateless_scope as inside
+
+    return inside()
 
 
 def seed_generator_class() -> type:
