@@ -23,6 +23,8 @@ from keras_fedpriv.layers.local_state import local_state
 from keras_fedpriv.privacy.report import privacy_ledger
 from vertical_stubs import COLUMNS, follower_data, model_fn, vertical_data
 
+pytestmark = [pytest.mark.jax]
+
 
 @pytest.fixture(scope="module")
 def data():
