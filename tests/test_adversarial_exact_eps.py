@@ -66,7 +66,8 @@ def test_case6_large_eps_flip_frequency_is_positive_and_matches_the_realized_thr
     assert_rate(flips, n, flip_threshold(30.0) / 64, "binary RR eps=30 given word < 64")
     # quantize_rr (EmbeddingDP) at eps = 60 flips at eps/2 = 30: the same.
     q = M.quantize_rr(-np.ones([n], "float32"), 60.0, noise=words)
-    assert_rate(int(np.sum(keras.ops.convert_to_numpy(q), dtype=np.int64)), n, flip_threshold(30.0) / 64, "quantize_rr eps=60")
+    flips = int(np.sum(keras.ops.convert_to_numpy(q), dtype=np.int64))
+    assert_rate(flips, n, flip_threshold(30.0) / 64, "quantize_rr eps=60")
     # Word 0 always flips, at any eps.
     zero = np.zeros([8], "uint32")
     flipped = M.binary_randomized_response(np.zeros(8), 1000.0, noise=zero)

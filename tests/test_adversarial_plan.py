@@ -242,7 +242,8 @@ def _batches_forever(x, y, size):
     """The batches of ``size`` of ``(x, y)`` in order, again and again (``.repeat()``)."""
     while True:
         for start in range(0, len(y), size):
-            yield keras.tree.map_structure(lambda a: a[start:start + size], x), y[start:start + size]
+            rows = slice(start, start + size)
+            yield keras.tree.map_structure(lambda a: a[rows], x), y[rows]
 
 
 def test_examples_released_more_often_than_planned_within_an_epoch_stop_at_the_first_batch_over():
