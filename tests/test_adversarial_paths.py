@@ -123,7 +123,8 @@ def test_class_weight_one_hot_and_sparse_labels_follow_noisy_labels():
             leader="party_b", label_dp=layer)
         model.compile(keras.optimizers.SGD(0.0), loss)
         ids = kf.federated.with_example_ids(x)
-        noisy = layer(labels, example_ids=ids["example_ids"], training=True).numpy()
+        noisy = keras.ops.convert_to_numpy(
+            layer(labels, example_ids=ids["example_ids"], training=True))
         noisy_class = noisy.argmax(1) if noisy.ndim == 2 else noisy.reshape(-1)
         logits = np.asarray(model.predict(x, verbose=0))
         per_row = np.asarray(loss.__class__(from_logits=True, reduction=None)(noisy, logits))
