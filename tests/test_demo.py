@@ -10,6 +10,8 @@ import pytest
 from keras_fedpriv import demo
 from keras_fedpriv.__main__ import build_parser, main
 
+pytestmark = [pytest.mark.jax]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
