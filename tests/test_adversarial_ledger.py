@@ -34,6 +34,8 @@ from keras_fedpriv.privacy import (
 from keras_fedpriv.tuning import search_epsilon, trial_epsilon
 from ledger_cases import DELTA, REL, by_hand, vertical_model
 
+pytestmark = [pytest.mark.jax]
+
 
 # ------------------------------------------------------------------ by hand
 def _close(a, b):
@@ -121,6 +123,7 @@ def test_case13_history_of_a_horizontal_run_reports_the_run():
     assert privacy_report(history).rows()[0]["releases"] == busiest
 
 
+@pytest.mark.tensorflow_only("slow on JAX (30 s on the shared CPU); nothing in it is JAX-specific")
 def test_case14_second_fit_shared_layer_inference_and_unprotected_inference():
     """Case 14: a second fit was not added; a layer applied to two embeddings per pass was
     counted once; inference passes needed extra_releases; at_inference=False inference
@@ -261,6 +264,7 @@ def test_by_hand_embedding_ids_count_each_example():
     _close(privacy_report(layer).epsilon, by_hand([(quantize_rr_dp_event(2.0, 3), 3)]))
 
 
+@pytest.mark.tensorflow_only("slow on JAX (32 s on the shared CPU); nothing in it is JAX-specific")
 def test_by_hand_horizontal_signds_magrr_laplace_evaluation():
     x, y = _digits()
     magrr = MagRR(eps_rr=2.0, seed=0)
@@ -307,6 +311,7 @@ def test_fedavg_is_not_private_and_ledgers_merge_once():
     assert ledger.total(kind) == 1
 
 
+@pytest.mark.tensorflow_only("slow on JAX (12 s on the shared CPU); nothing in it is JAX-specific")
 def test_plan_then_run_meets_the_target():
     eps = plan_epsilon(6.0, DELTA, releases=3, mechanism="embedding_dp", num_coordinates=8)
     model, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=eps, seed=0),

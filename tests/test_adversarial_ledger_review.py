@@ -20,6 +20,8 @@ from keras_fedpriv.optimizers import SignDSEncoder
 from keras_fedpriv.privacy import privacy_report
 from ledger_cases import by_hand, vertical_model
 
+pytestmark = [pytest.mark.jax]
+
 
 
 # ------------------------------------------------------------------------- HIGH

@@ -15,6 +15,8 @@ import pytest
 import keras_fedpriv as kf
 from keras_fedpriv.privacy import EpsilonLogger, privacy_ledger, privacy_report
 
+pytestmark = [pytest.mark.jax]
+
 X = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
 Y = (X[:, 0] > 0).astype("float32")
 

@@ -8,15 +8,26 @@ import os
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_fedpriv as kf
+
+pytestmark = [pytest.mark.jax]
 
 RNG = np.random.default_rng(11)
 
 
+def _batches(arrays, size):
+    """The batches of ``size`` rows of the structure ``arrays`` (a dataset of one epoch)."""
+    rows = len(keras.tree.flatten(arrays)[0])
+    for start in range(0, rows, size):
+        yield keras.tree.map_structure(lambda a: a[start:start + size], arrays)
+
+
+@pytest.mark.tensorflow_only("tf.data (privatize_dataset maps a tf.data.Dataset)")
 def test_privatize_dataset_randomizes_y_not_sample_weight():
     """Case 1: (x, y, sample_weight) elements: y is randomized, the weights are untouched."""
+    import tensorflow as tf
+
     n = 400
     x = np.zeros((n, 2), "float32")
     y = (np.arange(n) % 2).astype("float32")
@@ -28,8 +39,11 @@ def test_privatize_dataset_randomizes_y_not_sample_weight():
     assert 0.35 < np.mean(noisy != y) < 0.65  # eps=0: labels are coin flips
 
 
+@pytest.mark.tensorflow_only("tf.data (privatize_dataset maps a tf.data.Dataset)")
 def test_privatize_dataset_never_guesses_the_label_position():
     """Case 1: dicts and tuples of other lengths need an explicit label_key."""
+    import tensorflow as tf
+
     n = 10
     d = tf.data.Dataset.from_tensor_slices({"x": np.zeros((n, 2), "float32"),
                                             "label": np.zeros(n, "float32")})
@@ -109,7 +123,8 @@ def test_class_weight_one_hot_and_sparse_labels_follow_noisy_labels():
             leader="party_b", label_dp=layer)
         model.compile(keras.optimizers.SGD(0.0), loss)
         ids = kf.federated.with_example_ids(x)
-        noisy = layer(labels, example_ids=ids["example_ids"], training=True).numpy()
+        noisy = keras.ops.convert_to_numpy(
+            layer(labels, example_ids=ids["example_ids"], training=True))
         noisy_class = noisy.argmax(1) if noisy.ndim == 2 else noisy.reshape(-1)
         logits = np.asarray(model.predict(x, verbose=0))
         per_row = np.asarray(loss.__class__(from_logits=True, reduction=None)(noisy, logits))
@@ -127,7 +142,7 @@ def test_sample_weight_with_label_dp_is_refused_unless_label_free():
     ids = kf.federated.with_example_ids(x)
     with pytest.raises(ValueError, match="sample_weight.*label_free_sample_weight"):
         model.fit(ids, y, sample_weight=1 + y, epochs=1, verbose=0)
-    ds = tf.data.Dataset.from_tensor_slices((ids, y, np.ones_like(y))).batch(20)
+    ds = _batches((ids, y, np.ones_like(y)), 20)
     with pytest.raises(ValueError, match="label_free_sample_weight"):
         model.fit(ds, epochs=1, verbose=0)
     model.fit(ids, y, sample_weight=np.ones_like(y), epochs=1, verbose=0,
@@ -152,8 +167,11 @@ def test_repeated_example_ids_are_refused_eagerly():
     layer(y, example_ids=np.arange(-3, 3), training=True)  # negative ids are ids too
 
 
+@pytest.mark.tensorflow_only("tf.function graph mode with unknown shapes")
 def test_example_ids_are_checked_in_a_graph():
     """Case 4: a traced graph with unknown shapes asserts one id per label, all unique."""
+    import tensorflow as tf
+
     layer = kf.LabelDPLayer(eps=1.0, seed=1)
     f = tf.function(lambda y, i: layer(y, example_ids=i, training=True),
                     input_signature=[tf.TensorSpec([None]), tf.TensorSpec([None], tf.int64)])
@@ -166,9 +184,12 @@ def test_example_ids_are_checked_in_a_graph():
     assert not layer.input_errors.numpy().any()
 
 
+@pytest.mark.tensorflow_only("tf.function(jit_compile=True) around a layer")
 def test_invalid_ids_or_labels_under_xla_output_noise_and_raise_on_host():
     """Case 4 and 5b: under XLA (asserts compiled away) the batch gets label-independent
     noise, and check_input_errors raises on the host."""
+    import tensorflow as tf
+
     layer = kf.LabelDPLayer(eps=50.0, seed=1)  # eps 50: valid labels come out unchanged
     f = tf.function(lambda y, i: layer(y, example_ids=i, training=True), jit_compile=True,
                     input_signature=[tf.TensorSpec([None]), tf.TensorSpec([None], tf.int64)])
@@ -211,7 +232,7 @@ def test_vertical_model_jit_compile_refuses_bad_labels_and_ids():
     with pytest.raises(ValueError, match="row 5 has value 2"):
         model.fit(ids, bad, epochs=1, batch_size=32, verbose=0)
     # a dataset: the compiled step meets the bad label and the host raises after it
-    dataset = tf.data.Dataset.from_tensor_slices((ids, bad)).batch(32)
+    dataset = _batches((ids, bad), 32)
     with pytest.raises(ValueError, match="invalid labels"):
         model.fit(dataset, epochs=1, verbose=0)
     ids_rep = dict(ids, example_ids=np.zeros(64, np.int64))
@@ -229,8 +250,11 @@ def _bad_embedding(n=8, d=6):
     return x
 
 
+@pytest.mark.tensorflow_only("tf.function(jit_compile=True) around a layer")
 def test_embedding_output_is_exactly_binary_under_xla_tf_function():
     """Case 5a: NaN/inf inputs under tf.function(jit_compile=True) still give exact 0/1."""
+    import tensorflow as tf
+
     for eps in (None, 2.0):
         layer = kf.EmbeddingDPLayer(eps, seed=4)
         f = tf.function(lambda x: layer(x, training=True), jit_compile=True)
@@ -301,6 +325,7 @@ print("BITS=" + "".join(str(int(b)) for b in out.reshape(-1)))
 """
 
 
+@pytest.mark.tensorflow_only("SavedModel export")
 def test_unseeded_export_gets_a_fresh_key_in_every_serving_process(tmp_path):
     """Case 11: two serving processes of one unseeded export (XLA-compiled serving
     function) must not send the same noise."""
@@ -322,9 +347,12 @@ def test_unseeded_export_gets_a_fresh_key_in_every_serving_process(tmp_path):
     assert np.mean(outs[0] != outs[1]) > 0.3  # eps=0: independent fair coins differ half the time
 
 
+@pytest.mark.tensorflow_only("SavedModel export")
 def test_unseeded_export_key_is_set_at_load(tmp_path):
     """Case 11: the loaded key is set (flag 1, fresh words) before any call, differs per
     load, and a seeded export keeps its key."""
+    import tensorflow as tf
+
     for seed in (None, 99):
         layer = kf.EmbeddingDPLayer(0.0, seed=seed, name="edp")
         model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(64), layer])

@@ -15,7 +15,6 @@ import warnings
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_fedpriv as kf
 from keras_fedpriv import __main__ as cli
@@ -29,6 +28,8 @@ from keras_fedpriv.privacy import (
 )
 
 from ledger_cases import vertical_model
+
+pytestmark = [pytest.mark.jax]
 
 TARGET, EPOCHS, D = 8.0, 3, 8
 
@@ -237,6 +238,14 @@ def test_whole_run_a_plan_cannot_count_fewer_releases_than_the_run_makes():
              releases={"embedding_dp": 1})  # 5 epochs release every example 5 times
 
 
+def _batches_forever(x, y, size):
+    """The batches of ``size`` of ``(x, y)`` in order, again and again (``.repeat()``)."""
+    while True:
+        for start in range(0, len(y), size):
+            rows = slice(start, start + size)
+            yield keras.tree.map_structure(lambda a: a[rows], x), y[rows]
+
+
 def test_examples_released_more_often_than_planned_within_an_epoch_stop_at_the_first_batch_over():
     """Planned for 2 releases per example at a target of 4, an epoch in which every id comes 8
     times (64 ids, ``.repeat()`` with ``steps_per_epoch=16``: 16 batches of 32) used to pass
@@ -246,7 +255,7 @@ def test_examples_released_more_often_than_planned_within_an_epoch_stop_at_the_f
     plan = plan_run(4.0, releases=2, mechanism="embedding_dp", num_coordinates=D)
     model, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=plan.epsilon, seed=0),
                                  label_dp=kf.LabelDPLayer(eps=1.0, seed=0), n=64)
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
+    data = _batches_forever(x, y, 32)
     batches = []
     seen = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: batches.append(b))
     with pytest.raises(PlanExceeded, match="3 release\\(s\\) of the busiest example"):

@@ -20,7 +20,6 @@ import pickle
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_fedpriv as kf
 from keras_fedpriv.callbacks import MagRR
@@ -28,6 +27,25 @@ from keras_fedpriv.federated.uploads import GaussianUpload
 from keras_fedpriv.layers import release_counter as rc
 from keras_fedpriv.optimizers import SignDSEncoder
 from keras_fedpriv.privacy import privacy_report
+
+pytestmark = [pytest.mark.jax]
+
+#: tf.train.Checkpoint is TensorFlow's (the test of a restore by it is skipped on JAX).
+CHECKPOINT = pytest.mark.tensorflow_only("tf.train.Checkpoint")
+
+
+def _checkpoint_write(model, tmp_path):
+    """Write ``model`` with a tf.train.Checkpoint under ``tmp_path``; returns its prefix."""
+    import tensorflow as tf
+
+    return tf.train.Checkpoint(model=model).write(os.path.join(tmp_path, "ckpt"))
+
+
+def _checkpoint_read(model, prefix):
+    """Read the tf.train.Checkpoint at ``prefix`` into ``model``; returns the load status."""
+    import tensorflow as tf
+
+    return tf.train.Checkpoint(model=model).read(prefix)
 
 X = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
 
@@ -44,7 +62,7 @@ def _releases(model):
 
 
 def _noise(model):
-    return model(X, training=True).numpy()
+    return keras.ops.convert_to_numpy(model(X, training=True))
 
 
 @pytest.mark.parametrize("seed", [None, 3])
@@ -71,21 +89,22 @@ def test_a_per_batch_label_layer_does_not_replay_after_load_weights(tmp_path):
     model(y, training=True)
     path = os.path.join(tmp_path, "w.weights.h5")
     model.save_weights(path)
-    sent = model(y, training=True).numpy()
+    sent = keras.ops.convert_to_numpy(model(y, training=True))
     model.load_weights(path)
-    assert not np.array_equal(model(y, training=True).numpy(), sent)
+    assert not np.array_equal(keras.ops.convert_to_numpy(model(y, training=True)), sent)
     (row,) = privacy_report(model).releases
     assert row.count == 3
 
 
+@CHECKPOINT
 def test_checkpoint_restore_into_a_live_model_keeps_counting(tmp_path):
     model = _embedding_model()
     _noise(model)
-    prefix = tf.train.Checkpoint(model=model).write(os.path.join(tmp_path, "ckpt"))
+    prefix = _checkpoint_write(model, tmp_path)
     layer = model.layers[-1]
     counter = layer.rng_counter.numpy().copy()
     sent = [_noise(model), _noise(model)]
-    tf.train.Checkpoint(model=model).read(prefix).assert_existing_objects_matched()
+    _checkpoint_read(model, prefix).assert_existing_objects_matched()
     assert _releases(model) == 3  # was 2 before: the restore rewound the count
     assert (layer.rng_counter.numpy() >= counter).all() and layer.noise_draws == 3
     again = _noise(model)
@@ -99,20 +118,22 @@ def test_a_new_model_takes_the_saved_counts_by_every_path(tmp_path):
         _noise(model)
     model.save(os.path.join(tmp_path, "m.keras"))
     model.save_weights(os.path.join(tmp_path, "w.weights.h5"))
-    prefix = tf.train.Checkpoint(model=model).write(os.path.join(tmp_path, "ckpt"))
     loaded = keras.models.load_model(os.path.join(tmp_path, "m.keras"))
     fresh = _embedding_model()
     fresh.load_weights(os.path.join(tmp_path, "w.weights.h5"))
-    restored = _embedding_model()
-    tf.train.Checkpoint(model=restored).read(prefix)
     unpickled = pickle.loads(pickle.dumps(model))
-    for copy_ in (loaded, fresh, restored, unpickled):
+    copies = [loaded, fresh, unpickled]
+    if keras.backend.backend() == "tensorflow":
+        restored = _embedding_model()
+        _checkpoint_read(restored, _checkpoint_write(model, tmp_path))
+        copies.append(restored)
+    for copy_ in copies:
         assert _releases(copy_) == 3
         # each has its own key: its noise is not the original's next
         assert not np.array_equal(_noise(copy_), _noise(model))
 
 
-@pytest.mark.parametrize("path_kind", ["weights.h5", "checkpoint"])
+@pytest.mark.parametrize("path_kind", ["weights.h5", pytest.param("checkpoint", marks=CHECKPOINT)])
 def test_a_released_layer_refuses_another_layers_counts(tmp_path, path_kind):
     other = _embedding_model()
     for _ in range(5):
@@ -125,8 +146,7 @@ def test_a_released_layer_refuses_another_layers_counts(tmp_path, path_kind):
             other.save_weights(os.path.join(tmp_path, "w.weights.h5"))
             live.load_weights(os.path.join(tmp_path, "w.weights.h5"))
         else:
-            prefix = tf.train.Checkpoint(model=other).write(os.path.join(tmp_path, "ckpt"))
-            tf.train.Checkpoint(model=live).read(prefix)
+            _checkpoint_read(live, _checkpoint_write(other, tmp_path))
     np.testing.assert_array_equal(live.layers[-1]._release_totals(), before)
 
 
@@ -257,13 +277,13 @@ def test_a_follower_refuses_a_state_behind_its_releases():
     copy_.load_state_dict(stale)
 
 
-@pytest.mark.parametrize("how", ["weights.h5", "checkpoint"])
+@pytest.mark.parametrize("how", ["weights.h5", pytest.param("checkpoint", marks=CHECKPOINT)])
 def test_a_vertical_models_releases_without_dp_are_not_rewound(tmp_path, how):
     from vertical_stubs import compile_model, two_party, two_party_data
 
     data = two_party_data()
     model = compile_model(two_party(label_dp=kf.LabelDPLayer(2.0, per_batch=True)))
-    prefix = tf.train.Checkpoint(model=model).write(os.path.join(tmp_path, "ckpt"))
+    prefix = _checkpoint_write(model, tmp_path) if how == "checkpoint" else None
     model.predict(data["test"], verbose=0)
     path = os.path.join(tmp_path, "early.weights.h5")
     model.save_weights(path)
@@ -272,6 +292,6 @@ def test_a_vertical_models_releases_without_dp_are_not_rewound(tmp_path, how):
     if how == "weights.h5":
         model.load_weights(path)
     else:
-        tf.train.Checkpoint(model=model).read(prefix)
+        _checkpoint_read(model, prefix)
     np.testing.assert_array_equal(model.unprotected_releases.numpy(), count)
     assert math.isinf(privacy_report(model).epsilon)

@@ -22,6 +22,8 @@ from keras_fedpriv.tuning import (PrivacyUtility, eps_hyperparameter, privacy_ob
 from ledger_cases import by_hand
 from tuning_cases import vertical_data, vertical_trial_model
 
+pytestmark = [pytest.mark.jax]
+
 EPOCHS, EXECUTIONS, TRIALS = 3, 2, 2  # every trial builds and traces a new model
 
 

@@ -23,6 +23,8 @@ from keras_fedpriv.layers.local_state import local_state
 from keras_fedpriv.privacy.report import privacy_ledger
 from vertical_stubs import COLUMNS, follower_data, model_fn, vertical_data
 
+pytestmark = [pytest.mark.jax]
+
 
 @pytest.fixture(scope="module")
 def data():
@@ -46,6 +48,7 @@ def _counter(follower):
     return {k: v for k, v in local_state(follower.layers).items() if k.endswith("rng_counter")}
 
 
+@pytest.mark.tensorflow_only("slow on JAX (16 s on the shared CPU); nothing in it is JAX-specific")
 def test_ids_unknown_to_the_follower_behind_valid_gradients_apply_nothing(table):
     """The gradients match the waiting batches, but the next ids are not the follower's: the
     message is refused whole (ids are looked up before any gradient is applied)."""
@@ -125,8 +128,13 @@ def test_many_tiny_batches_keep_the_per_example_counts_once(table):
     assert sizes[500] - sizes[0] <= 2 * 500 * 16
 
 
-@pytest.mark.parametrize("key", ["00/bits", "-1/bits", "1e0/bits", "+1/bits", " 1/bits",
-                                 "1/bits ", "\u0661/bits", "1/bi-ts"])
+#: Slow on JAX (5-7 s each on the shared CPU) and host-side parsing only: two keys run there.
+SLOW = pytest.mark.tensorflow_only("slow on JAX; the same host-side parsing as the keys run there")
+
+
+@pytest.mark.parametrize("key", ["00/bits", *(pytest.param(k, marks=SLOW) for k in (
+    "-1/bits", "1e0/bits", "+1/bits", " 1/bits", "1/bits ")), "\u0661/bits",
+    pytest.param("1/bi-ts", marks=SLOW)])
 def test_the_leader_uses_nothing_from_a_reply_with_odd_batch_keys(data, key):
     parties = model_fn().split_parties()
     driver = VerticalDriver(parties, follower_data(data))
@@ -168,6 +176,7 @@ def test_a_reply_that_is_not_arrays_does_not_crash_the_leader(data):
     assert all("numpy array" in r for *_, r in result.rejected if _[1] == "f1")
 
 
+@pytest.mark.tensorflow_only("slow on JAX (32 s on the shared CPU); nothing in it is JAX-specific")
 def test_a_refused_validation_keeps_one_history_entry_per_epoch(data):
     """Epoch 0's validation reply of f2 is refused, epoch 1's is not: every logged figure
     (the leader's metrics too) has one entry per epoch, NaN where it was not measured."""

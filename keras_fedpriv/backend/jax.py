@@ -12,7 +12,11 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from keras_fedpriv.backend.private import in_stateless_scope, seed_generator_class
+from keras_fedpriv.backend.private import (
+    in_stateless_scope,
+    reattach_jax_state,
+    seed_generator_class,
+)
 
 # Each section below is one part of the interface; keras_fedpriv/backend/tensorflow.py and
 # keras_fedpriv/backend/jax.py define the same names in the same sections.
@@ -713,19 +717,38 @@ def wrap_step_function(function: Callable[..., Any], after: Callable[[Any], Any]
     `keras.StatelessScope` that maps the model's trainable and non-trainable variables to
     the new state: what it reads (e.g. a layer's input-error flags) is the value after the
     step.
+
+    A step that raises gives the model its variables' values back (Keras would leave them
+    empty): the state before it when the step itself raised (a refusal while tracing), the
+    state after it when ``after`` raised (the step ran: its releases stay counted).
     """
     variables = []
 
     def step(state, iterator):
-        outputs, state = function(state, iterator)
+        try:
+            outputs, new_state = function(state, iterator)
+        except BaseException:
+            reattach_jax_state(model, state)
+            raise
+        return checked(outputs, new_state), new_state
+
+    def checked(outputs, state):
         if not reads_state():
-            return after(outputs), state
-        if not variables:  # fixed once the step function exists
-            variables.extend(list(model.trainable_variables) + list(model.non_trainable_variables))
-        values = list(state[0]) + list(state[1])
-        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-            outputs = after(outputs)
-        return outputs, state
+            scope = contextlib.nullcontext()
+        else:
+            if not variables:  # fixed once the step function exists
+                variables.extend(list(model.trainable_variables)
+                                 + list(model.non_trainable_variables))
+            values = list(state[0]) + list(state[1])
+            scope = keras.StatelessScope(state_mapping=list(zip(variables, values)))
+        try:
+            with scope:
+                return after(outputs)
+        except BaseException:
+            reattach_jax_state(model, state)
+            for variable in variables if reads_state() else ():
+                variable.assign(scope.get_current_value(variable))  # what `after` wrote
+            raise
 
     return step
 

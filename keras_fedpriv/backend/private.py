@@ -104,3 +104,24 @@ def inputs_struct(model: Any) -> Any:
 def build_shapes(layer: Any) -> dict[str, Any]:
     """The shapes a layer was built with (``Layer._build_shapes_dict``), or an empty dict."""
     return getattr(layer, "_build_shapes_dict", None) or {}
+
+
+def reattach_jax_state(model: Any, state: Any) -> None:
+    """Give a model's variables the values of a JAX step ``state`` back, and mark them synced.
+
+    During JAX's ``fit``/``evaluate``/``predict`` Keras takes the values out of the model's
+    variables (``_purge_model_variables``) and puts them back only from the state of a step
+    that returned: a step that raises (a refusal while tracing, an invalid input found on the
+    host) would leave variables without values. ``state`` is the step's state: trainable and
+    non-trainable values, then optimizer (``fit`` only) and metrics values (not ``predict``).
+    ``_jax_state_synced`` keeps Keras from overwriting them with an earlier step's state.
+    """
+    groups = [model.trainable_variables, model.non_trainable_variables]
+    if len(state) == 4:
+        groups.append(model.optimizer.variables)
+    if len(state) >= 3:
+        groups.append(model.metrics_variables)
+    for variables, values in zip(groups, state):
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+    model._jax_state_synced = True
