@@ -71,7 +71,8 @@ class _SlotVariable(keras.Variable):
             new = live if _draws(live) >= _draws(new) else new
         else:
             merged = np.maximum(live, new)
-            merged[list(self.keep)] = live[list(self.keep)]
+            if self.keep:
+                merged[list(self.keep)] = live[list(self.keep)]
             new = merged
         return super().assign(new)
 
