@@ -203,3 +203,26 @@ def test_local_training_advances_a_layers_secret_stream_and_counts_every_step():
     assert flip.noise_draws == 6 and flip.release_calls()["fresh_without_ids"] == 6
     assert not np.allclose(first, second)  # fresh signs, not the first call's again
     assert len(model.get_weights()) == len(start)  # the stream is no weight
+
+
+@pytest.mark.skipif(keras.backend.backend() == "tensorflow",
+                    reason="known gap: TensorFlow's tf.function stops at the layer's graph "
+                           "assert and raises InvalidArgumentError, not a ValueError")
+def test_local_training_raises_what_a_protection_layer_flagged_in_the_compiled_step():
+    """Non-finite features reach an EmbeddingDPLayer inside the client's model: the compiled
+    step makes the output safe and counts the event, and `train` raises it on the host."""
+    import keras_fedpriv as kf
+
+    x, y = digits()
+    x = x[:32].astype("float32").copy()
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(8),
+                              kf.EmbeddingDPLayer(eps=2.0, seed=3), keras.layers.Dense(10)])
+    model.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=True)
+    trainer = LocalTrainer(model, 16, (x.shape[1:], x.dtype), (y.shape[1:], y.dtype))
+    start = [w.copy() for w in model.get_weights()]
+    order = np.arange(32, dtype=np.int32)
+    trainer.train(start, x, y[:32], order, [])  # finite: no error
+    x[5, 3] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        trainer.train(start, x, y[:32], order, [])

@@ -99,3 +99,23 @@ def test_keras_state_tree_holds_no_usable_key_and_restoring_it_never_rewinds():
     np.testing.assert_array_equal(flip.rng_key.numpy()[:2], key)
     ids, counts = flip._release_id_counts_nonzero()
     np.testing.assert_array_equal(counts, np.full(16, 2))
+
+
+def test_example_ids_beyond_int32_are_refused_before_keras_wraps_them():
+    """JAX (no int64) would turn id 5 + 2**32 into 5: two examples would share their
+    id-keyed noise (under binary randomized response, y1 XOR y2 would show)."""
+    import keras_fedpriv as kf
+    from keras_fedpriv.federated.vertical_parties.party import _as_ids
+    from tests.vertical_stubs import compile_model, two_party, two_party_data
+
+    data = two_party_data()
+    x = {k: v[:2] for k, v in data["train"].items()}
+    x["example_ids"] = np.array([5, 5 + 2**32], np.int64)
+    model = compile_model(two_party(label_dp=kf.LabelDPLayer(eps=1.0, seed=1)))
+    for call in (lambda: model.fit(x, data["y"][:2], batch_size=1, verbose=0),
+                 lambda: model.evaluate(x, data["y"][:2], batch_size=1, verbose=0)):
+        with pytest.raises(ValueError, match="`example_ids` must fit in int32.*position 1"):
+            call()
+    with pytest.raises(ValueError, match="must fit in int32"):
+        _as_ids(x["example_ids"], 2, "Follower.embed")
+    np.testing.assert_array_equal(_as_ids(np.array([5, 6], np.int64), 2, "f"), [5, 6])

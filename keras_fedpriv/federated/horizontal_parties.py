@@ -205,6 +205,11 @@ class LocalTrainer:
             local training loss and the final BatchNormalization statistics.
         """
         deltas, loss, bn_end = self._fn(list(global_weights), x, y, order, list(bn_start))
+        # A protection layer in the model that met invalid inputs in the compiled step made
+        # its output safe and counted the event: raise it here, before anything is encoded.
+        for layer in flatten_layers(self.model, include_self=False):
+            if hasattr(layer, "check_input_errors"):
+                layer.check_input_errors()
         return flatten_update(deltas)[0], loss, bn_end
 
 

@@ -48,6 +48,7 @@ from keras_fedpriv.layers.input_checks import (
     InputErrorFlagMixin,
     example_ids_assert_message,
     find_repeat,
+    host_example_ids,
 )
 from keras_fedpriv.layers.label_dp import LabelDPLayer
 from keras_fedpriv.layers.release_counter import ReleaseCounterMixin
@@ -419,6 +420,10 @@ class VerticalModel(keras.Model):
             self._check_features(features, where)
         elif isinstance(x, dict):
             self._check_features(x, where)
+            if x.get(EXAMPLE_IDS_KEY) is not None:
+                # before Keras converts them: on JAX (no int64) ids past 2**31 would wrap onto
+                # other ids, and two examples would share their id-keyed noise
+                host_example_ids(x[EXAMPLE_IDS_KEY], where)
             if unique_ids and x.get(EXAMPLE_IDS_KEY) is not None:
                 ids = np.asarray(x[EXAMPLE_IDS_KEY]).reshape(-1)
                 repeat = find_repeat(ids) if ids.dtype.kind in "iu" else None

@@ -94,7 +94,7 @@ def static_int(value):
     return int(ops.convert_to_numpy(value))
 
 
-def _host_ids(example_ids, owner):
+def host_example_ids(example_ids, owner):
     """Concrete ids as a NumPy array, refused when the backend's id dtype cannot hold them
     (distinct ids must stay distinct), or None for tensors of the backend."""
     if ops.is_tensor(example_ids):
@@ -138,7 +138,7 @@ def check_example_ids(example_ids, num_labels, eager, owner="LabelDPLayer"):
             naming the first offending position; (JAX) an id that does not fit
             in 32 bits.
     """
-    host = _host_ids(example_ids, owner)
+    host = host_example_ids(example_ids, owner)
     ids = ops.reshape(ops.convert_to_tensor(example_ids if host is None else host), (-1,))
     dtype = keras.backend.standardize_dtype(ids.dtype)
     if not dtype.startswith(("int", "uint")):

@@ -20,14 +20,14 @@ from typing import Any, Callable, Sequence
 
 import keras
 import numpy as np
-from keras import tree
+from keras import ops, tree
 
 from keras_fedpriv import backend
 from keras_fedpriv.backend import private
 from keras_fedpriv.federated.messages import EXAMPLE_IDS_KEY
 from keras_fedpriv.federated.vertical_parties.wire import EmbeddingSpec
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
-from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
+from keras_fedpriv.layers.input_checks import InputErrorFlagMixin, host_example_ids
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.layers.vae_bottom import vae_release_scope
 from keras_fedpriv.mechanisms.ledger import (
@@ -511,10 +511,10 @@ def _num_rows(x):
 def _as_ids(example_ids, rows, owner):
     if example_ids is None:
         return None
-    ids = np.asarray(example_ids)
-    if ids.dtype.kind not in "iu":
-        raise TypeError(f"{owner}: `example_ids` must be integers; got dtype {ids.dtype}.")
-    ids = ids.reshape(-1).astype(np.int64)
+    if ops.is_tensor(example_ids):
+        example_ids = ops.convert_to_numpy(example_ids)
+    # refused past the backend's id dtype (on JAX, int32: larger ids would wrap onto others)
+    ids = host_example_ids(example_ids, owner).reshape(-1).astype(np.int64)
     if ids.size != rows:
         raise ValueError(f"{owner}: `example_ids` has {ids.size} entries for {rows} rows of "
                          "features; give one id per row.")
