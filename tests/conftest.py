@@ -45,13 +45,33 @@ def _mentions_the_jax_mark(path: str) -> bool:
     return JAX_MARK in pathlib.Path(path).read_text(encoding="utf-8")
 
 
+#: ``KERAS_FEDPRIV_JAX_TESTS=core`` (what `make test`'s JAX pass sets, to stay within CI's
+#: time): only these `jax` modules run: the backend interface, the mechanisms' statistical
+#: tests, the layers, the adversarial tests of their guarantees, and both protocols' steps.
+#: The other `jax` modules test host-side code that is the same on every backend; `make
+#: test-jax` and bench/gpu_check.py run them all.
+JAX_CORE = {
+    "test_backend", "test_jax", "test_private", "test_gpu_check",
+    "test_random", "test_randomized_response", "test_quantize",
+    "test_label_dp", "test_label_formats", "test_input_checks", "test_embedding_dp",
+    "test_vae_bottom", "test_layers", "test_privatize", "test_secret_rng",
+    "test_release_counter", "test_local_state",
+    "test_adversarial_label_inputs", "test_adversarial_paths", "test_adversarial_restore",
+    "test_vertical", "test_horizontal_parties", "test_signds_optimizer",
+}
+
+
 def pytest_ignore_collect(collection_path: pathlib.Path, config: pytest.Config) -> bool | None:
     """Under a backend other than TensorFlow, a test module without the ``jax`` mark is not
-    even imported (it may import TensorFlow); its text is read for the mark instead."""
+    even imported (it may import TensorFlow); its text is read for the mark instead. With
+    ``KERAS_FEDPRIV_JAX_TESTS=core``, only the modules of ``JAX_CORE``."""
     if BACKEND == "tensorflow" or collection_path.suffix != ".py":
         return None
     if not collection_path.name.startswith("test_"):
         return None
+    if (os.environ.get("KERAS_FEDPRIV_JAX_TESTS") == "core"
+            and collection_path.stem not in JAX_CORE):
+        return True
     return None if _mentions_the_jax_mark(str(collection_path)) else True
 
 
