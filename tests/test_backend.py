@@ -18,7 +18,7 @@ from keras import ops
 
 from keras_fedpriv.backend import impl
 from keras_fedpriv.layers import local_state
-from keras_fedpriv.layers.release_counter import FRESH_IDS, ReleaseCounterMixin
+from keras_fedpriv.layers.release_counter import FRESH_ANON, FRESH_IDS, ReleaseCounterMixin
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from tests.stats import SIGMAS, assert_rate, assert_uniform
 
@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.jax]
 
 @keras.saving.register_keras_serializable(package="test_backend_state")
 class _Flip(ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
-    """Negates each input with probability 1/2, from the layer's per-call words."""
+    """Negates each input with probability 1/2, from the layer's per-call words (also the
+    protection layer of tests/test_horizontal_parties.py and tests/test_jax.py)."""
 
     _rng_salt = 0x7E57
 
@@ -42,6 +43,8 @@ class _Flip(ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
         self._count_key_generation(rows)
         if ids is not None:
             self._count_release(FRESH_IDS, rows, ids)
+        else:  # without ids, a release of every example
+            self._count_release(FRESH_ANON, rows)
         return ops.where(ops.less(words, np.uint32(2**31)), -x, x)
 
     def get_config(self):

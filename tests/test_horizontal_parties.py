@@ -9,12 +9,11 @@ import pytest
 from keras_fedpriv.callbacks import MagRR
 from keras_fedpriv.federated.horizontal_parties import HorizontalServer, LocalTrainer, shuffle_order
 from keras_fedpriv.federated.uploads import GaussianUpload, MalformedUpload
-from keras_fedpriv.layers.release_counter import FRESH_ANON, ReleaseCounterMixin
-from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.optimizers import SignDSEncoder
 from keras_fedpriv.optimizers.signds import flatten_update
 from digits_stubs import digits
+from tests.test_backend import _Flip
 
 pytestmark = [pytest.mark.jax]
 
@@ -165,23 +164,6 @@ def test_local_training_carries_the_models_random_state_from_call_to_call():
     first, _, _ = trainer.train(start, x[:32], y[:32], order, [])
     second, _, _ = trainer.train(start, x[:32], y[:32], order, [])
     assert not np.allclose(first, second)
-
-
-@keras.saving.register_keras_serializable(package="test_horizontal_parties")
-class _Flip(ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
-    """Negates each input with probability 1/2 from the layer's secret per-call words."""
-
-    _rng_salt = 0x4F1
-
-    def __init__(self, seed=None, **kwargs):
-        super().__init__(**kwargs)
-        self._init_rng(seed)
-        self._init_release_counter()
-
-    def call(self, x):
-        words = self._next_words(keras.ops.shape(x))
-        self._count_release(FRESH_ANON, keras.ops.shape(x)[0])
-        return keras.ops.where(keras.ops.less(words, np.uint32(2**31)), -x, x)
 
 
 def test_local_training_advances_a_layers_secret_stream_and_counts_every_step():
