@@ -146,3 +146,15 @@ def test_docs_quote_the_graph_error_of_a_repeated_id():
     with pytest.raises(tf.errors.InvalidArgumentError) as caught:
         call(np.array([0, 1, 1, 0], "float32"), np.array([4, 5, 4, 6]))
     assert quote in str(caught.value)
+
+
+def test_traced_check_message_shortens_the_finiteness_and_id_checks_only():
+    """TensorFlow's text of a failed check (op name, stack) is cut to the layer's own rule."""
+    finite = RuntimeError("{{function_node __inference_local_train_12}} EmbeddingDPLayer: "
+                          f"{C.NOT_FINITE} : Tensor had NaN values\n\t [[{{node CheckNumerics}}]]")
+    assert C.traced_check_message(finite) == f"EmbeddingDPLayer: {C.NOT_FINITE}."
+    assert C.traced_check_message(RuntimeError("some other graph error")) is None
+    ids = RuntimeError(f"assertion failed: [LabelDPLayer: {C._UNIQUE_RULE}; first repeated "
+                       "position:] [3]")
+    assert C.traced_check_message(ids) == C.example_ids_assert_message(ids)
+    assert "position 3" in C.traced_check_message(ids)

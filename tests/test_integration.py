@@ -280,7 +280,7 @@ def test_jit_compiled_label_layer_matches_eager():
 def test_mirrored_strategy_fit_with_embedding_layer(strategy):
     import tensorflow as tf
 
-    from keras_fedpriv.layers.secret_rng import SecretKeyVariable
+    from keras_fedpriv.backend.tensorflow import SecretKeyVariable
 
     assert strategy.num_replicas_in_sync == 2
     keras.utils.set_random_seed(2)

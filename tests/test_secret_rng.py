@@ -130,7 +130,7 @@ def test_rng_key_holds_64_bits_of_os_entropy():
     keys = []
     for layer in layers:
         if ON_TENSORFLOW:
-            from keras_fedpriv.layers.secret_rng import SecretKeyVariable
+            from keras_fedpriv.backend.tensorflow import SecretKeyVariable
 
             assert isinstance(layer.rng_key, SecretKeyVariable)
             assert layer.rng_key.keep_when_saved is False

@@ -21,11 +21,15 @@ def vertical_data(n_train, n_val, seed=0):
     return train, val
 
 
-def vertical_trial_model(label_dp, lr=0.05):
-    """A new compiled `VerticalModel` for one trial (bottoms of 4 units, a sigmoid top)."""
+def vertical_trial_model(label_dp, lr=0.05, run_eagerly=True):
+    """A new compiled `VerticalModel` for one trial (bottoms of 4 units, a sigmoid top).
+
+    Eager by default: the searches run a dozen tiny models, whose tracing would be most of
+    the time; the releases counted per trial are the same either way."""
     bottom = lambda n: keras.Sequential([keras.Input((n,)), keras.layers.Dense(4)])  # noqa: E731
     top = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1, activation="sigmoid")])
     model = VerticalModel({"party_a": bottom(6), "party_b": bottom(4)}, top, leader="party_b",
                           label_dp=label_dp)
-    model.compile(keras.optimizers.Adam(lr), "binary_crossentropy", metrics=["accuracy"])
+    model.compile(keras.optimizers.Adam(lr), "binary_crossentropy", metrics=["accuracy"],
+                  run_eagerly=run_eagerly)
     return model

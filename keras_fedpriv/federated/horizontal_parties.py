@@ -31,6 +31,7 @@ from numpy.typing import ArrayLike
 from keras_fedpriv import backend
 from keras_fedpriv.backend.private import flatten_layers
 from keras_fedpriv.federated.uploads import ClientUpload, MalformedUpload
+from keras_fedpriv.layers.input_checks import traced_check_message
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 from keras_fedpriv.optimizers.signds import flatten_update, unflatten_update
 
@@ -204,7 +205,13 @@ class LocalTrainer:
             ``(update, loss, bn_end)``: the flat float32 update, the mean
             local training loss and the final BatchNormalization statistics.
         """
-        deltas, loss, bn_end = self._fn(list(global_weights), x, y, order, list(bn_start))
+        try:
+            deltas, loss, bn_end = self._fn(list(global_weights), x, y, order, list(bn_start))
+        except backend.impl().traced_check_errors() as error:  # a graph check (TensorFlow, no XLA)
+            short = traced_check_message(error)
+            if short is None:
+                raise
+            raise ValueError(f"LocalTrainer.train: {short}") from None
         # A protection layer in the model that met invalid inputs in the compiled step made
         # its output safe and counted the event: raise it here, before anything is encoded.
         for layer in flatten_layers(self.model, include_self=False):

@@ -46,9 +46,9 @@ from keras_fedpriv.federated.vertical_parties.party import (
 from keras_fedpriv.federated.vertical_parties.wire import up_bytes
 from keras_fedpriv.layers.input_checks import (
     InputErrorFlagMixin,
-    example_ids_assert_message,
     find_repeat,
     host_example_ids,
+    traced_check_message,
 )
 from keras_fedpriv.layers.label_dp import LabelDPLayer
 from keras_fedpriv.layers.release_counter import ReleaseCounterMixin
@@ -752,7 +752,7 @@ class VerticalModel(keras.Model):
             return super().fit(x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
                                callbacks=callbacks, **kwargs)
         except backend.impl().traced_check_errors() as error:
-            short = label_assert_message(error) or example_ids_assert_message(error)
+            short = label_assert_message(error) or traced_check_message(error)
             if short is None:
                 raise
             raise ValueError(f"VerticalModel.fit: {short}") from None

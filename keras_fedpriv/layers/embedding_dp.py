@@ -173,7 +173,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
         if traced:
             finite = ops.isfinite(x)
             x = backend.impl().assert_all_finite(
-                x, "EmbeddingDPLayer: the embedding has NaN or inf values")
+                x, f"EmbeddingDPLayer: {input_checks.NOT_FINITE}")
         else:
             self._raise_if_not_finite(ops.convert_to_numpy(x))
         randomize = self.eps is not None and (bool(training) or self.at_inference)

@@ -13,8 +13,10 @@ Pieces shared by `LabelDPLayer` and `EmbeddingDPLayer`:
   and in every traced call a boolean that the layer uses to make the output
   safe where no assert runs (XLA, and every traced JAX function).
 * `example_ids_assert_message`: the short text of a failed graph check of
-  the ids (the rule and the first repeated position), which `VerticalModel`
-  re-raises as a ValueError instead of TensorFlow's graph error.
+  the ids (the rule and the first repeated position); `traced_check_message`
+  also knows the finiteness check of an embedding (`NOT_FINITE`).
+  `VerticalModel` and the horizontal client's `LocalTrainer` re-raise them as
+  a ValueError instead of TensorFlow's graph error.
 * `InputErrorFlagMixin`: a small local (never-trained, never a Keras weight)
   counter variable per layer. Under XLA (``jit_compile=True``) `tf.debugging`
   asserts are removed, and traced JAX code cannot raise at all, so a layer that
@@ -42,6 +44,9 @@ _UNIQUE_RULE = "`example_ids` must be unique within a call (one id per example)"
 # What a failed graph assert of `check_example_ids` says inside tf.errors.InvalidArgumentError.
 _ID_ASSERT = re.compile(r"assertion failed: \[(\w+): (" + re.escape(_COUNT_RULE) + "|"
                         + re.escape(_UNIQUE_RULE) + r"); [\w ,]+:\] \[(\d+)\](?: \[(\d+)\])?")
+#: What a protection layer's graph check of finiteness says (after the layer's name).
+NOT_FINITE = "the embedding has NaN or inf values"
+_FINITE_ASSERT = re.compile(r"(\w+): " + re.escape(NOT_FINITE))
 
 
 def private_errors(call):
@@ -202,6 +207,26 @@ def example_ids_assert_message(error: BaseException) -> str | None:
     if rule == _UNIQUE_RULE:
         return f"{owner}: {rule}; position {first} of a batch repeats an earlier id."
     return f"{owner}: {rule}; a batch has {first} ids for {second} labels."
+
+
+def traced_check_message(error: BaseException) -> str | None:
+    """The short text of any failed graph check of a protection layer's inputs, or None.
+
+    `example_ids_assert_message`, or for the finiteness check of an embedding
+    ``"<owner>: the embedding has NaN or inf values."`` (TensorFlow's text of
+    that check adds the op's name and a stack trace, never a value).
+
+    Args:
+        error: the exception raised by the traced step.
+
+    Returns:
+        The short text, or None when ``error`` is no such check.
+    """
+    short = example_ids_assert_message(error)
+    if short is not None:
+        return short
+    match = _FINITE_ASSERT.search(str(getattr(error, "message", error)))
+    return None if match is None else f"{match.group(1)}: {NOT_FINITE}."
 
 
 class InputErrorFlagMixin:

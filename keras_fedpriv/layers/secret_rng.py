@@ -120,12 +120,3 @@ class SecretRandomMixin:
     def load_own_variables(self, store):
         if _COUNTER in store:
             impl().load_counter(self.rng_counter, store[_COUNTER])
-
-
-def __getattr__(name):
-    # TensorFlow-only names kept here for code and tests written against this module.
-    if name in ("SecretKeyVariable", "_SKIP", "_LocalVariable", "_MonotoneVariable"):
-        from keras_fedpriv.backend import tensorflow as tf_backend
-
-        return getattr(tf_backend, name)
-    raise AttributeError(name)
