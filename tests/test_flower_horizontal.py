@@ -14,7 +14,6 @@ pytest.importorskip("flwr")
 
 from flwr.simulation import run_simulation  # noqa: E402
 
-from keras_fedpriv.callbacks import LaplaceEvaluation, MagRR  # noqa: E402
 from keras_fedpriv.federated import HorizontalFL, partition  # noqa: E402
 from keras_fedpriv.federated.flower import (  # noqa: E402
     HorizontalStrategy,
@@ -30,7 +29,15 @@ from keras_fedpriv.federated.uploads import (  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
-from flower_stubs import APP, ONE_WORKER, TWO_WORKERS, Reply, model_fn  # noqa: E402
+from flower_stubs import (  # noqa: E402
+    APP,
+    ONE_WORKER,
+    TWO_WORKERS,
+    Reply,
+    assert_same_horizontal_run,
+    model_fn,
+    signds_apps,
+)
 
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
 
@@ -51,39 +58,14 @@ def test_signds_with_magrr_on_flower_matches_the_in_process_run():
     x, y = _digits()
     clients = partition(x[:900], y[:900], 3, seed=0)
     val = (x[1400:], y[1400:])
-
-    def upload_fn():
-        return SignDSEncoder(k=0.2, eps=10.0, seed=5)
-
-    def laplace():  # each client holds 300 rows: the server's bound is what they send
-        return LaplaceEvaluation(eps=2.0, from_logits=True, seed=7, max_report_rows=300)
-
     out = {}
-    client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
-                                   upload_fn, seed=1, eps_rr=3.0,
-                                   laplace_eval_fn=lambda context: laplace())
-    server = horizontal_server_app(model_fn, upload_fn, rounds=3, clients_per_round=2,
-                                   num_clients=3, seed=1, magrr=MagRR(eps_rr=3.0, seed=1),
-                                   laplace_eval=laplace(), local_epochs=2, validation_data=val,
-                                   on_finish=lambda r: out.update(result=r))
+    # each client holds 300 rows: the server's bound is what they send
+    client, server = signds_apps(clients, 300, out, rounds=3, clients_per_round=2,
+                                 num_clients=3, local_epochs=2, validation_data=val)
     _simulate(client, server, 3, TWO_WORKERS)
     result = out["result"]
-
-    model = model_fn()
-    fl = HorizontalFL(model, clients, upload=upload_fn(), seed=1)
-    hist = fl.fit(rounds=3, clients_per_round=2, local_epochs=2, validation_data=val,
-                  verbose=0, callbacks=[MagRR(eps_rr=3.0, seed=1), laplace()])
-    # the same arithmetic in both runtimes; a tolerance, not equality, across processes
-    for a, b in zip(model.get_weights(), result.model.get_weights()):
-        np.testing.assert_allclose(a, b, atol=1e-6)
-    assert not np.allclose(model.get_weights()[0], model_fn().get_weights()[0])
-    np.testing.assert_allclose(result.history["global_lr"], hist.history["global_lr"])
-    np.testing.assert_allclose(result.history["r_est"], hist.history["r_est"])
-    # the clients' Laplace-noised outputs, scored by the server: the same in both runtimes
-    for key in ("laplace_silhouette", "laplace_davies_bouldin"):
-        if key in hist.history:
-            np.testing.assert_allclose(result.history[key], hist.history[key], rtol=1e-6)
-    assert any(k.startswith("laplace_") for k in result.history)
+    assert_same_horizontal_run(result, clients, 300, rounds=3, clients_per_round=2,
+                               local_epochs=2, validation_data=val)
     assert result.history["replies"] == [2.0, 2.0, 2.0] and result.rejected == []
     # SignDS on the wire: a sign and h indices per client, nothing else; Flower's framing
     # is the rest of what crosses
@@ -91,12 +73,6 @@ def test_signds_with_magrr_on_flower_matches_the_in_process_run():
     assert result.history["payload_bytes_up"] == [2.0 * (4 * h + 1)] * 3
     assert all(w > p for w, p in zip(result.history["wire_bytes_up"],
                                      result.history["payload_bytes_up"]))
-    # the server's ledger counts what it received; it agrees with the clients' own records
-    # in the in-process run (SignDS + MagRR per participation, 300 Laplace rows per evaluation)
-    server_eps = privacy_report(result, delta=1e-5).epsilon
-    in_process_eps = privacy_report(fl, delta=1e-5).epsilon
-    assert server_eps == pytest.approx(in_process_eps, rel=1e-9)
-    assert np.isfinite(server_eps)
 
 
 def test_a_client_with_a_budget_refuses_the_reply_that_would_go_over_it(tmp_path, caplog):

@@ -26,10 +26,14 @@ from keras_fedpriv.federated.flower.vertical import (  # noqa: E402
 )
 from keras_fedpriv.federated.vertical_driver import VerticalDriver  # noqa: E402
 from keras_fedpriv.federated.vertical_parties.loop import UntrainedEpoch  # noqa: E402
-from keras_fedpriv.layers.release_counter import SLOTS  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
-from flower_stubs import ONE_WORKER, TWO_WORKERS  # noqa: E402
+from flower_stubs import (  # noqa: E402
+    ONE_WORKER,
+    TWO_WORKERS,
+    assert_same_vertical_model,
+    follower_arrays,
+)
 
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(600)]
 
@@ -100,9 +104,7 @@ def _tampering(follower):
 
 def _save_follower(folder):
     def on_finish(follower):
-        np.savez(os.path.join(folder, f"{follower.name}.npz"),
-                 *[v.numpy() for v in follower.trainable_variables],
-                 follower.protection.release_totals.numpy())
+        np.savez(os.path.join(folder, f"{follower.name}.npz"), *follower_arrays(follower))
     return on_finish
 
 
@@ -138,22 +140,9 @@ def _run_in_process(tamper=False, shuffle=True, **run):
 
 
 def _assert_same_model(flower, local, parties, folder):
-    # two runtimes, two processes: a tolerance, never exact equality
-    for a, b in zip(flower.leader.trainable_variables, local.leader.trainable_variables):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
-    for p, follower in parties.followers.items():
-        saved = np.load(os.path.join(folder, f"{p}.npz"))
-        arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-        for a, v in zip(arrays[:-1], follower.trainable_variables):
-            np.testing.assert_allclose(a, v.numpy(), rtol=1e-5, atol=1e-6)
-        # each follower recorded its own releases, the same count in both runtimes (every
-        # slot but the lineage: a random id each layer draws when it is built)
-        counts = [i for i, slot in enumerate(SLOTS) if slot != "lineage"]
-        np.testing.assert_array_equal(arrays[-1][counts],
-                                      follower.protection.release_totals.numpy()[counts])
-    for key in ("loss", "val_loss", "val_auc", "steps", "skipped", "bytes_up", "bytes_down"):
-        np.testing.assert_allclose(flower.history[key], local.history[key], rtol=1e-5,
-                                   err_msg=key)
+    saved = {p: np.load(os.path.join(folder, f"{p}.npz")) for p in parties.followers}
+    assert_same_vertical_model(flower, local, parties, {
+        p: [f[f"arr_{i}"] for i in range(len(f.files))] for p, f in saved.items()})
 
 
 def test_vertical_on_flower_matches_the_in_process_driver(tmp_path, monkeypatch):

@@ -126,6 +126,7 @@ CROSS_CUTTING = {
     "test_examples.py": "the examples' defaults learn (examples/, in one process)",
     "test_export.py": "save, load and export of every object",
     "test_flower_faults_horizontal.py": "a horizontal client killed and restarted on loopback",
+    "test_flower_jax.py": "the horizontal and vertical Flower apps with a JAX model",
     "test_house.py": "these rules",
     "test_horizontal_faults.py": "horizontal FL's faults: lost and rejoining nodes, failed "
                                  "rounds, client data, report sizes",
