@@ -63,3 +63,33 @@ def accuracy_chance_margin(num_rows):
     """SIGMAS standard deviations of the accuracy of guesses independent of the labels (at most
     0.5 / sqrt(n)); its mean is at most the majority class's share."""
     return SIGMAS * 0.5 / math.sqrt(num_rows)
+
+
+def assert_at_chance(result):
+    """A `LabelInferenceResult` within the chance margins: AUC near 0.5, accuracy not above the
+    majority share."""
+    negatives = result.num_evaluated - result.num_positives
+    assert abs(result.auc - 0.5) < auc_chance_margin(result.num_positives, negatives)
+    assert result.accuracy < result.majority_accuracy + accuracy_chance_margin(
+        result.num_evaluated)
+
+
+def assert_deterministic(attack):
+    """``attack`` (embeddings, labels, known=40, seed=3) gives the same result twice."""
+    embeddings, labels = recorded("none")
+    a, b = (attack(embeddings[:300], labels[:300], known=40, seed=3) for _ in range(2))
+    for name in ("scores", "predictions", "known_indices"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+#: small inputs and the bad forms both attacks reject the same way
+H, Y = np.random.default_rng(0).normal(size=(50, 3)), np.tile([0.0, 1.0], 25)
+COMMON_BAD_INPUTS = [
+    ((H[:, 0], Y), {}, ValueError, r"`embeddings` must have shape \(N, d\)"),
+    ((H, Y[:49]), {}, ValueError, "`labels` has 49 rows but `embeddings` has 50"),
+    ((H, Y * 2), {}, ValueError, "`labels` must be binary"),
+    ((np.where(H > 2, np.inf, H), Y), {}, ValueError, "`embeddings` must contain only finite"),
+    ((H, Y), {"known": 1}, ValueError, r"`known` must be an integer in \[2, N - 2\]"),
+    ((H, Y), {"known": "all"}, TypeError, "`known` must be an int"),
+    ((H, Y), {"seed": -1}, ValueError, "`seed`"),
+]

@@ -1,4 +1,5 @@
-"""The rows a label attack knows and the result it reports (keras_fedpriv/attacks/known_labels.py)."""
+"""The rows a label attack knows and the result it reports
+(keras_fedpriv/attacks/known_labels.py)."""
 
 import numpy as np
 import pytest
