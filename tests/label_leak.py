@@ -27,6 +27,7 @@ SIGMAS = 6.5  # two-sided normal tail 8e-11
 
 def _protections(name):
     return {"none": {}, "label_dp_eps0": {"label_dp": kf.LabelDPLayer(eps=0.0, seed=1)},
+            "label_dp_eps1": {"label_dp": kf.LabelDPLayer(eps=1.0, seed=1)},
             "embedding_dp_eps0": {"embedding_dp": kf.EmbeddingDPLayer(eps=0.0, seed=2)}}[name]
 
 

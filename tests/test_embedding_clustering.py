@@ -1,6 +1,8 @@
 """Label inference by clustering the embeddings (keras_fedpriv/attacks/embedding_clustering.py),
 run on the embeddings a follower sent (`MessageRecorder`)."""
 
+import math
+
 import numpy as np
 import pytest
 from label_leak import (
@@ -46,6 +48,21 @@ def test_protection_at_eps_0_leaves_the_attack_at_chance(protection):
         result = embedding_clustering(embeddings, labels, known=known, num_clusters=clusters,
                                       seed=0)
         assert_at_chance(result)
+
+
+def test_label_dp_at_eps_1_holds_the_attack_to_the_randomized_response_bound():
+    """With labels independent of the follower's feature, the run sees the true labels only
+    through the randomized ones (y -> noisy y -> everything else), so no score computed from it
+    has an expected AUC above that of the noisy labels themselves, q = e / (1 + e) = 0.731 (the
+    ROC of randomized response dominates that of anything computed from its output). The
+    margin is 6.5 standard deviations of an AUC near q (Var <= AUC (1 - AUC) / min(n_pos,
+    n_neg)). The follower memorizes the noisy labels, so the attack comes close to q."""
+    embeddings, labels = recorded("label_dp_eps1")
+    result = embedding_clustering(embeddings, labels, seed=0)
+    q = np.e / (1 + np.e)
+    smaller = min(result.num_positives, result.num_evaluated - result.num_positives)
+    assert result.auc < q + 6.5 * math.sqrt(q * (1 - q) / smaller)
+    assert result.auc > q - 0.1
 
 
 def test_naming_and_scores_on_separated_clouds():
