@@ -165,7 +165,8 @@ class CriteoLike:
         self._s = rng.uniform(0.5, 1.5, size=d)
         self._center = np.log1p(np.exp(self._mu))
         self._weights = rng.normal(0.0, 0.45, size=d)
-        self._pairs = rng.choice(d, size=(_NUM_INTERACTIONS, 2), replace=d < 2)
+        self._pairs = np.stack([rng.choice(d, size=2, replace=d < 2)
+                                for _ in range(_NUM_INTERACTIONS)])
         self._pair_weights = rng.normal(0.0, 0.4, size=_NUM_INTERACTIONS)
         self._effect_scale = 0.45
         # Rank r of field f has id (a_f * r + b_f) mod V, a_f coprime with V: a bijection.
@@ -337,6 +338,9 @@ class CriteoLike:
         data = self
 
         class CriteoBatches(keras.utils.PyDataset):
+            def __init__(self):
+                super().__init__()
+
             def __len__(self):
                 return -(-(stop - start) // batch_size)
 

@@ -78,6 +78,16 @@ def test_any_row_range_is_reproducible_without_the_rows_before():
     np.testing.assert_array_equal(far.example_ids, np.arange(10**7 - 3, 10**7 + 2))
 
 
+@pytest.mark.parametrize("num_dense,num_categorical,follower_fields", [(1, 2, 1), (3, 5, 4)])
+def test_other_layouts(num_dense, num_categorical, follower_fields):
+    data = CriteoLike(500, seed=0, num_dense=num_dense, num_categorical=num_categorical,
+                      follower_fields=follower_fields, vocabulary_size=2, chunk_size=500)
+    x, y = data.parties()
+    assert x[FOLLOWER].shape == (500, follower_fields)
+    assert x[LEADER].shape == (500, num_dense + num_categorical - follower_fields)
+    assert set(np.unique(x[FOLLOWER])) == {0, 1} and 0 < y.mean() < 1
+
+
 def test_hashed_effects_match_the_table():
     data = CriteoLike(100, seed=1, vocabulary_size=50, chunk_size=100)
     ids = data.rows(0, 100).categorical

@@ -100,6 +100,7 @@ def test_deterministic_given_seed():
 @pytest.mark.parametrize("args,kwargs,err,fragment", COMMON_BAD_INPUTS + [
     ((H, np.ones(50)), {}, ValueError, "only class 1"),
     ((H, Y), {"num_clusters": 1}, ValueError, "`num_clusters`"),
+    ((H, Y), {"n_init": 0}, ValueError, "`n_init`"),
     ((H, Y), {"num_clusters": 51, "known": 4}, ValueError, "`num_clusters` must be at most"),
     ((H, Y), {"num_clusters": 3}, ValueError, "`num_clusters` must be 2 when no label is known"),
     ((H, Y), {"num_clusters": 2.0}, TypeError, "`num_clusters`"),

@@ -50,7 +50,7 @@ def _positive_clusters(assignment, num_clusters, y, known_indices):
 
 def embedding_clustering(embeddings: ArrayLike, labels: ArrayLike,
                          known: int | Sequence[int] | None = None, *, num_clusters: int = 2,
-                         seed: int | None = 0) -> LabelInferenceResult:
+                         n_init: int = 10, seed: int | None = 0) -> LabelInferenceResult:
     """Cluster the embeddings (k-means) and name each cluster's label.
 
     The attacker sees the embeddings of every row (a follower its own bottom
@@ -79,6 +79,8 @@ def embedding_clustering(embeddings: ArrayLike, labels: ArrayLike,
             drawn at random, stratified; see `choose_known_rows`), or their
             indices. The known rows are left out of the scores.
         num_clusters: k of k-means, an int >= 2 (more than 2 needs ``known``).
+        n_init: k-means runs from different starts (the best is kept), >= 1;
+            fewer run faster on millions of rows.
         seed: seeds k-means and the draw of the known rows (None: fresh
             entropy). With an int the result is reproducible.
 
@@ -103,6 +105,7 @@ def embedding_clustering(embeddings: ArrayLike, labels: ArrayLike,
     x = as_float_matrix(embeddings, "embeddings", allow_list_of_batches=True)
     y = _binary_labels(labels, x.shape[0], rows_name="embeddings")
     k = validate_positive_int(num_clusters, "num_clusters", minimum=2)
+    n_init = validate_positive_int(n_init, "n_init")
     if k > x.shape[0]:
         raise ValueError(f"`num_clusters` must be at most the number of rows ({x.shape[0]}); "
                          f"got {k}.")
@@ -115,7 +118,7 @@ def embedding_clustering(embeddings: ArrayLike, labels: ArrayLike,
     draw_seed, fit_seed = (int(s) for s in rng.integers(0, 2**31 - 1, size=2))
     known_indices = (np.zeros(0, dtype=np.int64) if known is None
                      else choose_known_rows(y, known, seed=draw_seed))
-    kmeans = KMeans(n_clusters=k, n_init=10, random_state=fit_seed).fit(x)
+    kmeans = KMeans(n_clusters=k, n_init=n_init, random_state=fit_seed).fit(x)
     assignment = kmeans.labels_
     positive = _positive_clusters(assignment, k, y, known_indices)
     distances = kmeans.transform(x) ** 2
