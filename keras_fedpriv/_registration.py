@@ -27,6 +27,7 @@ SERIALIZABLE_MODULES = (
     "keras_fedpriv.federated.magrr",
     "keras_fedpriv.federated.laplace_eval",
     "keras_fedpriv.federated.vertical",
+    "keras_fedpriv.wide_deep",
 )
 
 _executing: set[str] = set()  # the watched modules whose code is running now

@@ -6,7 +6,8 @@
   Dirichlet label skew) plus a held-out test set; `digits_mlp` is the model the
   horizontal demo and benchmarks train on it.
 
-The demos, the benchmarks, the examples and the tests take their data from here.
+The demos, the benchmarks, the examples and the tests take their data from here. A synthetic
+Criteo-like click workload of any size (generated, not bundled) is `keras_fedpriv.criteo_like`.
 
 Example:
     >>> xa, xb, y, xa_test, xb_test, y_test = breast_cancer_vertical()
