@@ -26,7 +26,8 @@ demo: $(STAMP)
 #   process at a lower priority, filling the CPU time the TensorFlow pass leaves while its
 #   Flower tests wait. Its output goes to $(JAX_LOG) and is printed after the TensorFlow pass.
 #   It runs the core of them (tests/conftest.py JAX_CORE: the backend, the mechanisms, the
-#   layers, their adversarial input tests, a step of each protocol), to save CI time;
+#   layers, the adversarial tests of their inputs, restores and ledger, a step of each
+#   protocol), to save CI time;
 #   JAX_PASS=0 skips it; `make test-jax` runs every `jax` module, in the foreground.
 # `make test` fails if either pass fails.
 TEST_WORKERS ?= 3

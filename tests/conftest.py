@@ -47,16 +47,23 @@ def _mentions_the_jax_mark(path: str) -> bool:
 
 #: ``KERAS_FEDPRIV_JAX_TESTS=core`` (what `make test`'s JAX pass sets, to stay within CI's
 #: time): only these `jax` modules run: the backend interface (a VerticalModel step
-#: included, in test_jax), the mechanisms' statistical tests, the layers and the adversarial
-#: tests of their inputs, and the horizontal local step.
+#: included, in test_jax), the mechanisms' statistical tests, the layers, the adversarial
+#: tests of their inputs, restores and ledger, and the horizontal local step.
 #: The other `jax` modules test host-side code that is the same on every backend; `make
 #: test-jax` and bench/gpu_check.py run them all.
 JAX_CORE = {
     "test_backend", "test_jax", "test_private", "test_gpu_check",
-    "test_random", "test_randomized_response", "test_quantize",
+    # the mechanisms' statistical tests
+    "test_random", "test_randomized_response", "test_quantize", "test_signds", "test_magrr",
+    "test_laplace", "test_gaussian",
+    # the layers
     "test_label_dp", "test_label_formats", "test_input_checks", "test_embedding_dp",
-    "test_layers", "test_secret_rng", "test_release_counter", "test_local_state",
-    "test_adversarial_label_inputs", "test_horizontal_parties", "test_signds_optimizer",
+    "test_vae_bottom", "test_layers", "test_secret_rng", "test_release_counter",
+    "test_local_state",
+    # the adversarial tests of their guarantees (inputs, restores, the ledger)
+    "test_adversarial_label_inputs", "test_adversarial_restore", "test_adversarial_ledger",
+    # a step of each protocol
+    "test_horizontal_parties", "test_signds_optimizer",
 }
 
 
