@@ -26,6 +26,7 @@ import numpy as np
 from keras import ops
 from numpy.typing import ArrayLike
 
+from keras_fedpriv.layers import input_checks
 from keras_fedpriv.layers import release_counter as rc
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.logs import logger, verbose_scope
@@ -256,6 +257,14 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
     def _kl(self, mu, logvar):
         """beta * mean over the batch of the per-example KL (a scalar)."""
         return self.beta * ops.mean(kl_to_standard_normal(mu, logvar))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Concrete ids are checked before Keras converts the call's arrays: on JAX it would
+        # turn 64-bit ids into int32, wrapping distinct ids onto the same one unflagged.
+        ids = kwargs.get("example_ids", args[2] if len(args) > 2 else None)
+        if ids is not None:
+            input_checks.host_example_ids(ids, "VAEBottom")
+        return super().__call__(*args, **kwargs)
 
     def call(self, inputs: Any, training: bool | None = None,
              example_ids: ArrayLike | None = None) -> Any:
