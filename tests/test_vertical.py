@@ -349,7 +349,7 @@ def test_ids_just_below_an_id_capacity_are_counted_exactly_by_a_compiled_fit(dat
     labels = kf.LabelDPLayer(1.0, seed=2, per_batch=True, id_capacity=capacity)
     model = compile_model(two_party(embedding_dp=embedding, label_dp=labels), jit_compile=True)
     model.fit(with_example_ids(data["train"], start=capacity - n), data["y"], epochs=2,
-              batch_size=64, verbose=0)
+              batch_size=256, verbose=0)
     for layer in (model.protections["party_a"], model.label_dp):
         assert layer.id_capacity == capacity
         ids, counts = layer._release_id_counts_nonzero()

@@ -74,7 +74,7 @@ from keras_fedpriv.layers import input_checks
 from keras_fedpriv.layers.secret_rng import local_variable
 
 __all__ = ["ID_CAPACITY", "MAX_ID_CAPACITY", "ReleaseCounterMixin", "SLOTS", "busiest_bound",
-           "validate_id_capacity"]
+           "replay_scope", "validate_id_capacity"]
 
 #: The default ``id_capacity``: per-id counts for ids in [0, 2**20) (4 MiB per layer).
 ID_CAPACITY = 2 ** 20
@@ -91,6 +91,7 @@ _RELEASE_SLOTS = (FRESH_IDS, FRESH_ANON, ONCE, NON_PRIVATE, PRIOR, KEY_GENERATIO
 
 _TOTALS = "release_totals"
 _BOUND = threading.local()  # `busiest_bound` is active in this thread
+_REPLAY = threading.local()  # `replay_scope` is active in this thread
 _ID_SLOTS = "release_id_slots"
 _ID_VALUES = "release_id_values"
 
@@ -153,6 +154,32 @@ def busiest_bound() -> Iterator[None]:
         yield
     finally:
         _BOUND.active = before
+
+
+@contextlib.contextmanager
+def replay_scope() -> Iterator[None]:
+    """Within it (this thread), protection layers record no release (at tracing: a traced
+    function built within never counts).
+
+    Only for a pass that recomputes one already counted, with the same state
+    and inputs: a vertical follower's replay of the forward pass it sent,
+    to get its gradients. Without it the replay would count the batch's ids
+    again, and undoing that would need a copy of the whole per-id table at
+    every step.
+
+    Example:
+        >>> with replay_scope():
+        ...     again = protection(z, training=True, example_ids=ids)  # counted before
+
+    Yields:
+        None.
+    """
+    before = getattr(_REPLAY, "active", False)
+    _REPLAY.active = True
+    try:
+        yield
+    finally:
+        _REPLAY.active = before
 
 
 def _released(totals):
@@ -344,6 +371,8 @@ class ReleaseCounterMixin:
         Per-id counts are kept for fresh-noise calls (``FRESH_IDS``); the
         other slots count calls only.
         """
+        if getattr(_REPLAY, "active", False):  # a replay of a pass already counted
+            return
         backend = impl()
         wide = backend.COUNT_DTYPE
         totals = self.release_totals
