@@ -17,8 +17,10 @@ import pytest
 from sklearn.datasets import load_digits
 
 import keras_fedpriv as kf
+from keras_fedpriv.backend import impl
 from keras_fedpriv.callbacks import LaplaceEvaluation, MagRR
 from keras_fedpriv.federated import GaussianUpload, HorizontalFL, VerticalModel, partition
+from keras_fedpriv.layers.local_state import load_local_state, local_state
 from keras_fedpriv.mechanisms import randomized_response_dp_event
 from keras_fedpriv.mechanisms.events import pure_dp_event
 from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
@@ -381,3 +383,91 @@ def test_example_ids_that_do_not_name_every_row_count_for_every_example():
     layer(np.ones((2, 3), "float32"), training=True, example_ids=np.array([5, 6]))
     (row,) = privacy_report(layer).rows()
     assert row["releases"] == 2  # examples 5 and 6: the anonymous call + their own
+
+
+# ------------------------------------------------------------------ example ids at scale
+def _release(layer, ids, dtype="int64"):
+    """One fresh release by ``layer`` about ``ids`` (one row each)."""
+    ids = np.asarray(ids, dtype)
+    if isinstance(layer, kf.LabelDPLayer):
+        return layer(np.zeros(ids.size, "float32"), example_ids=ids, training=True)
+    return layer(np.ones((ids.size, 3), "float32"), example_ids=ids, training=True)
+
+
+def test_an_id_folded_by_one_layer_is_not_under_counted_beside_another_layer():
+    """Example 13 is released 3 times by a layer counting ids below 8 (13 folds onto slot 5)
+    and 3 times by one counting ids below 2**20: 6 releases of one example. Recorded per slot,
+    the report saw unit 5 (3 releases) and unit 13 (3 releases) apart: never 6."""
+    small = kf.EmbeddingDPLayer(eps=2.0, seed=0, id_capacity=8)
+    large = kf.EmbeddingDPLayer(eps=2.0, seed=1)
+    for _ in range(3):
+        _release(small, [13, 1])
+        _release(large, [13, 2])
+    report = privacy_report([small, large])
+    _close(report.epsilon, by_hand([(quantize_rr_dp_event(2.0, 3), 6)]))
+    assert any("upper bounds" in row["note"] for row in report.rows())
+
+
+_CAPACITY = 16
+_OUTSIDE = {  # ids outside [0, 16), each call's ids distinct; some fold onto 0 .. 3
+    "at and past the capacity": ([15, 16, 17, 31, 3], "int64"),
+    "negative": ([-1, -16, -(2**40), 3, 0], "int64"),
+    "past int32": ([2**31, 2**31 + 1, 2**31 - 1, 4, 2], "int64"),
+    "past uint32": ([2**32, 2**32 + 16 + 3, 3, 2**63 - 1, 1], "int64"),
+    "past int64 (uint64)": ([2**64 - 1, 2**63, 5, 0, 1], "uint64"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_OUTSIDE))
+@pytest.mark.parametrize("make", [
+    lambda: kf.EmbeddingDPLayer(eps=2.0, seed=0, id_capacity=_CAPACITY),
+    lambda: kf.LabelDPLayer(eps=2.0, seed=0, per_batch=True, id_capacity=_CAPACITY),
+    lambda: kf.VAEBottom(2, hidden_units=(), seed=0, id_capacity=_CAPACITY)],
+    ids=["EmbeddingDPLayer", "LabelDPLayer", "VAEBottom"])
+def test_ids_outside_the_capacity_only_ever_over_count(make, case):
+    """Every id a caller may pass outside [0, id_capacity): each example's releases stay
+    below what the report counts for it, and the report says it is a bound. On JAX, ids
+    that int32 cannot hold are refused (they would wrap onto other ids unflagged)."""
+    layer = make()
+    ids, dtype = _OUTSIDE[case]
+    info = np.iinfo(impl().EXAMPLE_ID_DTYPE)  # int64 (TensorFlow: uint64 reinterpreted), int32
+    if info.bits == 32 and any(not info.min <= i <= info.max for i in ids):
+        with pytest.raises(ValueError, match="example_ids"):
+            _release(layer, ids, dtype)
+        assert not any(layer.release_calls().values())
+        return
+    true = {}
+    for batch in (ids, [0, 1, 2, 3], ids[::-1]):
+        _release(layer, batch, dtype)
+        for i in batch:
+            true[i] = true.get(i, 0) + 1
+    ledger = layer.privacy_ledger()
+    (kind,) = ledger.kinds
+    assert ledger.is_approximate(kind)
+    _, profiles = ledger.unit_profiles(kind.unit)
+    assert min(max(p) for p in profiles) >= max(true.values())  # every unit, every example
+    assert max(r["releases"] for r in privacy_report(layer).rows()) >= max(true.values())
+
+
+@pytest.mark.parametrize("path", ["load_own_variables", "load_local_state"])
+def test_counts_restored_into_a_smaller_capacity_fold_and_never_under_count(path):
+    """Counts saved by a layer counting ids below 1000, restored into one counting below 100
+    (an old file or another party's state): ids 900 and 400 share slot 0; the report bounds
+    each example by the busiest slot, also after more releases."""
+    big = kf.EmbeddingDPLayer(eps=2.0, seed=0, id_capacity=1000)
+    _release(big, [900, 5, 400])
+    _release(big, [900, 6])
+    small = kf.EmbeddingDPLayer(eps=2.0, seed=0, id_capacity=100)
+    small.build((None, 3))
+    if path == "load_own_variables":
+        store = {}
+        big.save_own_variables(store)
+        small.load_own_variables(store)
+    else:
+        load_local_state([small], local_state([big]))
+    _release(small, [900, 7])  # example 900: 3 releases in all
+    ledger = small.privacy_ledger()
+    (kind,) = ledger.kinds
+    assert ledger.is_approximate(kind) and ledger.total(kind) >= 3
+    _, profiles = ledger.unit_profiles(kind.unit)
+    assert min(max(p) for p in profiles) >= 3

@@ -34,8 +34,11 @@ def test_a_follower_state_moves_to_another_process(data):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     np.testing.assert_array_equal(first.protection.release_totals.numpy(),
                                   copy.protection.release_totals.numpy())
-    # applying did not count a second release, nor draw new noise
+    # applying did not count a second release (per example id too), nor draw new noise
     assert int(first.protection.release_totals.numpy()[0]) == 1
+    for follower in (first, copy):
+        counted, counts = follower.protection._release_id_counts_nonzero()
+        assert counted.tolist() == ids.tolist() and set(counts.tolist()) == {1}
     np.testing.assert_array_equal(first.protection.rng_counter.numpy(),
                                   copy.protection.rng_counter.numpy())
 

@@ -135,3 +135,17 @@ def test_a_state_without_release_counts_is_refused_by_a_layer_that_has_released(
     del state["0/rng_counter"]
     with pytest.raises(ValueError, match="another structure"):
         load_local_state([VAEBottom(2, hidden_units=(3,), seed=4)], state)
+
+
+def test_a_snapshot_without_the_id_counts_leaves_the_table_as_it_is():
+    """What a follower's replay takes (it counts nothing per example): the random state and
+    totals, never a copy of the per-example table, which restore then leaves alone."""
+    bottom, protection = _party()
+    _send(bottom, protection)
+    state = snapshot([bottom, protection], id_counts=False)
+    assert state.counts == {} and "1/release_id_slots" not in state.to_state()
+    first = _send(bottom, protection)
+    restore([bottom, protection], state)
+    np.testing.assert_array_equal(_send(bottom, protection), first)  # the same draws again
+    ids, counts = protection._release_id_counts_nonzero()
+    assert ids.tolist() == IDS.tolist() and counts.tolist() == [3] * 6  # nothing rewound

@@ -33,10 +33,10 @@ def test_the_example_ids_key_is_not_a_party_name():
 
 
 def test_a_copied_protection_gets_the_partys_own_seed_and_name():
-    layer = kf.EmbeddingDPLayer(2.0, seed=5, at_inference=False, name="emb")
+    layer = kf.EmbeddingDPLayer(2.0, seed=5, at_inference=False, name="emb", id_capacity=3000)
     copy = P.copy_protection(layer, "f1", "Owner")
     assert type(copy) is kf.EmbeddingDPLayer and copy is not layer and copy.name == "emb_f1"
-    assert (copy.eps, copy.at_inference) == (2.0, False)
+    assert (copy.eps, copy.at_inference, copy.id_capacity) == (2.0, False, 3000)
     assert copy.seed == P.derive_party_seed(5, "f1") != P.copy_protection(layer, "f2", "O").seed
     keras_layer = keras.layers.GaussianNoise(0.1, seed=5)
     assert P.copy_protection(keras_layer, "f1", "O").seed == P.derive_party_seed(5, "f1", 31)

@@ -221,3 +221,94 @@ def test_raising_the_maximum_from_the_host_keeps_a_count_made_meanwhile():
     finally:
         del variable.numpy, variable.read_value
     assert layer.release_id_max() >= 6
+
+
+# -- id capacity --------------------------------------------------------------------------
+def _counts(layer):
+    ids, counts = layer._release_id_counts_nonzero()
+    return dict(zip(ids.tolist(), counts.tolist()))
+
+
+@pytest.mark.parametrize("cls,args", [(kf.EmbeddingDPLayer, (1.0,)), (kf.LabelDPLayer, (1.0,)),
+                                      (kf.VAEBottom, (2,))])
+def test_id_capacity_is_checked_by_every_counting_layer(cls, args):
+    for bad, error in [("big", TypeError), (1.5, TypeError), (True, TypeError), (0, ValueError),
+                       (-5, ValueError), (rc.MAX_ID_CAPACITY + 1, ValueError)]:
+        with pytest.raises(error, match=r"`id_capacity` must be an integer in \[1, 268435456\]"):
+            cls(*args, id_capacity=bad)
+    layer = cls(*args, id_capacity=np.int64(1000))
+    assert layer.id_capacity == 1000 and layer.get_config()["id_capacity"] == 1000
+    assert cls.from_config(layer.get_config()).id_capacity == 1000
+    old = layer.get_config()
+    del old["id_capacity"]  # a config saved before the argument existed: today's default
+    assert cls.from_config(old).id_capacity == rc.ID_CAPACITY == 2**20
+    assert rc.validate_id_capacity(10**8) == 10**8 <= rc.MAX_ID_CAPACITY
+
+
+def test_the_table_holds_four_bytes_per_id_of_the_capacity():
+    """The memory the docs state: ``id_capacity`` int32 slots (4 bytes per id), one table."""
+    layer = kf.EmbeddingDPLayer(1.0, seed=1, id_capacity=1000)
+    layer(X, training=True, example_ids=np.array([0, 1, 2, 999]))
+    table = layer._release_id_counts
+    values = np.asarray(table.numpy())
+    assert tuple(table.shape) == (1000,) and values.dtype == np.int32 and values.nbytes == 4000
+
+
+def test_ids_near_a_large_capacity_are_counted_exactly():
+    """A 2**24 + 3 capacity (64 MiB, the largest a test allocates; 10**8 takes 400 MB and
+    counts the same way): ids just below it count exactly, the next one folds and says so."""
+    capacity = 2**24 + 3
+    layer = kf.EmbeddingDPLayer(1.0, seed=1, id_capacity=capacity)
+    top = capacity - 1
+    for ids in ([top - 3, top - 2, top - 1, top], [top, top - 1, 0, 5], [top, 7, 8, 9]):
+        layer(X, training=True, example_ids=np.array(ids, "int64"))
+    assert _counts(layer) == {top - 3: 1, top - 2: 1, top - 1: 2, top: 3, 0: 1, 5: 1, 7: 1, 8: 1,
+                              9: 1}
+    assert _totals(layer)["folded"] == 0 and layer.release_id_max() == 3
+    (kind,) = layer.privacy_ledger().kinds
+    assert not layer.privacy_ledger().is_approximate(kind)
+    layer(X, training=True, example_ids=np.array([capacity, 1, 2, 3], "int64"))  # onto slot 0
+    assert _totals(layer)["folded"] == 1 and _counts(layer)[0] == 2
+    ledger = layer.privacy_ledger()
+    assert ledger.is_approximate(kind) and ledger.total(kind) == 3
+
+
+def test_a_capacity_travels_through_a_keras_file(tmp_path):
+    import keras
+
+    layer = kf.EmbeddingDPLayer(1.0, seed=1, id_capacity=5000)
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, layer(inputs))
+    layer(X, training=True, example_ids=np.array([4999, 4998, 0, 17]))
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    back = keras.models.load_model(path).layers[-1]
+    assert back.id_capacity == 5000 and _counts(back) == {4999: 1, 4998: 1, 0: 1, 17: 1}
+
+
+def test_counts_saved_with_the_old_2_20_layout_load_exactly_into_a_larger_table():
+    old = kf.EmbeddingDPLayer(1.0, seed=1)  # the default: ids in [0, 2**20)
+    old(X, training=True, example_ids=np.array([0, 2**20 - 1, 5, 6]))
+    store = {}
+    old.save_own_variables(store)
+    assert store[rc._ID_SLOTS].tolist() == [0, 5, 6, 2**20 - 1]  # sparse: nonzero only
+    new = kf.EmbeddingDPLayer(1.0, seed=1, id_capacity=2**21)
+    new.build((None, 3))
+    new.load_own_variables(store)
+    assert _counts(new) == {0: 1, 5: 1, 6: 1, 2**20 - 1: 1} and _totals(new)["folded"] == 0
+
+
+@pytest.mark.tensorflow_only("tf.function(jit_compile=True), tf.data maps, 64-bit ids in graphs")
+def test_a_capacity_counts_inside_xla_and_tf_data():
+    import tensorflow as tf
+
+    layer = kf.EmbeddingDPLayer(1.0, seed=1, id_capacity=1000)
+    step = tf.function(lambda x, i: layer(x, training=True, example_ids=i), jit_compile=True)
+    step(tf.constant(X), tf.constant([996, 997, 998, 999], tf.int64))
+    ds = tf.data.Dataset.from_tensor_slices((X, np.array([999, 998, 3, 4], "int64"))).batch(4)
+    for _ in ds.map(lambda x, i: layer(x, training=True, example_ids=i)):
+        pass
+    assert _counts(layer) == {996: 1, 997: 1, 998: 2, 999: 2, 3: 1, 4: 1}
+    assert _totals(layer)["folded"] == 0
+    step(tf.constant(X), tf.constant([1000 * 2**33 + 999, 5, 6, 7], tf.int64))  # -> slot 999
+    assert _totals(layer)["folded"] == 1 and _counts(layer)[999] == 3

@@ -340,6 +340,24 @@ def test_bad_arguments_raise_clear_errors():
         MessageRecorder(max_steps=0)
 
 
+def test_ids_just_below_an_id_capacity_are_counted_exactly_by_a_compiled_fit(data):
+    """Protections built with ``id_capacity`` count the ids just below it exactly in ``fit``
+    (XLA on TensorFlow, jit on JAX): no fold, no bound in the report."""
+    n = len(data["y"])
+    capacity = 5000 + n
+    embedding = kf.EmbeddingDPLayer(2.0, seed=1, id_capacity=capacity)
+    labels = kf.LabelDPLayer(1.0, seed=2, per_batch=True, id_capacity=capacity)
+    model = compile_model(two_party(embedding_dp=embedding, label_dp=labels), jit_compile=True)
+    model.fit(with_example_ids(data["train"], start=capacity - n), data["y"], epochs=1,
+              batch_size=64, verbose=0)
+    for layer in (model.protections["party_a"], model.label_dp):
+        assert layer.id_capacity == capacity
+        ids, counts = layer._release_id_counts_nonzero()
+        assert ids.tolist() == list(range(capacity - n, capacity)) and set(counts.tolist()) == {1}
+    rows = kf.privacy.privacy_report(model).rows()
+    assert {r["releases"] for r in rows} == {1} and not any("upper" in r["note"] for r in rows)
+
+
 def test_missing_example_ids_with_randomize_once_label_dp_raises(data):
     model = compile_model(two_party(label_dp=kf.LabelDPLayer(1.0)))
     with pytest.raises(ValueError, match=re.escape("with_example_ids")):

@@ -652,16 +652,20 @@ def party_function(fn: Callable[..., Any], signature: list[Any],
                    variables: Callable[[], list[Any]]) -> Callable[..., Any]:
     """A party's step, compiled: ``fn(*args)`` as a `jax.jit` function of the values of
     ``variables()`` (every variable it reads or updates) and of ``args``, the new values
-    assigned after each call (``signature`` is TensorFlow's; JAX traces once per shape)."""
+    assigned after each call (``signature`` is TensorFlow's; JAX traces once per shape).
+
+    The values' buffers are donated to the step (updated in place, as in Keras' own
+    trainer): a large state (a per-example count table) costs no copy per call."""
     del signature
     compiled: dict[tuple[int, ...], Any] = {}
 
     def call(*args):
-        state = list(variables())
+        state = list({id(v): v for v in variables()}.values())  # a buffer is donated once
         key = tuple(map(id, state))
         if key not in compiled:
             compiled[key] = jax.jit(
-                lambda values, args: _in_step(state, values, lambda: fn(*args)))
+                lambda values, args: _in_step(state, values, lambda: fn(*args)),
+                donate_argnums=0)
         out, values = compiled[key]([v.value for v in state], args)
         for v, value in zip(state, values):
             v.assign(value)

@@ -87,6 +87,11 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
             False, inference only quantizes, which releases the sign pattern
             without any DP guarantee.
         ste: ``"identity"`` or ``"hardtanh"``.
+        id_capacity: how many example ids the per-example release counts tell
+            apart: ids ``0 .. id_capacity - 1`` are counted exactly, in 4 bytes
+            each (default 2**20: 4 MiB; 10**8 ids: 400 MB; at most 2**28).
+            Other ids fold onto shared slots, and the report then counts every
+            example as often as the busiest slot (an upper bound, said so).
 
     Call arguments:
         inputs: the embedding, a floating tensor (batch, ...).
@@ -106,7 +111,8 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
     _input_error_reasons = ("non-finite embedding values (NaN or inf)",)
 
     def __init__(self, eps: float | None = None, seed: int | None = None, at_inference: bool = True,
-                 ste: str = "identity", **kwargs: Any) -> None:
+                 ste: str = "identity", id_capacity: int = rc.ID_CAPACITY,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.eps = validate_eps(eps, allow_none=True)
         if not isinstance(at_inference, bool):
@@ -116,7 +122,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
         self.at_inference = at_inference
         self.ste = ste
         self._init_rng(seed)
-        self._init_release_counter()
+        self._init_release_counter(id_capacity)
         self._init_input_errors()
         self._convert_input_args = False  # keep the input's dtype (no autocast)
         self._allow_non_tensor_positional_args = True
@@ -257,5 +263,5 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update({"eps": self.eps, "seed": self.seed, "at_inference": self.at_inference,
-                       "ste": self.ste})
+                       "ste": self.ste, "id_capacity": self.id_capacity})
         return config

@@ -98,6 +98,11 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
             saved. An int makes the noise reproducible and is saved in the
             config, so treat it as a secret.
         per_batch: re-randomize at every call (composes over epochs).
+        id_capacity: how many example ids the per-example release counts tell
+            apart: ids ``0 .. id_capacity - 1`` are counted exactly, in 4 bytes
+            each (default 2**20: 4 MiB; 10**8 ids: 400 MB; at most 2**28).
+            Other ids fold onto shared slots, and the report then counts every
+            example as often as the busiest slot (an upper bound, said so).
 
     Call arguments:
         labels: labels in the layer's format (bool labels are read as 0/1).
@@ -125,7 +130,8 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
                             "invalid example_ids (wrong count or repeated)")
 
     def __init__(self, eps: float, mode: str = "auto", num_classes: int | None = None,
-                 seed: int | None = None, per_batch: bool = False, **kwargs: Any) -> None:
+                 seed: int | None = None, per_batch: bool = False,
+                 id_capacity: int = rc.ID_CAPACITY, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.eps = validate_eps(eps)
         if mode not in label_formats.MODES:
@@ -139,7 +145,7 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
             raise TypeError(f"`per_batch` must be a bool; got {per_batch!r}.")
         self.per_batch = per_batch
         self._init_rng(seed)
-        self._init_release_counter()
+        self._init_release_counter(id_capacity)
         self._init_input_errors()
         self._convert_input_args = False  # keep the labels' own dtype
         self._allow_non_tensor_positional_args = True
@@ -346,5 +352,6 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update({"eps": self.eps, "mode": self.mode, "num_classes": self.num_classes,
-                       "seed": self.seed, "per_batch": self.per_batch})
+                       "seed": self.seed, "per_batch": self.per_batch,
+                       "id_capacity": self.id_capacity})
         return config

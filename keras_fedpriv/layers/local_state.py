@@ -33,6 +33,7 @@ from keras import ops
 
 from keras_fedpriv.backend import impl
 from keras_fedpriv.backend.private import flatten_layers
+from keras_fedpriv.layers.release_counter import _fold_counts
 
 __all__ = ["Snapshot", "load_local_state", "local_state", "restore", "snapshot"]
 
@@ -162,7 +163,8 @@ def load_local_state(layers: Iterable[Any], state: dict[str, Any]) -> None:
         values = np.asarray(state[f"{j}/release_id_values"], np.int64).reshape(-1)
         if ids.size or sub._release_id_counts is not None:
             counts = np.zeros(tuple(sub._id_count_variable().shape), np.int32)
-            counts[ids] = values
+            # ids of a state taken with a larger `id_capacity` fold (and say so)
+            sub._mark_folded(_fold_counts(counts, ids, values))
             sub._id_count_variable().assign(counts)
             if values.size:  # the running maximum: never behind the table it now holds
                 sub._raise_id_max_to(int(values.max()))
@@ -211,14 +213,23 @@ class Snapshot:
         return out
 
 
-def snapshot(layers: Iterable[Any]) -> Snapshot:
+def snapshot(layers: Iterable[Any], id_counts: bool = True) -> Snapshot:
     """A fast in-memory `local_state` of ``layers`` (tensors; later updates do not change it).
 
+    Args:
+        layers: as for `local_state`.
+        id_counts: also copy the per-example release counts (a table of the
+            layer's ``id_capacity`` slots, 4 bytes each). False for a state
+            that `restore` puts back around calls that count nothing per
+            example: the tables are then neither copied nor restored.
+
     Returns:
-        A `Snapshot` for `restore` (``.to_state()`` gives `local_state`'s format).
+        A `Snapshot` for `restore` (``.to_state()`` gives `local_state`'s format,
+        without per-example counts if ``id_counts`` is False).
     """
     entries, counted = _entries(layers)
     backend = impl()
+    counted = counted if id_counts else []
     counts = {j: (None if sub._release_id_counts is None
                   else ops.copy(backend.read(sub._release_id_counts))) for j, sub in counted}
     maxima = {j: ops.copy(backend.read(sub._release_id_max)) for j, sub in counted
@@ -235,7 +246,9 @@ def restore(layers: Iterable[Any], state: Snapshot | dict[str, Any]) -> None:
     for name, v in entries:
         v.assign(state.values[name])
     for j, sub in counted:
-        t = state.counts.get(j)
+        if j not in state.counts:  # taken without the per-example counts: left as they are
+            continue
+        t = state.counts[j]
         if t is not None:
             sub._id_count_variable().assign(t)
             if j in state.maxima:  # never behind the table it now holds (a scalar, no scan)

@@ -12,11 +12,22 @@ shared by all replicas, never mirrored):
   a new, independent release) and the largest row size released
   (``max_coordinates``), and the layer's ``lineage``: a random id drawn when
   the layer is built, saved with the counts (see "Restoring" below);
-* ``release_id_counts`` (int32, created on the first call that has
-  example ids and fresh noise): per example id, the number of fresh-noise
-  releases about that example. Ids are taken modulo ``ID_CAPACITY``; an id
-  outside ``[0, ID_CAPACITY)`` sets the ``folded`` slot and the per-id
-  counts become upper bounds (two ids may share a slot), which reports say;
+* ``release_id_counts`` (int32, ``id_capacity`` slots: 4 bytes per
+  example id the layer can tell apart, created on the first call that has
+  example ids and fresh noise on TensorFlow, with the layer on JAX): per
+  example id, the number of fresh-noise releases about that example, exact
+  for ids in ``[0, id_capacity)``. ``id_capacity`` is a constructor argument
+  of the layers (default ``ID_CAPACITY`` = 2**20: 4 MiB; at most
+  ``MAX_ID_CAPACITY`` = 2**28: 1 GiB; 10**8 ids take 400 MB). An id outside
+  that range (negative, or ``>= id_capacity``) is folded onto slot
+  ``id mod id_capacity`` and sets the ``folded`` slot; from then on the
+  ledger no longer reports the layer per example but as the largest slot's
+  count of releases of **every** example (`_record_fresh_releases`): a
+  slot shared by several ids counts each of their releases, so that count
+  bounds every example's, and recording it for every example keeps the
+  bound safe when it is composed with other layers' per-example counts
+  (which may fold differently, or not at all). Reports say the counts are
+  upper bounds;
 * ``release_id_max`` (int32, created with ``release_id_counts``): a running
   maximum of the per-id counts, updated by the same call from the counts of
   that call's ids only (no scan of the whole table). It never under-states
@@ -49,6 +60,7 @@ freshly built model instead.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import secrets
 import threading
 from typing import Any, Iterator
@@ -58,12 +70,16 @@ import numpy as np
 from keras import ops
 
 from keras_fedpriv.backend import impl
+from keras_fedpriv.layers import input_checks
 from keras_fedpriv.layers.secret_rng import local_variable
 
-__all__ = ["ID_CAPACITY", "ReleaseCounterMixin", "SLOTS", "busiest_bound"]
+__all__ = ["ID_CAPACITY", "MAX_ID_CAPACITY", "ReleaseCounterMixin", "SLOTS", "busiest_bound",
+           "replay_scope", "validate_id_capacity"]
 
-#: Per-id counts are kept for ids in [0, ID_CAPACITY) (4 MiB per layer that uses them).
+#: The default ``id_capacity``: per-id counts for ids in [0, 2**20) (4 MiB per layer).
 ID_CAPACITY = 2 ** 20
+#: The largest ``id_capacity`` a layer accepts (1 GiB of int32 counts per layer).
+MAX_ID_CAPACITY = 2 ** 28
 
 #: Slots of ``release_totals``.
 SLOTS = ("fresh_with_ids", "fresh_without_ids", "keyed_once", "non_private", "prior",
@@ -75,8 +91,41 @@ _RELEASE_SLOTS = (FRESH_IDS, FRESH_ANON, ONCE, NON_PRIVATE, PRIOR, KEY_GENERATIO
 
 _TOTALS = "release_totals"
 _BOUND = threading.local()  # `busiest_bound` is active in this thread
+_REPLAY = threading.local()  # `replay_scope` is active in this thread
 _ID_SLOTS = "release_id_slots"
 _ID_VALUES = "release_id_values"
+
+
+def validate_id_capacity(value: Any) -> int:
+    """``value`` as an int if it is a valid ``id_capacity``, else a TypeError / ValueError.
+
+    The number of example ids a layer counts exactly (ids ``0 .. value - 1``),
+    1 to `MAX_ID_CAPACITY`; the layer's per-id table takes 4 bytes per id.
+
+    Example:
+        >>> validate_id_capacity(10**8)   # 400 MB of counts per layer
+        100000000
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`id_capacity` must be an integer in [1, {MAX_ID_CAPACITY}] (the number "
+                        f"of example ids counted exactly); got {value!r} of type "
+                        f"{type(value).__name__}.")
+    if not 1 <= int(value) <= MAX_ID_CAPACITY:
+        raise ValueError(f"`id_capacity` must be an integer in [1, {MAX_ID_CAPACITY}] (2**28: "
+                         f"1 GiB of counts per layer); got {value!r}.")
+    return int(value)
+
+
+def _fold_counts(counts, ids, values):
+    """``counts[ids mod capacity] = max(counts, values)`` in place (numpy, host side).
+
+    Returns:
+        Whether an id was outside ``[0, capacity)`` (folded onto another's slot).
+    """
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    np.maximum.at(counts, np.mod(ids, counts.size),
+                  np.asarray(values, np.int64).reshape(-1).astype(counts.dtype))
+    return bool(np.any((ids < 0) | (ids >= counts.size)))
 
 
 def _new_lineage():
@@ -105,6 +154,32 @@ def busiest_bound() -> Iterator[None]:
         yield
     finally:
         _BOUND.active = before
+
+
+@contextlib.contextmanager
+def replay_scope() -> Iterator[None]:
+    """Within it (this thread), protection layers record no release (at tracing: a traced
+    function built within never counts).
+
+    Only for a pass that recomputes one already counted, with the same state
+    and inputs: a vertical follower's replay of the forward pass it sent,
+    to get its gradients. Without it the replay would count the batch's ids
+    again, and undoing that would need a copy of the whole per-id table at
+    every step.
+
+    Example:
+        >>> with replay_scope():
+        ...     again = protection(z, training=True, example_ids=ids)  # counted before
+
+    Yields:
+        None.
+    """
+    before = getattr(_REPLAY, "active", False)
+    _REPLAY.active = True
+    try:
+        yield
+    finally:
+        _REPLAY.active = before
 
 
 def _released(totals):
@@ -221,7 +296,8 @@ class _KeyUse:
 class ReleaseCounterMixin:
     """Mixin: count a layer's releases in graph-safe local variables."""
 
-    def _init_release_counter(self):
+    def _init_release_counter(self, id_capacity=ID_CAPACITY):
+        self.id_capacity = validate_id_capacity(id_capacity)
         totals = np.zeros(len(SLOTS), np.int64)
         totals[LINEAGE] = _new_lineage()
         owner = f"{type(self).__name__} {self.name!r}"
@@ -273,7 +349,7 @@ class ReleaseCounterMixin:
                     self._release_id_max = local_variable(
                         self, np.int32(0), "release_id_max", monotone=True)
                     self._release_id_counts = local_variable(
-                        self, np.zeros(ID_CAPACITY, np.int32), "release_id_counts",
+                        self, np.zeros(self.id_capacity, np.int32), "release_id_counts",
                         monotone=True)
             return self._release_id_counts
 
@@ -295,6 +371,8 @@ class ReleaseCounterMixin:
         Per-id counts are kept for fresh-noise calls (``FRESH_IDS``); the
         other slots count calls only.
         """
+        if getattr(_REPLAY, "active", False):  # a replay of a pass already counted
+            return
         backend = impl()
         wide = backend.COUNT_DTYPE
         totals = self.release_totals
@@ -306,11 +384,12 @@ class ReleaseCounterMixin:
         # Ids that do not name every row (a wrong count) cannot be trusted to
         # count per example: the call then counts for every example instead.
         match = ops.cast(ops.equal(ops.size(ids), ops.cast(rows, "int32")), wide)
-        outside = ops.cast(ops.any(ops.logical_or(ids < 0, ids >= ID_CAPACITY)), wide)
+        capacity = self.id_capacity
+        outside = ops.cast(ops.any(ops.logical_or(ids < 0, ids >= capacity)), wide)
         update = (_slot_update(totals, FRESH_IDS, called * match)
                   + _slot_update(totals, FRESH_ANON, called * (1 - match))
                   + _slot_update(totals, FOLDED, outside * match))
-        slots = ops.cast(ops.mod(ids, ID_CAPACITY), "int32")
+        slots = ops.cast(ops.mod(ids, capacity), "int32")
         counts = self._id_count_variable()
         backend.scatter_add(counts, slots, ops.full(ops.shape(slots), 1, "int32")
                             * ops.cast(match, "int32"))
@@ -324,7 +403,8 @@ class ReleaseCounterMixin:
         if example_ids is None:
             self._count_release(FRESH_ANON, rows)
             return
-        ids = ops.reshape(ops.convert_to_tensor(example_ids), [-1])
+        host = input_checks.host_example_ids(example_ids, owner)  # JAX: refuses ids past int32
+        ids = ops.reshape(ops.convert_to_tensor(example_ids if host is None else host), [-1])
         dtype = keras.backend.standardize_dtype(ids.dtype)
         if "int" not in dtype:
             raise TypeError(f"{owner}: `example_ids` must be integers; got dtype {dtype}.")
@@ -389,7 +469,13 @@ class ReleaseCounterMixin:
     def _record_fresh_releases(self, ledger, kind, totals):
         """Add the fresh-noise calls to ``ledger`` as ``kind``: per example id, and the
         calls without ids for every example (within `busiest_bound`: the running
-        maximum, as the releases of one example)."""
+        maximum, as the releases of one example).
+
+        Once an id was folded (``folded`` slot), the per-id counts are per slot:
+        the largest is recorded as releases of every example (approximate). Per
+        slot they could under-count: another layer that folds differently (or not)
+        would name the same example by another unit, and the report composes per
+        unit."""
         if totals[FRESH_ANON]:
             ledger.record(kind, units=None, count=int(totals[FRESH_ANON]))
         if getattr(_BOUND, "active", False):
@@ -398,8 +484,11 @@ class ReleaseCounterMixin:
                 ledger.record_counts(kind, [0], [busiest], approximate=True)
             return
         ids, counts = self._release_id_counts_nonzero()
-        if ids.size:
-            ledger.record_counts(kind, ids, counts, approximate=bool(totals[FOLDED]))
+        if ids.size and totals[FOLDED]:
+            ledger.record(kind, units=None, count=int(counts.max()))
+            ledger.record_counts(kind, [], [], approximate=True)
+        elif ids.size:
+            ledger.record_counts(kind, ids, counts)
 
     def reset_release_counts(self) -> None:
         """Forget every recorded release (e.g. a fresh model for a new data set).
@@ -413,7 +502,7 @@ class ReleaseCounterMixin:
         self.release_totals.assign(_totals_to_variable(totals))
         self._key_use.reset()
         if self._release_id_counts is not None:
-            self._release_id_counts.assign(np.zeros(ID_CAPACITY, np.int32))
+            self._release_id_counts.assign(np.zeros(self.id_capacity, np.int32))
             self._release_id_max.assign(np.int32(0))
 
     # `.keras` / `.weights.h5`: the counts travel with the model, so a
@@ -444,8 +533,7 @@ class ReleaseCounterMixin:
             return None
         ids = np.asarray(store[_ID_SLOTS], np.int64).reshape(-1)
         values = np.asarray(store[_ID_VALUES], np.int64).reshape(-1)
-        if (ids.size != values.size or np.any(ids < 0) or np.any(ids >= ID_CAPACITY)
-                or np.any(values < 0)):
+        if ids.size != values.size or np.any(values < 0):
             raise ValueError(f"{self.release_totals.owner}: the saved per-example release "
                              "counts are malformed; nothing was loaded.")
         return ids, values
@@ -457,6 +545,13 @@ class ReleaseCounterMixin:
             ids, values = id_counts
             variable = self._id_count_variable()
             counts = impl().to_numpy(variable).copy()
-            counts[ids] = np.maximum(counts[ids], values)
+            # ids saved by a layer with a larger `id_capacity` fold (and say so)
+            self._mark_folded(_fold_counts(counts, ids, values))
             variable.assign(counts)
-            self._raise_id_max_to(int(counts[ids].max()))
+            self._raise_id_max_to(int(values.max()))
+
+    def _mark_folded(self, folded):
+        """Set the ``folded`` slot (host side) if ``folded``: restored ids fell outside
+        ``[0, id_capacity)``."""
+        if folded:
+            impl().assign_add(self.release_totals, _slot_update(self.release_totals, FOLDED, 1))

@@ -26,6 +26,7 @@ import numpy as np
 from keras import ops
 from numpy.typing import ArrayLike
 
+from keras_fedpriv.layers import input_checks
 from keras_fedpriv.layers import release_counter as rc
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.logs import logger, verbose_scope
@@ -139,6 +140,11 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
         with_decoder: whether to build a decoder for `pretrain` (a bool).
         seed: None (default): a 64-bit secret from OS entropy that is never
             saved. An int makes the noise reproducible (and is saved).
+        id_capacity: how many example ids the per-example release counts tell
+            apart: ids ``0 .. id_capacity - 1`` are counted exactly, in 4 bytes
+            each (default 2**20: 4 MiB; 10**8 ids: 400 MB; at most 2**28).
+            Other ids fold onto shared slots, and the report then counts every
+            example as often as the busiest slot (an upper bound, said so).
         **kwargs: standard `keras.layers.Layer` arguments (``name``, ``dtype``).
 
     Returns (call):
@@ -158,7 +164,8 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
     _rng_salt = 0x56414542  # "VAEB"
 
     def __init__(self, latent_dim: int, hidden_units: Sequence[int] = (64,), beta: float = 1.0,
-                 with_decoder: bool = False, seed: int | None = None, **kwargs: Any) -> None:
+                 with_decoder: bool = False, seed: int | None = None,
+                 id_capacity: int = rc.ID_CAPACITY, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.latent_dim = validate_positive_int(latent_dim, "latent_dim")
         self.hidden_units = validate_int_sequence(hidden_units, "hidden_units",
@@ -169,7 +176,7 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
                             f"{with_decoder!r} of type {type(with_decoder).__name__}.")
         self.with_decoder = bool(with_decoder)
         self._init_rng(seed)
-        self._init_release_counter()
+        self._init_release_counter(id_capacity)
         policy = self.dtype_policy
         self.hidden_layers = [keras.layers.Dense(u, activation="relu", dtype=policy,
                                                  name=f"hidden_{i}")
@@ -250,6 +257,14 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
     def _kl(self, mu, logvar):
         """beta * mean over the batch of the per-example KL (a scalar)."""
         return self.beta * ops.mean(kl_to_standard_normal(mu, logvar))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Concrete ids are checked before Keras converts the call's arrays: on JAX it would
+        # turn 64-bit ids into int32, wrapping distinct ids onto the same one unflagged.
+        ids = kwargs.get("example_ids", args[2] if len(args) > 2 else None)
+        if ids is not None:
+            input_checks.host_example_ids(ids, "VAEBottom")
+        return super().__call__(*args, **kwargs)
 
     def call(self, inputs: Any, training: bool | None = None,
              example_ids: ArrayLike | None = None) -> Any:
@@ -369,7 +384,8 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update({"latent_dim": self.latent_dim, "hidden_units": list(self.hidden_units),
-                       "beta": self.beta, "with_decoder": self.with_decoder, "seed": self.seed})
+                       "beta": self.beta, "with_decoder": self.with_decoder, "seed": self.seed,
+                       "id_capacity": self.id_capacity})
         return config
 
 

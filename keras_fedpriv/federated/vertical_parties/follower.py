@@ -185,7 +185,7 @@ class VerticalFollower(PartyBottom):
             self._queue = []
         # what the replay restores: the random counters and keys, never the per-example
         # release counts (the replay counts nothing), so a batch keeps no copy of them
-        before = snapshot(self.layers).values if training else None
+        before = snapshot(self.layers, id_counts=False).values if training else None
         fn = self._function("train" if training else "infer", ids is not None)
         sent = fn(x, ids) if ids is not None else fn(x)
         self.check_input_errors()
@@ -229,7 +229,8 @@ class VerticalFollower(PartyBottom):
             current = [np.array(v.numpy()) for v in self.trainable_variables]
             for v, w in zip(self.trainable_variables, pending.weights):
                 v.assign(np.reshape(w, v.shape))
-        after = snapshot(self.layers)
+        # the replay counts nothing per example: the tables are neither copied nor restored
+        after = snapshot(self.layers, id_counts=False)
         restore(self.layers, pending.state_before)
         try:
             fn = self._function("replay", pending.example_ids is not None)

@@ -8,6 +8,7 @@ losses, and the record of what a party sends without a DP mechanism.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -28,6 +29,7 @@ from keras_fedpriv.federated.messages import EXAMPLE_IDS_KEY
 from keras_fedpriv.federated.vertical_parties.wire import EmbeddingSpec
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
 from keras_fedpriv.layers.input_checks import InputErrorFlagMixin, host_example_ids
+from keras_fedpriv.layers.release_counter import replay_scope
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.layers.vae_bottom import vae_release_scope
 from keras_fedpriv.mechanisms.ledger import (
@@ -415,11 +417,14 @@ class PartyBottom:
             self._counter.count(rows_of(z))
         if protection is None:
             return z, z, losses
-        if example_ids is not None and is_integer_tensor(example_ids) and \
-                takes_example_ids(protection):
-            sent = protection(z, training=training, example_ids=example_ids)
-        else:
-            sent = protection(z, training=training)
+        # a replay (count=False) recomputes a release already counted: the protection
+        # counts nothing, so its per-example table needs no copy to be put back
+        with contextlib.nullcontext() if count else replay_scope():
+            if example_ids is not None and is_integer_tensor(example_ids) and \
+                    takes_example_ids(protection):
+                sent = protection(z, training=training, example_ids=example_ids)
+            else:
+                sent = protection(z, training=training)
         return z, sent, losses + list(protection.losses)
 
     def record_forward(self, features: Any, example_ids: Any, scale: Callable[[Any], Any],
