@@ -134,6 +134,17 @@ def _new_lineage():
 
 
 @contextlib.contextmanager
+def _flag(state: threading.local) -> Iterator[None]:
+    """Within it, ``state.active`` is True in this thread (restored after, so scopes nest)."""
+    before = getattr(state, "active", False)
+    state.active = True
+    try:
+        yield
+    finally:
+        state.active = before
+
+
+@contextlib.contextmanager
 def busiest_bound() -> Iterator[None]:
     """Within it (this thread), protection layers' ``privacy_ledger()`` bound per-example counts.
 
@@ -148,12 +159,8 @@ def busiest_bound() -> Iterator[None]:
     Yields:
         None.
     """
-    before = getattr(_BOUND, "active", False)
-    _BOUND.active = True
-    try:
+    with _flag(_BOUND):
         yield
-    finally:
-        _BOUND.active = before
 
 
 @contextlib.contextmanager
@@ -174,12 +181,8 @@ def replay_scope() -> Iterator[None]:
     Yields:
         None.
     """
-    before = getattr(_REPLAY, "active", False)
-    _REPLAY.active = True
-    try:
+    with _flag(_REPLAY):
         yield
-    finally:
-        _REPLAY.active = before
 
 
 def _released(totals):
