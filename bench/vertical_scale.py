@@ -431,8 +431,10 @@ def plot(saved, rows, path):
             ax.plot(eps, [pts[(kind, e)][key] for e in eps], marker="o", label=label)
         ax.plot(eps, [pts[(kind, e)]["test_auc"] for e in eps], color="black", ls="--",
                 marker="s", label="test AUC")
-        ax.plot(grid, [rr_bound(e) for e in grid], color="gray", lw=2, alpha=0.6,
-                label="RR bound e^eps/(1+e^eps)")
+        if kind.startswith("label"):  # EmbeddingDP's eps is about features, not labels
+            ax.plot(grid, [rr_bound(e) for e in grid], color="gray", lw=2, alpha=0.6,
+                    label="RR bound e^eps/(1+e^eps)")
+        ax.set_ylim(0.45, 1.02)
         ax.set_title(f"{NAMES[kind]}: attack AUC")
     for kind in WITH_EPS:
         eps = [e for e in eps_values if (kind, e) in pts]
