@@ -1,6 +1,9 @@
-"""Horizontal FL on Flower's Simulation Engine gives what `HorizontalFL` gives in one process.
+"""Horizontal FL on Flower's apps gives what `HorizontalFL` gives in one process.
 
-Also: the server drops what is malformed, and counts what it received.
+Also: the server drops what is malformed, and counts what it received. The first test runs
+on Flower's Simulation Engine (Ray, two worker processes); the budget and malformed-reply
+tests run the same apps in this process on a stand-in SuperLink (`flower_stubs.AppGrid`):
+they test the apps' handling, and the Simulation Engine's tests run one after another.
 """
 
 import json
@@ -31,8 +34,8 @@ from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
 from flower_stubs import (  # noqa: E402
     APP,
-    ONE_WORKER,
     TWO_WORKERS,
+    AppGrid,
     Reply,
     assert_same_horizontal_run,
     model_fn,
@@ -49,9 +52,19 @@ def _digits():
     return (d.data / 16.0).astype("float32"), d.target.astype("int32")
 
 
-def _simulate(client_app, server_app, num_supernodes, backend=ONE_WORKER):
-    run_simulation(server_app=server_app, client_app=client_app,
-                   num_supernodes=num_supernodes, backend_config=backend)
+def _simulate(client_app, server_app, num_supernodes, backend=None):
+    """Run the apps with ``num_supernodes`` nodes: on Flower's Simulation Engine with the
+    ``backend`` config, or (``backend=None``; needs the ``in_a_run`` fixture) in this
+    process on the stand-in SuperLink `AppGrid` with two stand-in workers (each client then
+    reloads its node state, as on the engine), which tests the apps without starting Ray."""
+    if backend is not None:
+        run_simulation(server_app=server_app, client_app=client_app,
+                       num_supernodes=num_supernodes, backend_config=backend)
+        return
+    nodes = [{"partition-id": i, "num-partitions": num_supernodes}
+             for i in range(num_supernodes)]
+    with AppGrid(client_app, nodes, workers=2) as grid:
+        server_app(grid, grid.context())
 
 
 def test_signds_with_magrr_on_flower_matches_the_in_process_run():
@@ -75,7 +88,8 @@ def test_signds_with_magrr_on_flower_matches_the_in_process_run():
                                      result.history["payload_bytes_up"]))
 
 
-def test_a_client_with_a_budget_refuses_the_reply_that_would_go_over_it(tmp_path, caplog):
+def test_a_client_with_a_budget_refuses_the_reply_that_would_go_over_it(tmp_path, caplog,
+                                                                         in_a_run):
     import json
 
     x, y = _digits()
@@ -138,7 +152,8 @@ class _Tampered:
         return arrays
 
 
-def test_a_malformed_and_a_crashing_client_are_dropped_and_the_round_completes(caplog):
+def test_a_malformed_and_a_crashing_client_are_dropped_and_the_round_completes(caplog,
+                                                                               in_a_run):
     x, y = _digits()
     clients = partition(x[:1200], y[:1200], 4, seed=0)
     val = (x[1400:], y[1400:])

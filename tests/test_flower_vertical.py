@@ -1,8 +1,14 @@
-"""Vertical FL on Flower's Simulation Engine gives what `VerticalDriver` gives in one process.
+"""Vertical FL on Flower's apps gives what `VerticalDriver` gives in one process.
 
 A leader (ServerApp: labels with LabelDP, its own bottom, the top) and two followers
 (ClientApps: a bottom with EmbeddingDP each) on the bundled breast-cancer data. Also: what a
 follower sends is packed bits only, and malformed or failed replies are never used.
+
+The first test runs on Flower's Simulation Engine (Ray, two worker processes); the others
+run the same apps in this process on a stand-in SuperLink (`flower_stubs.AppGrid`, two
+stand-in workers, so each follower reloads its node state as on the engine): what they test
+is the apps' handling, and a Ray cluster per test would make them run one after another for
+minutes (the Simulation Engine's tests share one xdist group).
 """
 
 import logging
@@ -29,8 +35,8 @@ from keras_fedpriv.federated.vertical_parties.loop import UntrainedEpoch  # noqa
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
 from flower_stubs import (  # noqa: E402
-    ONE_WORKER,
     TWO_WORKERS,
+    AppGrid,
     assert_same_vertical_model,
     follower_arrays,
 )
@@ -108,8 +114,25 @@ def _save_follower(folder):
     return on_finish
 
 
-def _run_on_flower(tmp_path, monkeypatch, tamper=False, shuffle=True, backend=ONE_WORKER,
-                   **run):
+# in one process: no real wait for a follower between two looks
+_NO_WAIT = {"connect_timeout": 5, "poll_interval": 0.01}
+
+
+def _serve(server, client, backend):
+    """Run ``server`` and ``client`` with two nodes: on Flower's Simulation Engine with the
+    ``backend`` config, or (``backend=None``) in this process on the stand-in SuperLink
+    `AppGrid`, with two stand-in worker processes (so each follower also reloads its node
+    state), which tests the apps' handling without starting Ray."""
+    if backend is not None:
+        run_simulation(server_app=server, client_app=client, num_supernodes=2,
+                       backend_config=backend)
+        return
+    nodes = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
+    with AppGrid(client, nodes, workers=2) as grid:
+        server(grid, grid.context())
+
+
+def _run_on_flower(tmp_path, monkeypatch, tamper=False, shuffle=True, backend=None, **run):
     # the Simulation Engine's worker processes import this checkout's package
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
@@ -123,9 +146,9 @@ def _run_on_flower(tmp_path, monkeypatch, tamper=False, shuffle=True, backend=ON
                                  on_finish=_save_follower(str(tmp_path)))
     server = vertical_server_app(leader_fn, lambda: (IDS, XB, Y), shuffle=shuffle,
                                  validation_fn=lambda: (IDS_T, XB_T, Y_T),
-                                 on_finish=lambda r: out.update(result=r), **{**RUN, **run})
-    run_simulation(server_app=server, client_app=client, num_supernodes=2,
-                   backend_config=backend)
+                                 on_finish=lambda r: out.update(result=r),
+                                 **{**RUN, **(_NO_WAIT if backend is None else {}), **run})
+    _serve(server, client, backend)
     return out["result"]
 
 
@@ -169,7 +192,7 @@ def test_vertical_on_flower_matches_the_in_process_driver(tmp_path, monkeypatch)
 
 
 def test_several_batches_per_message_on_flower_match_the_in_process_driver(tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch, in_a_run):
     """K = 3 batches per message (7 steps an epoch: messages of 3, 3 and 1 batches): the
     followers keep a queue of batches awaiting gradients in their node state between
     messages, and both runtimes still compute the same model and count the same bytes."""
@@ -187,7 +210,7 @@ def test_several_batches_per_message_on_flower_match_the_in_process_driver(tmp_p
 
 
 def test_malformed_and_failed_replies_on_flower_are_refused_as_in_process(tmp_path, monkeypatch,
-                                                                          caplog):
+                                                                          caplog, in_a_run):
     logger = logging.getLogger("keras_fedpriv.vertical")
     logger.addHandler(caplog.handler)
     try:
@@ -210,8 +233,8 @@ def test_malformed_and_failed_replies_on_flower_are_refused_as_in_process(tmp_pa
     _assert_same_model(flower, local, parties, str(tmp_path))
 
 
-def test_a_follower_with_a_budget_refuses_the_embeddings_that_would_go_over_it(tmp_path,
-                                                                               monkeypatch):
+def test_a_follower_with_a_budget_refuses_the_embeddings_that_would_go_over_it(
+        tmp_path, monkeypatch, in_a_run):
     import json
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
@@ -228,13 +251,12 @@ def test_a_follower_with_a_budget_refuses_the_embeddings_that_would_go_over_it(t
                                                 ".json"))
     server = vertical_server_app(leader_fn, lambda: (IDS, XB, Y), shuffle=False,
                                  on_epoch_end=lambda e, logs: out.setdefault("skipped", []).append(
-                                     logs["skipped"]), **RUN)
+                                     logs["skipped"]), **RUN, **_NO_WAIT)
     # an epoch that trains nothing stops the run, naming the followers and why
     with pytest.raises(UntrainedEpoch, match=r"^epoch 2 trained no step: .*follower 'f1' \(node "
                                              r"\d+\): error reply: BudgetExhausted: the "
                                              r"follower's privacy budget is spent; follower 'f2'"):
-        run_simulation(server_app=server, client_app=client, num_supernodes=2,
-                       backend_config=ONE_WORKER)
+        _serve(server, client, None)
     batches = -(-N // RUN["batch_size"])
     assert out["skipped"] == [0.0, float(batches)]
     # each follower's own file (one entry for the run, numbered by the last of the batches
