@@ -93,6 +93,22 @@ def test_a_snapshot_does_not_follow_later_updates_and_converts_to_the_dict_forma
         np.testing.assert_array_equal(converted[name], value)
 
 
+def test_restore_gives_the_variables_their_own_arrays_so_a_snapshot_restores_twice():
+    """On JAX a variable holds the array it is assigned and a compiled party step donates
+    (frees) its variables' buffers: a restore that handed over the snapshot's own arrays
+    would leave the snapshot deleted after the next step."""
+    bottom, protection = _party()
+    _send(bottom, protection)
+    state = snapshot([bottom, protection])
+    first = _send(bottom, protection)
+    for _ in range(2):
+        restore([bottom, protection], state)
+        held = {id(a) for a in state.values.values()} | {id(a) for a in state.counts.values()}
+        variables = list(bottom.variables) + list(protection.variables)
+        assert not {id(getattr(v, "value", v)) for v in variables} & held
+        np.testing.assert_array_equal(_send(bottom, protection), first)
+
+
 def _vae_state_saved_before_it_counted(seed):
     """A VAEBottom's `local_state` as saved before the layer kept release counts."""
     from keras_fedpriv import VAEBottom

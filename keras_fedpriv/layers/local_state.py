@@ -243,14 +243,16 @@ def restore(layers: Iterable[Any], state: Snapshot | dict[str, Any]) -> None:
         load_local_state(layers, state)
         return
     entries, counted = _entries(layers)
+    # Copies: on JAX a variable holds the very array it is assigned, and a compiled party
+    # step donates its variables' buffers (frees them): the snapshot must keep its own.
     for name, v in entries:
-        v.assign(state.values[name])
+        v.assign(ops.copy(state.values[name]))
     for j, sub in counted:
         if j not in state.counts:  # taken without the per-example counts: left as they are
             continue
         t = state.counts[j]
         if t is not None:
-            sub._id_count_variable().assign(t)
+            sub._id_count_variable().assign(ops.copy(t))
             if j in state.maxima:  # never behind the table it now holds (a scalar, no scan)
                 sub._raise_id_max(ops.reshape(state.maxima[j], [1]))
             else:

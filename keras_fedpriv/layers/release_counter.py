@@ -166,7 +166,9 @@ def busiest_bound() -> Iterator[None]:
 @contextlib.contextmanager
 def replay_scope() -> Iterator[None]:
     """Within it (this thread), protection layers record no release (at tracing: a traced
-    function built within never counts).
+    function built within never counts, wherever it is called later, so nothing traced
+    within may be kept for a call that releases; the follower keeps its replay function
+    apart from its forward one).
 
     Only for a pass that recomputes one already counted, with the same state
     and inputs: a vertical follower's replay of the forward pass it sent,
