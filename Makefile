@@ -17,8 +17,9 @@ demo: $(STAMP)
 
 # Two test passes, side by side:
 # - TensorFlow (the default backend): every test, on parallel workers (pytest-xdist; each holds
-#   its own TensorFlow): 3 by default, one more than a 2-core machine's cores, because the tests
-#   that start Flower processes mostly wait on Flower's polling while another worker computes.
+#   its own TensorFlow, up to 3 GB): 4 by default, twice a 2-core machine's cores, because
+#   the tests that start Flower processes mostly wait on Flower's polling (its fixed 1-3 s
+#   sleeps) while other workers compute (with 3, a fresh clone's run used 1.3 of its 2 cores).
 #   Tests that run Flower's Simulation Engine (Ray) run one after another on one worker, and the
 #   tests of a module stay on one worker (tests/conftest.py). TEST_WORKERS=auto: one per core;
 #   TEST_WORKERS=0: this process only.
@@ -30,7 +31,7 @@ demo: $(STAMP)
 #   protocol), to save CI time;
 #   JAX_PASS=0 skips it; `make test-jax` runs every `jax` module, in the foreground.
 # `make test` fails if either pass fails.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 JAX_PASS ?= 1
 JAX_LOG := build/test-jax.log
 PYTEST_TF := TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q -n $(TEST_WORKERS) \
