@@ -33,7 +33,6 @@ from keras import ops
 
 from keras_fedpriv.backend import impl
 from keras_fedpriv.backend.private import flatten_layers
-from keras_fedpriv.layers.release_counter import _fold_counts
 
 __all__ = ["Snapshot", "load_local_state", "local_state", "restore", "snapshot"]
 
@@ -162,12 +161,7 @@ def load_local_state(layers: Iterable[Any], state: dict[str, Any]) -> None:
         ids = np.asarray(state[f"{j}/release_id_slots"], np.int64).reshape(-1)
         values = np.asarray(state[f"{j}/release_id_values"], np.int64).reshape(-1)
         if ids.size or sub._release_id_counts is not None:
-            counts = np.zeros(tuple(sub._id_count_variable().shape), np.int32)
-            # ids of a state taken with a larger `id_capacity` fold (and say so)
-            sub._mark_folded(_fold_counts(counts, ids, values))
-            sub._id_count_variable().assign(counts)
-            if values.size:  # the running maximum: never behind the table it now holds
-                sub._raise_id_max_to(int(values.max()))
+            sub._put_id_counts(ids, values, merge=False)
 
 
 def _check_missing(name, layers):

@@ -547,16 +547,18 @@ class ReleaseCounterMixin:
         if totals is not None:
             self.release_totals.assign(_totals_to_variable(totals))
         if id_counts is not None and id_counts[0].size:
-            ids, values = id_counts
-            variable = self._id_count_variable()
-            counts = impl().to_numpy(variable).copy()
-            # ids saved by a layer with a larger `id_capacity` fold (and say so)
-            self._mark_folded(_fold_counts(counts, ids, values))
-            variable.assign(counts)
-            self._raise_id_max_to(int(values.max()))
+            self._put_id_counts(*id_counts, merge=True)
 
-    def _mark_folded(self, folded):
-        """Set the ``folded`` slot (host side) if ``folded``: restored ids fell outside
-        ``[0, id_capacity)``."""
-        if folded:
+    def _put_id_counts(self, ids, values, merge):
+        """Put saved per-example counts in place (host side): per slot the larger of the
+        table's and the saved count (``merge``), or the saved counts alone (a party's own
+        state, which replaces its table). Ids saved by a layer with a larger
+        ``id_capacity`` fold and set the ``folded`` slot; the running maximum follows."""
+        variable = self._id_count_variable()
+        counts = (impl().to_numpy(variable).copy() if merge
+                  else np.zeros(tuple(variable.shape), np.int32))
+        if _fold_counts(counts, ids, values):
             impl().assign_add(self.release_totals, _slot_update(self.release_totals, FOLDED, 1))
+        variable.assign(counts)
+        if np.size(values):  # never behind the table it now holds
+            self._raise_id_max_to(int(np.max(values)))
