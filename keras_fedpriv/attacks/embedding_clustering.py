@@ -25,10 +25,11 @@ from numpy.typing import ArrayLike
 from keras_fedpriv.attacks.known_labels import (
     LabelInferenceResult,
     choose_known_rows,
+    known_and_fit_seeds,
     score_inference,
 )
 from keras_fedpriv.attacks.label_inference import _binary_labels, as_float_matrix
-from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
+from keras_fedpriv.mechanisms.validation import validate_positive_int
 
 __all__ = ["embedding_clustering"]
 
@@ -113,9 +114,7 @@ def embedding_clustering(embeddings: ArrayLike, labels: ArrayLike,
         raise ValueError(f"`num_clusters` must be 2 when no label is known (`known=None`: the "
                          f"smaller cluster is named positive); got {k}. Pass `known` to name "
                          f"more clusters.")
-    seed = validate_seed(seed)
-    rng = np.random.default_rng(seed)
-    draw_seed, fit_seed = (int(s) for s in rng.integers(0, 2**31 - 1, size=2))
+    draw_seed, fit_seed = known_and_fit_seeds(seed)
     known_indices = (np.zeros(0, dtype=np.int64) if known is None
                      else choose_known_rows(y, known, seed=draw_seed))
     kmeans = KMeans(n_clusters=k, n_init=n_init, random_state=fit_seed).fit(x)

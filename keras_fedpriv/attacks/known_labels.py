@@ -23,7 +23,7 @@ from numpy.typing import ArrayLike
 from keras_fedpriv.attacks.label_inference import _binary_labels, _check_both_classes
 from keras_fedpriv.mechanisms.validation import validate_seed
 
-__all__ = ["LabelInferenceResult", "choose_known_rows"]
+__all__ = ["LabelInferenceResult", "choose_known_rows", "known_and_fit_seeds"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -78,6 +78,18 @@ def _readonly(array, dtype):
     array = np.array(array, dtype=dtype)
     array.setflags(write=False)
     return array
+
+
+def known_and_fit_seeds(seed: int | None) -> tuple[int, int]:
+    """Two seeds from an attack's ``seed`` (validated; None: fresh entropy): one for the
+    draw of the known rows (`choose_known_rows`), one for fitting the attack's model.
+
+    Example:
+        >>> draw_seed, fit_seed = known_and_fit_seeds(0)   # the same pair for the same seed
+    """
+    rng = np.random.default_rng(validate_seed(seed))
+    draw_seed, fit_seed = (int(s) for s in rng.integers(0, 2**31 - 1, size=2))
+    return draw_seed, fit_seed
 
 
 def choose_known_rows(labels: ArrayLike, known: Any, seed: int | None = 0) -> np.ndarray:

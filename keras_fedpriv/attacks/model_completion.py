@@ -27,10 +27,11 @@ from numpy.typing import ArrayLike
 from keras_fedpriv.attacks.known_labels import (
     LabelInferenceResult,
     choose_known_rows,
+    known_and_fit_seeds,
     score_inference,
 )
 from keras_fedpriv.attacks.label_inference import _binary_labels, as_float_matrix
-from keras_fedpriv.mechanisms.validation import validate_int_sequence, validate_seed
+from keras_fedpriv.mechanisms.validation import validate_int_sequence
 
 __all__ = ["model_completion"]
 
@@ -115,9 +116,7 @@ def model_completion(embeddings: ArrayLike, labels: ArrayLike, known: int | Sequ
     x = as_float_matrix(embeddings, "embeddings", allow_list_of_batches=True)
     y = _binary_labels(labels, x.shape[0], rows_name="embeddings")
     units = validate_int_sequence(hidden_units, "hidden_units", what="layer widths")
-    seed = validate_seed(seed)
-    rng = np.random.default_rng(seed)
-    draw_seed, fit_seed = (int(s) for s in rng.integers(0, 2**31 - 1, size=2))
+    draw_seed, fit_seed = known_and_fit_seeds(seed)
     known_indices = choose_known_rows(y, known, seed=draw_seed)
     if np.unique(y[known_indices]).size < 2:
         raise ValueError(f"`known`: the {known_indices.size} known rows hold only class "
