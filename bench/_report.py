@@ -33,9 +33,10 @@ all). Each section says when and on what machine it was produced.
 
 
 def machine():
-    """A one-line description of the machine (CPU count, model, versions)."""
+    """A one-line description of the machine (CPU count, model, accelerators, versions), on
+    the Keras backend of this process (TensorFlow is not imported under JAX: a GPU machine
+    with JAX may have none)."""
     import keras
-    import tensorflow as tf
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -46,10 +47,20 @@ def machine():
                     break
     except OSError:
         pass
-    gpus = tf.config.list_physical_devices("GPU")
-    device = f"{len(gpus)} GPU(s)" if gpus else "no GPU"
+    if keras.backend.backend() == "jax":
+        import jax
+
+        gpus = [d.device_kind for d in jax.devices() if d.platform != "cpu"]
+        device = f"{len(gpus)} GPU(s) ({gpus[0]})" if gpus else "no GPU"
+        framework = f"JAX {jax.__version__}"
+    else:
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+        device = f"{len(gpus)} GPU(s)" if gpus else "no GPU"
+        framework = f"TensorFlow {tf.__version__}"
     return (f"{os.cpu_count()}-core CPU ({cpu}), {device}; Python {platform.python_version()}, "
-            f"TensorFlow {tf.__version__}, Keras {keras.__version__}")
+            f"{framework}, Keras {keras.__version__}")
 
 
 def today():

@@ -255,7 +255,9 @@ def test_batch_norm_average_sets_the_size_weighted_mean_of_client_statistics():
         refs.append(_bn_stats(ref))
     want = [(40 * a + 60 * b) / 100 for a, b in zip(*refs)]
     for got, w, init in zip(_bn_stats(model), want, _bn_stats(_bn_model())):
-        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+        # two execution paths (on a GPU, float32 matrix products round differently in each);
+        # weights 50/50 instead of 40/60 would be off by several percent
+        np.testing.assert_allclose(got, w, rtol=1e-3, atol=1e-4)
         assert not np.allclose(got, init)
     # the statistics reach the server in the clear: recorded, not private, for both clients
     kind, = [k for k in fl.privacy_ledger().kinds if "BatchNormalization" in k.mechanism]

@@ -2,6 +2,8 @@
 
 import pytest
 
+pytest.importorskip("flwr")  # the package keras_fedpriv.federated.flower needs it
+
 from keras_fedpriv.federated.flower.recent_runs import DEFAULT_KEEP_RUNS, RecentRuns
 
 pytestmark = [pytest.mark.jax]

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytest.importorskip("flwr")  # the package keras_fedpriv.federated.flower needs it
+
 from keras_fedpriv.federated.flower.run_status import flwr_run
 
 pytestmark = [pytest.mark.jax]
