@@ -442,7 +442,6 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
 
         self.num_classes = None
         self.num_evaluations = 0
-        self._ledger = ReleaseLedger()
         self.client_releases = {}
         self.last_scores = None
         self.last_server_view = None
@@ -907,33 +906,15 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
         }
         return config_with_seed(config, self.seed)
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> LaplaceEvaluation:
-        """Rebuild from `get_config`; a seeded copy reports only after `load_state_dict`."""
-        callback = cls(**config)
-        callback._mark_restored_from_config()
-        return callback
+    # `from_config`, `state_dict` and `load_state_dict` come from `SeededReleases`: the
+    # counters (evaluations, per-client releases) beside ``num_releases`` (client reports so
+    # far, the position in a seeded noise stream) and the ledger, no randomness.
 
-    def state_dict(self) -> dict[str, Any]:
-        """The counters to checkpoint: evaluations, per-client releases, noise releases.
-
-        ``num_releases`` (client reports so far) is the position in a seeded
-        noise stream; no randomness is included.
-        """
+    def _own_state(self) -> dict[str, Any]:
         return {"num_evaluations": int(self.num_evaluations),
-                "client_releases": {int(c): int(n) for c, n in self.client_releases.items()},
-                **self._releases_state(), "ledger": self._ledger.to_dict()}
+                "client_releases": {int(c): int(n) for c, n in self.client_releases.items()}}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a `state_dict` (so a seeded copy continues its noise stream).
-
-        Raises:
-            TypeError: ``state`` is not a dict.
-            ValueError: a missing or bad entry.
-        """
-        if not isinstance(state, dict):
-            raise TypeError(f"`state` must be a dict from LaplaceEvaluation.state_dict(); got "
-                            f"{type(state).__name__}.")
+    def _parse_own_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
         missing = [k for k in ("num_evaluations", "client_releases") if k not in state]
         if missing:
             raise ValueError(f"`state` is missing {missing}; expected the keys of "
@@ -945,7 +926,4 @@ class LaplaceEvaluation(SeededReleases, keras.callbacks.Callback):
                                           "client id", minimum=0):
                     validate_positive_int(n, f"state['client_releases'][{c!r}]", minimum=0)
                     for c, n in dict(state["client_releases"]).items()}
-        self._load_num_releases(state)
-        self.num_evaluations, self.client_releases = evaluations, releases
-        if "ledger" in state:
-            self._ledger = ReleaseLedger.from_dict(state["ledger"])
+        return {"num_evaluations": evaluations, "client_releases": releases}

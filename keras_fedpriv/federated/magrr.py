@@ -219,7 +219,6 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         self.rounds_in_range = 0
         self.last_lr_global = None
         self.last_debiased_ones = None
-        self._ledger = ReleaseLedger()
 
     # --- privacy -----------------------------------------------------------
 
@@ -415,35 +414,17 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         }
         return config_with_seed(config, self.seed)
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> MagRR:
-        """Rebuild from `get_config`; a seeded copy reports only after `load_state_dict`."""
-        magrr = cls(**config)
-        magrr._mark_restored_from_config()
-        return magrr
+    # `from_config`, `state_dict` and `load_state_dict` come from `SeededReleases`: the server
+    # state (r_est, phase, rounds_in_range) beside the stream positions and the ledger, no
+    # randomness. ``num_releases`` is optional (the counter is kept) while this object has
+    # released nothing, except on a seeded copy rebuilt by `from_config`, which needs it to
+    # continue the stream. A state behind this object's releases is refused.
 
-    def state_dict(self) -> dict[str, Any]:
-        """The server state to checkpoint: r_est, phase, rounds_in_range, num_releases.
-
-        No randomness is included; ``num_releases`` is the position in a
-        seeded noise stream, so a restored seeded instance continues it
-        instead of replaying the same reports.
-        """
+    def _own_state(self) -> dict[str, Any]:
         return {"r_est": float(self.r_est), "phase": self.phase,
-                "rounds_in_range": int(self.rounds_in_range),
-                **self._releases_state(), "ledger": self._ledger.to_dict()}
+                "rounds_in_range": int(self.rounds_in_range)}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a `state_dict`.
-
-        ``num_releases`` is optional (the counter is kept) while this object
-        has released nothing, except on a seeded copy rebuilt by
-        `from_config`, which needs it to continue the stream. A state behind
-        this object's releases is refused (it would rewind the count).
-        """
-        if not isinstance(state, dict):
-            raise TypeError(f"`state` must be a dict from MagRR.state_dict(); got "
-                            f"{type(state).__name__}.")
+    def _parse_own_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
         missing = [k for k in ("r_est", "phase", "rounds_in_range") if k not in state]
         if missing:
             raise ValueError(f"`state` is missing {missing}; expected the keys of "
@@ -454,14 +435,7 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
             raise ValueError(f"`state['phase']` must be one of {_PHASES}; got {phase!r}.")
         rounds = validate_positive_int(state["rounds_in_range"], "state['rounds_in_range']",
                                        minimum=0)
-        if "num_releases" in state:
-            validate_positive_int(state["num_releases"], "state['num_releases']", minimum=0)
-        elif getattr(self, "_awaiting_state", False):
-            self._load_num_releases(state)  # raises: a seeded copy needs its stream position
-        self.r_est, self.phase, self.rounds_in_range = r_est, phase, rounds
-        self._load_num_releases(state)
-        if "ledger" in state:
-            self._ledger = ReleaseLedger.from_dict(state["ledger"])
+        return {"r_est": r_est, "phase": phase, "rounds_in_range": rounds}
 
 
 def _validate_magnitudes(magnitudes):

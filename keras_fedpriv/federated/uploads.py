@@ -40,7 +40,7 @@ from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event, gaussian_mechan
 from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, non_private_event
 from keras_fedpriv.mechanisms.random import SeededReleases
-from keras_fedpriv.mechanisms.validation import validate_eps, validate_seed
+from keras_fedpriv.mechanisms.validation import config_with_seed, validate_eps, validate_seed
 from keras_fedpriv.optimizers.signds import SignDSEncoder, SignDSMessage
 from keras_fedpriv.optimizers.signds import aggregate as signds_aggregate
 
@@ -271,21 +271,11 @@ class GaussianUpload(SeededReleases):
                                              lower_open=True)
         self.seed = validate_seed(seed)
         self._init_releases()
-        self._ledger = ReleaseLedger()
 
-    def state_dict(self) -> dict[str, Any]:
-        """``{"num_releases": n, "ledger": ...}``: noisy messages so far and their release
-        ledger (no randomness)."""
-        return {**self._releases_state(), "ledger": self._ledger.to_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a `state_dict`, so that a seeded copy continues its noise stream."""
-        if not isinstance(state, dict):
-            raise TypeError(f"`state` must be a dict from GaussianUpload.state_dict(); got "
-                            f"{type(state).__name__}.")
-        self._load_num_releases(state)
-        if "ledger" in state:
-            self._ledger = ReleaseLedger.from_dict(state["ledger"])
+    def get_config(self) -> dict[str, Any]:
+        """Constructor arguments; the seed only if one was passed explicitly."""
+        return config_with_seed({"clip_norm": self.clip_norm,
+                                  "noise_multiplier": self.noise_multiplier}, self.seed)
 
     def client_message(self, delta: ArrayLike, num_examples: int,
                        client_id: int | None = None) -> ClientUpload:

@@ -30,12 +30,13 @@ from __future__ import annotations
 import math
 import secrets
 import zlib
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from keras import ops
 
 from keras_fedpriv import backend
+from keras_fedpriv.mechanisms.ledger import ReleaseLedger
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 
 __all__ = [
@@ -140,6 +141,28 @@ class SeededReleases:
       state behind what this object has already released (any client's
       count lower than the live one), and a state without the per-client
       counts (``releases_by_unit``) for a seeded object.
+
+    The checkpoint steps live here once for every host: `from_config`,
+    `state_dict` and `load_state_dict`. A host with state of its own (a
+    server estimate, evaluation counters) adds it with two hooks:
+    ``_own_state()`` (its JSON-safe entries of `state_dict`) and
+    ``_parse_own_state(state)`` (validate them and return the attributes to
+    set, changing nothing). `load_state_dict` validates the whole state
+    before it changes anything, so a refused state leaves the object as it
+    was.
+
+    Example:
+        >>> class Noisy(SeededReleases):
+        ...     def __init__(self, seed=None):
+        ...         self.seed = seed
+        ...         self._init_releases()
+        ...     def get_config(self):
+        ...         return {"seed": self.seed}
+        ...     def release(self, x):
+        ...         return x + self._release_generator().normal()
+        >>> a = Noisy(seed=3); _ = a.release(0.0)
+        >>> b = Noisy.from_config(a.get_config())  # refuses to release ...
+        >>> b.load_state_dict(a.state_dict())       # ... until it continues a's stream
     """
 
     def _init_releases(self):
@@ -147,6 +170,48 @@ class SeededReleases:
         self.releases_by_unit = {}  # unit id -> its releases so far (unit-keyed streams)
         self._awaiting_state = False
         self._fork = 0
+        self._ledger = ReleaseLedger()
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Any:
+        """Rebuild from ``get_config``; a seeded copy releases only after `load_state_dict`."""
+        restored = cls(**config)
+        restored._mark_restored_from_config()
+        return restored
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs, no randomness: the host's own entries, ``num_releases``
+        and ``releases_by_unit`` (the stream positions), the fork id of a copy, and the
+        release ``ledger``."""
+        return {**self._own_state(), **self._releases_state(), "ledger": self._ledger.to_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a `state_dict`: this object continues the stream of the one that wrote it.
+
+        Raises:
+            TypeError: ``state`` is not a dict.
+            ValueError: a missing or bad entry, a state behind this object's
+                releases, or no ``num_releases`` for a seeded copy rebuilt by
+                `from_config`. Nothing is changed then.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"`state` must be a dict from {type(self).__name__}.state_dict(); "
+                            f"got {type(state).__name__}.")
+        own = self._parse_own_state(state)
+        ledger = ReleaseLedger.from_dict(state["ledger"]) if "ledger" in state else None
+        self._load_num_releases(state)  # the last check, and the first change
+        for name, value in own.items():
+            setattr(self, name, value)
+        if ledger is not None:
+            self._ledger = ledger
+
+    def _own_state(self) -> dict[str, Any]:
+        """The host's own JSON-safe `state_dict` entries (none by default)."""
+        return {}
+
+    def _parse_own_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate the host's own entries of ``state``; the attributes to set (none here)."""
+        return {}
 
     def __setstate__(self, state):
         # copy.copy, copy.deepcopy and pickle all restore through here

@@ -218,7 +218,6 @@ class SignDSEncoder(SeededReleases):
         self.seed = validate_seed(seed)
         self._init_releases()
         self._warned = set()
-        self._ledger = ReleaseLedger()
 
     # -- parameters for a given d ------------------------------------------
 
@@ -341,33 +340,6 @@ class SignDSEncoder(SeededReleases):
         config = {"k": self.k, "eps": self.eps, "thr_ratio": self.thr_ratio,
                   "dim_out": self.dim_out, "max_dim_out": self.max_dim_out}
         return config_with_seed(config, self.seed)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> SignDSEncoder:
-        """Rebuild from `get_config`; a seeded copy encodes only after `load_state_dict`."""
-        encoder = cls(**config)
-        encoder._mark_restored_from_config()
-        return encoder
-
-    def state_dict(self) -> dict[str, Any]:
-        """``{"num_releases": n, "ledger": ...}``: messages so far and their release ledger
-        (no randomness)."""
-        return {**self._releases_state(), "ledger": self._ledger.to_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a `state_dict`, so that a seeded copy continues its stream.
-
-        Raises:
-            TypeError: ``state`` is not a dict.
-            ValueError: a bad ``num_releases``, or none for a seeded copy
-                rebuilt by `from_config`.
-        """
-        if not isinstance(state, dict):
-            raise TypeError(f"`state` must be a dict from SignDSEncoder.state_dict(); got "
-                            f"{type(state).__name__}.")
-        self._load_num_releases(state)
-        if "ledger" in state:
-            self._ledger = ReleaseLedger.from_dict(state["ledger"])
 
     def __repr__(self) -> str:
         return (f"SignDSEncoder(k={self.k!r}, eps={self.eps!r}, thr_ratio={self.thr_ratio!r}, "
