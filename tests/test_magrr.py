@@ -225,8 +225,8 @@ def test_reports_are_the_randomized_response_mechanism_once_per_round(monkeypatc
     is keyed by (seed, c, n), so no two clients or rounds share a word."""
     import zlib
 
-    from keras_fedpriv.federated import magrr as magrr_module
     from keras_fedpriv.mechanisms import binary_randomized_response
+    from keras_fedpriv.mechanisms import randomized_response as rr_module
     from keras_fedpriv.mechanisms.random import secret_generator
 
     calls = []
@@ -235,7 +235,8 @@ def test_reports_are_the_randomized_response_mechanism_once_per_round(monkeypatc
         calls.append((np.asarray(bits).copy(), eps, np.asarray(kw["noise"]).copy()))
         return binary_randomized_response(bits, eps, **kw)
 
-    monkeypatch.setattr(magrr_module, "binary_randomized_response", spy)
+    # MagRR's report is `threshold_reports`, which calls binary_randomized_response
+    monkeypatch.setattr(rr_module, "binary_randomized_response", spy)
     magrr = MagRR(eps_rr=0.7, seed=11)
     r = np.random.default_rng(2).uniform(0, 4e-5, size=5)
     ids = np.array([4, 0, 9, 2, 7])

@@ -28,9 +28,9 @@ from keras_fedpriv.mechanisms.events import pure_epsilon, repeat_event
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger, register_protection
 from keras_fedpriv.mechanisms.random import SeededReleases
 from keras_fedpriv.mechanisms.randomized_response import (
-    binary_randomized_response,
     flip_probability,
     randomized_response_dp_event,
+    threshold_reports,
 )
 from keras_fedpriv.mechanisms.validation import (
     config_with_seed,
@@ -292,7 +292,6 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
                                  f"{client_ids.dtype}.")
         if r.size == 0:
             return np.zeros((0,), np.int32)
-        bits = (r < float(cut)).astype(np.int32)
         # one uint32 noise word per client, one randomized-response call for the round
         if client_ids is None:
             words = self._release_generator().integers(0, 2**32, size=r.size, dtype=np.uint32)
@@ -303,7 +302,7 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
                                                                            dtype=np.uint32)
                                  for c in client_ids), np.uint32, count=r.size)
         reports = keras.ops.convert_to_numpy(
-            binary_randomized_response(bits, self.eps_rr, noise=words))
+            threshold_reports(r, float(cut), self.eps_rr, noise=words))
         kind = ReleaseKind("MagRR", "client data", CLIENT,
                            self.dp_event(1),
                            "its step size: one randomized-response bit per round a client "

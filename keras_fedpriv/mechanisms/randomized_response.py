@@ -49,6 +49,7 @@ from typing import Sequence
 import dp_accounting
 from typing import Any
 
+import numpy as np
 from keras import ops
 from numpy.typing import ArrayLike
 
@@ -67,6 +68,7 @@ __all__ = [
     "randomized_response_dp_event",
     "realized_epsilon",
     "rr_with_prior_dp_event",
+    "threshold_reports",
 ]
 
 _WORDS = 2**32  # outcomes of one uniform uint32 word
@@ -299,6 +301,33 @@ def binary_randomized_response(bits: ArrayLike, eps: float, *, seed: int | None 
     flip = words_below(words, flip_threshold(eps))
     out = ops.logical_xor(ops.greater(bits, 0), flip)
     return ops.cast(out, bits.dtype)
+
+
+def threshold_reports(values: ArrayLike, cut: float, eps: float, *, seed: int | None = None,
+                      noise: ArrayLike | None = None) -> Any:
+    """The bit ``[value < cut]`` of each value, through binary randomized response at ``eps``.
+
+    MagRR's client report (from MindSpore Federated's SignDS design): a client
+    compares its private step size with the cut the server announces and
+    releases one randomized bit. The comparison is made in float64 on the
+    host, so the bit does not depend on the Keras backend's float width.
+
+    Args:
+        values: the private values, finite reals (any shape).
+        cut: the public threshold (a finite real).
+        eps: privacy parameter, finite and >= 0.
+        seed: None (fresh OS-entropy secret) or an int.
+        noise: optional uint32 words of the shape of ``values`` (overrides seed).
+
+    Returns:
+        int32 tensor of the shape of ``values`` with values in {0, 1}: each
+        report is ``eps``-LDP (`realized_epsilon`), whatever the cut.
+
+    Example:
+        >>> threshold_reports(np.array([0.1, 3.0]), cut=1.0, eps=5.0, seed=0)  # mostly [1, 0]
+    """
+    bits = np.less(np.asarray(values, np.float64), float(cut)).astype(np.int32)
+    return binary_randomized_response(bits, eps, seed=seed, noise=noise)
 
 
 def _keep_thresholds(max_k, eps):

@@ -669,24 +669,25 @@ def audit_laplace(eps: float, sampler: str = "discrete", statistic: str = "loss"
 
 def audit_magrr(eps: float, num_trials: int = DEFAULT_TRIALS, seed: int | None = None,
                 confidence: float = 0.95) -> AuditResult:
-    """Audit `MagRR.client_reports`: a step size below vs above the threshold.
+    """Audit MagRR's client report (`threshold_reports`, what `MagRR.client_reports` sends).
 
-    ``r = 0.5 * threshold * r_est`` (bit 1) vs ``r = 2 * threshold * r_est``
-    (bit 0), in the growth phase with the default constants; ``n`` clients
-    with the same magnitude report in one call. Statistic: the report.
+    A step size at half the announced cut (bit 1) vs twice the cut (bit 0);
+    ``n`` clients with the same magnitude report in one call, their noise
+    words drawn from the audit's generator. The cut is public and the
+    report depends only on which side of it the step size lies, so one cut
+    (the growth phase's first, ``2 * 1e-5`` with the default constants)
+    stands for all. Statistic: the report.
 
     Claimed: ``eps`` = ``eps_rr`` per client and round.
     """
-    from keras_fedpriv.federated.magrr import MagRR
+    from keras_fedpriv.mechanisms.randomized_response import threshold_reports
 
     eps = validate_eps(eps, "eps", lower_open=True)
-    seed = validate_seed(seed)
-    magrr_seed = int(secret_generator(seed).integers(0, 2**63))
-    magrr = MagRR(eps_rr=eps, seed=magrr_seed)
-    cut = magrr.threshold * magrr.r_est
+    cut = 2.0 * 1e-5
 
     def mechanism(r, n, rng):
-        return magrr.client_reports(np.full(n, r, np.float64))
+        words = rng.integers(0, 2**32, size=n, dtype=np.uint32)
+        return _numpy(threshold_reports(np.full(n, r, np.float64), cut, eps, noise=words))
 
     result = audit(mechanism, 0.5 * cut, 2.0 * cut, num_trials, confidence=confidence, seed=seed)
     return _with_claim(result, eps, f"MagRR client bit (eps_rr={eps:g})")
