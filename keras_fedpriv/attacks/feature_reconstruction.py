@@ -151,6 +151,52 @@ def feature_reconstruction(embeddings_aux: ArrayLike, features_aux: ArrayLike,
         >>> res = feature_reconstruction(h[:800], x[:800], h[800:], x[800:], seed=0)
         >>> res.relative_mse      # e.g. 0.05: the embeddings reveal the features
     """
+    e_aux, f_aux, e_test, f_test = _check_rows(embeddings_aux, features_aux, embeddings_test,
+                                               features_test)
+    units = validate_int_sequence(hidden_units, "hidden_units", what="layer widths")
+    epochs = validate_positive_int(epochs, "epochs")
+    batch_size = validate_positive_int(batch_size, "batch_size")
+    patience = validate_positive_int(patience, "patience", minimum=0)
+    seed = validate_seed(seed)
+    _check_rates(validation_split, learning_rate)
+
+    # Baseline: the attacker's trivial guess, the aux per-column mean.
+    base_col = ((f_test - f_aux.mean(axis=0)) ** 2).sum(axis=0)
+    if base_col.sum() == 0:
+        raise ValueError("`features_test`: every test value equals the aux per-column mean, so "
+                         "the baseline error is 0 and the relative MSE is undefined.")
+
+    import keras
+
+    rng = np.random.default_rng(seed)
+    layer_seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=len(units) + 1)]
+    shuffle_seed = int(rng.integers(0, 2**31 - 1))
+    order = rng.permutation(len(e_aux))
+    n_val = min(len(e_aux) - 1, max(1, int(round(validation_split * len(e_aux)))))
+    val_idx, train_idx = order[:n_val], order[n_val:]
+
+    e_mean, e_std = _standardizer(e_aux)
+    f_mean, f_std = _standardizer(f_aux)
+    x_all = ((e_aux - e_mean) / e_std).astype(np.float32)
+    y_all = ((f_aux - f_mean) / f_std).astype(np.float32)
+    x_test = ((e_test - e_mean) / e_std).astype(np.float32)
+
+    decoder = _decoder(keras, e_aux.shape[1], f_aux.shape[1], units, layer_seeds, learning_rate)
+    train = _shuffled_batches(keras, x_all[train_idx], y_all[train_idx], batch_size,
+                              shuffle_seed)
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=patience,
+                                         restore_best_weights=True)
+    history = decoder.fit(train, validation_data=(x_all[val_idx], y_all[val_idx]),
+                          validation_batch_size=max(batch_size, 256),
+                          epochs=epochs, callbacks=[stop], verbose=verbose, shuffle=False)
+
+    pred_std = np.asarray(decoder.predict(x_test, batch_size=max(batch_size, 256), verbose=0))
+    return _scored(pred_std.astype(np.float64) * f_std + f_mean, f_test, base_col,
+                   epochs_trained=len(history.history.get("loss", [])))
+
+
+def _check_rows(embeddings_aux, features_aux, embeddings_test, features_test):
+    """The four inputs as float64 matrices, with matching row counts and widths."""
     e_aux = as_float_matrix(embeddings_aux, "embeddings_aux")
     f_aux = as_float_matrix(features_aux, "features_aux")
     e_test = as_float_matrix(embeddings_test, "embeddings_test")
@@ -167,15 +213,13 @@ def feature_reconstruction(embeddings_aux: ArrayLike, features_aux: ArrayLike,
     if f_test.shape[1] != f_aux.shape[1]:
         raise ValueError(f"`features_test` has width {f_test.shape[1]} but `features_aux` has "
                          f"{f_aux.shape[1]}; both must be (N, f) with the same f.")
-    n_aux = e_aux.shape[0]
-    if n_aux < 2:
+    if e_aux.shape[0] < 2:
         raise ValueError(f"`embeddings_aux` must have at least 2 rows (one to train on, one for "
-                         f"early stopping); got {n_aux}.")
-    units = validate_int_sequence(hidden_units, "hidden_units", what="layer widths")
-    epochs = validate_positive_int(epochs, "epochs")
-    batch_size = validate_positive_int(batch_size, "batch_size")
-    patience = validate_positive_int(patience, "patience", minimum=0)
-    seed = validate_seed(seed)
+                         f"early stopping); got {e_aux.shape[0]}.")
+    return e_aux, f_aux, e_test, f_test
+
+
+def _check_rates(validation_split, learning_rate):
     if isinstance(validation_split, (bool, np.bool_)) or \
             not isinstance(validation_split, numbers.Real) or not 0 < validation_split < 1:
         raise ValueError(f"`validation_split` must be a number in (0, 1); got "
@@ -184,50 +228,25 @@ def feature_reconstruction(embeddings_aux: ArrayLike, features_aux: ArrayLike,
             or not np.isfinite(learning_rate) or learning_rate <= 0:
         raise ValueError(f"`learning_rate` must be a finite number > 0; got {learning_rate!r}.")
 
-    # Baseline: the attacker's trivial guess, the aux per-column mean.
-    aux_mean = f_aux.mean(axis=0)
-    base_col = ((f_test - aux_mean) ** 2).sum(axis=0)
-    if base_col.sum() == 0:
-        raise ValueError("`features_test`: every test value equals the aux per-column mean, so "
-                         "the baseline error is 0 and the relative MSE is undefined.")
 
-    import keras
-
-    rng = np.random.default_rng(seed)
-    layer_seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=len(units) + 1)]
-    shuffle_seed = int(rng.integers(0, 2**31 - 1))
-    order = rng.permutation(n_aux)
-    n_val = min(n_aux - 1, max(1, int(round(validation_split * n_aux))))
-    val_idx, train_idx = order[:n_val], order[n_val:]
-
-    e_mean, e_std = _standardizer(e_aux)
-    f_mean, f_std = _standardizer(f_aux)
-    x_all = ((e_aux - e_mean) / e_std).astype(np.float32)
-    y_all = ((f_aux - f_mean) / f_std).astype(np.float32)
-    x_test = ((e_test - e_mean) / e_std).astype(np.float32)
-
-    layers = [keras.Input((e_aux.shape[1],), dtype="float32")]
+def _decoder(keras, width_in, width_out, units, layer_seeds, learning_rate):
+    """The compiled MLP decoder: ReLU hidden layers, linear output, MSE, Adam; seeded inits."""
+    layers = [keras.Input((width_in,), dtype="float32")]
     for width, s in zip(units, layer_seeds):
         layers.append(keras.layers.Dense(
             width, activation="relu", dtype="float32",
             kernel_initializer=keras.initializers.GlorotUniform(seed=s)))
     layers.append(keras.layers.Dense(
-        f_aux.shape[1], dtype="float32",
+        width_out, dtype="float32",
         kernel_initializer=keras.initializers.GlorotUniform(seed=layer_seeds[-1])))
     decoder = keras.Sequential(layers, name="inverse_decoder")
     decoder.compile(optimizer=keras.optimizers.Adam(learning_rate=float(learning_rate)),
                     loss="mse")
+    return decoder
 
-    train = _shuffled_batches(keras, x_all[train_idx], y_all[train_idx], batch_size,
-                              shuffle_seed)
-    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=patience,
-                                         restore_best_weights=True)
-    history = decoder.fit(train, validation_data=(x_all[val_idx], y_all[val_idx]),
-                          validation_batch_size=max(batch_size, 256),
-                          epochs=epochs, callbacks=[stop], verbose=verbose, shuffle=False)
 
-    pred_std = np.asarray(decoder.predict(x_test, batch_size=max(batch_size, 256), verbose=0))
-    reconstruction = (pred_std.astype(np.float64) * f_std + f_mean)
+def _scored(reconstruction, f_test, base_col, epochs_trained):
+    """The `ReconstructionResult` of a float64 reconstruction against the true test rows."""
     sse_col = ((reconstruction - f_test) ** 2).sum(axis=0)
     count = f_test.size
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -242,5 +261,5 @@ def feature_reconstruction(embeddings_aux: ArrayLike, features_aux: ArrayLike,
         baseline_mse=float(base_col.sum() / count),
         per_feature_relative_mse=per_feature,
         reconstruction=reconstruction,
-        epochs_trained=len(history.history.get("loss", [])),
+        epochs_trained=epochs_trained,
     )
