@@ -170,6 +170,22 @@ def test_state_dict_round_trip_and_config():
         "fallback_lr"}
 
 
+def test_a_refused_state_changes_nothing():
+    """SeededReleases' load_state_dict checks the whole state first: a state behind this
+    object's releases is refused before r_est, the phase or the ledger move."""
+    behind = MagRR(eps_rr=60.0, switch_after=1, seed=5)
+    behind.round(np.ones(10))
+    behind.round(np.zeros(10))
+    state = behind.state_dict()
+    live = MagRR(eps_rr=60.0, seed=6)
+    for _ in range(3):
+        live.round(np.ones(10))
+    before = live.state_dict()
+    with pytest.raises(ValueError, match="behind"):
+        live.load_state_dict(state)
+    assert live.state_dict() == before
+
+
 # --- randomness ---------------------------------------------------------------
 
 def test_flip_rate_matches_flip_probability():

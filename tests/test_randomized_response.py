@@ -129,3 +129,16 @@ def test_mechanisms_compiled_match_eager_on_given_words():
     quantize = lambda x, a: M.quantize_rr(x, 2.0, noise=ops.stack([a] * 5, -1))  # noqa: E731
     np.testing.assert_array_equal(np.asarray(quantize(x, words[0])),
                                   np.asarray(compiled(quantize)(x, words[0])))
+
+
+def test_threshold_reports_are_binary_rr_of_the_side_of_the_cut():
+    """MagRR's report: the bit [value < cut] (float64 on the host) through binary RR."""
+    from keras_fedpriv.mechanisms.randomized_response import threshold_reports
+
+    values = np.array([0.0, 1e-5, 2e-5 - 1e-12, 2e-5, 3e-5, 7.0])
+    words = np.random.default_rng(0).integers(0, 2**32, size=values.size, dtype=np.uint32)
+    bits = np.array([1, 1, 1, 0, 0, 0], np.int32)
+    got = ops.convert_to_numpy(threshold_reports(values, 2e-5, 0.7, noise=words))
+    want = ops.convert_to_numpy(M.binary_randomized_response(bits, 0.7, noise=words))
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == np.int32 and set(np.unique(got)) <= {0, 1}

@@ -105,3 +105,18 @@ def test_the_upload_argument_is_normalized_or_refused_by_name():
         as_upload("sgd")
     with pytest.raises(TypeError, match="`upload` must be.*got 3"):
         as_upload(3)
+
+
+def test_a_seeded_gaussian_upload_from_its_config_waits_for_its_state():
+    """GaussianUpload shares SeededReleases' from_config: a seeded copy rebuilt from its config
+    refuses to release until it continues the original's stream (no replayed noise)."""
+    delta = np.zeros(50, np.float32)
+    original = GaussianUpload(0.5, 2.0, seed=5)
+    first = original.client_message(delta, 1).message
+    assert original.get_config() == {"clip_norm": 0.5, "noise_multiplier": 2.0, "seed": 5}
+    assert "seed" not in GaussianUpload().get_config()
+    copy = GaussianUpload.from_config(original.get_config())
+    with pytest.raises(RuntimeError, match="load_state_dict"):
+        copy.client_message(delta, 1)
+    copy.load_state_dict(original.state_dict())
+    assert not np.any(copy.client_message(delta, 1).message == first)
