@@ -402,86 +402,227 @@ def _quiet_retracing():
         logger.setLevel(level)
 
 
-_ADAM = (0.9, 0.999, 1e-8)  # beta_1, beta_2, epsilon of the dummy variables' Adam
+_ADAM = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-8}  # the dummy batch's Adam (DLG's)
 
 
-def _adam_state(x0, label0):
-    """``(x, label logits, first moments, second moments)`` at the start of a restart."""
+def _check_bounds(bounds):
+    """``(low, high)`` as floats, or None."""
+    if bounds is None:
+        return None
+    if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
+        raise ValueError(f"`bounds` must be None or a (low, high) pair; got {bounds!r}.")
+    low, high = (float(b) for b in bounds)
+    if not (np.isfinite(low) and np.isfinite(high) and low < high):
+        raise ValueError(f"`bounds` must be finite with low < high; got {bounds!r}.")
+    return low, high
+
+
+def _model_classes(model, shape, num_classes):
+    """The width of the classifier's output, checked against ``num_classes`` if given."""
     from keras import ops
 
-    values = [ops.convert_to_tensor(x0), ops.convert_to_tensor(label0)]
-    return (*values, [ops.zeros_like(v) for v in values], [ops.zeros_like(v) for v in values])
+    try:
+        out_shape = tuple(model.outputs[0].shape)
+    except (AttributeError, ValueError, IndexError, TypeError):
+        out_shape = tuple(model(ops.zeros((1,) + shape), training=False).shape)
+    if len(out_shape) != 2 or out_shape[-1] is None or out_shape[-1] < 2:
+        raise ValueError(f"`model` must be a classifier with output (batch, num_classes >= 2); "
+                         f"got output shape {out_shape}.")
+    model_classes = int(out_shape[-1])
+    if num_classes is not None:
+        num_classes = validate_positive_int(num_classes, "num_classes", minimum=2)
+        if num_classes != model_classes:
+            raise ValueError(f"`num_classes`={num_classes} but the model outputs "
+                             f"{model_classes} classes.")
+    return model_classes
 
 
-def _matching_steps(model, tv, *, from_logits, distance, target_unit, target_norm, y_onehot,
-                    scale, optimize_labels, bounds):
-    """The compiled Adam step of the dummy batch, and the final distance, as pure functions.
+def _known_labels(labels, num_examples, num_classes):
+    """The caller's labels as an int64 ``(num_examples,)`` array of class ids."""
+    y = np.asarray(labels)
+    if y.ndim == 2 and y.shape[1] == num_classes:
+        y = y.argmax(axis=1)
+    y = y.reshape(-1)
+    if y.shape[0] != num_examples:
+        raise ValueError(f"`labels` must hold num_examples={num_examples} labels; got "
+                         f"{y.shape[0]}.")
+    if y.dtype.kind not in "iu" and not np.all(np.mod(y, 1) == 0):
+        raise ValueError(f"`labels` must be integer class ids; got {labels!r}.")
+    y = y.astype(np.int64)
+    if np.any(y < 0) or np.any(y >= num_classes):
+        raise ValueError(f"`labels` must lie in [0, {num_classes}); got {y.tolist()}.")
+    return y
 
-    ``step(state, best, t, lr) -> (distance, state, best)``: the distance at
-    ``state`` (`_adam_state`), the state after one Adam step on it, and
-    ``best`` = ``(distance, x, label logits)`` of the closest state so far.
+
+def _attack_labels(labels, label_mode, num_examples, num_classes, idlg):
+    """``(labels or None, mode)``: known labels, iDLG's (``idlg()``), or None to optimize."""
+    if labels is not None:
+        return _known_labels(labels, num_examples, num_classes), "known"
+    if label_mode == "idlg" or (label_mode == "auto" and num_examples == 1):
+        if num_examples != 1:
+            raise ValueError(f"`label_mode`='idlg' infers the label of a single example; got "
+                             f"num_examples={num_examples} (use 'optimize' or known `labels`).")
+        return np.array([idlg()], np.int64), "idlg"
+    return None, "optimize"
+
+
+def _dummy_draws(init, full, num_classes, restarts, bounds, rng):
+    """``draw() -> (x0, label logits0)``: the float32 starting point of one restart."""
+    if isinstance(init, str):
+        if init not in _INITS:
+            raise ValueError(f"`init` must be one of {_INITS} or an array of shape {full}; "
+                             f"got {init!r}.")
+        init_array = None
+    else:
+        init_array = np.asarray(init, dtype=np.float64)
+        if init_array.shape != full:
+            raise ValueError(f"`init` array must have shape {full}; got {init_array.shape}.")
+        if not np.all(np.isfinite(init_array)):
+            raise ValueError("`init` must contain only finite numbers.")
+        if restarts > 1:
+            raise ValueError("`restarts` > 1 needs a random `init` ('uniform' or 'normal'), "
+                             "not a fixed array.")
+
+    def draw():
+        if init_array is not None:
+            x0 = init_array
+        elif init == "uniform":
+            x0 = rng.uniform(*(bounds or (0.0, 1.0)), size=full)
+        elif init == "normal":
+            x0 = rng.standard_normal(size=full)
+        else:
+            x0 = np.zeros(full)
+        if bounds is not None:
+            x0 = np.clip(x0, *bounds)
+        label0 = rng.standard_normal(size=(full[0], num_classes))
+        return x0.astype(np.float32), label0.astype(np.float32)
+
+    return draw
+
+
+def _step_decay(learning_rate, iterations):
+    """``learning_rate``, divided by 10 from 50%, 75% and 90% of the iterations on."""
+    import keras
+
+    milestones = sorted({int(iterations * f) for f in (0.5, 0.75, 0.9)})
+    # the schedule reads the optimizer's step count t before the step: t > m - 1 means t >= m
+    return keras.optimizers.schedules.PiecewiseConstantDecay(
+        [m - 1 for m in milestones], [learning_rate / 10.0**i for i in range(len(milestones) + 1)])
+
+
+class _DummyBatchSearch:
+    """DLG's search in one place: the dummy batch, Keras' Adam on it, the closest point seen.
+
+    The dummy inputs (and, when optimized, the label logits) are Keras
+    variables; one compiled step (`keras_fedpriv.backend` ``optimizer_step``)
+    takes the gradient of `distance` with respect to them and applies
+    ``keras.optimizers.Adam`` (the box ``bounds`` as the inputs' constraint).
     The dummy gradient is taken at the model's weights with
     ``model.stateless_call`` and differentiated again
-    (`keras_fedpriv.backend` ``value_and_grad``: ``tf.GradientTape`` on
-    TensorFlow, ``jax.value_and_grad`` on JAX); the model is never modified.
+    (``value_and_grad``: ``tf.GradientTape`` on TensorFlow,
+    ``jax.value_and_grad`` on JAX); the model is never modified. ``best`` is
+    ``(distance, x, label logits)`` of the closest state seen so far.
     """
-    from keras import ops
 
-    from keras_fedpriv import backend
+    def __init__(self, model, tv, target, *, from_logits, distance, y_onehot, scale,
+                 optimize_labels, bounds, learning_rate, iterations, full, num_classes):
+        import keras
+        from keras import ops
 
-    impl = backend.impl()
-    weights = [ops.convert_to_tensor(ops.convert_to_numpy(v)) for v in tv]  # the global weights
-    frozen = [ops.convert_to_tensor(ops.convert_to_numpy(v)) for v in model.non_trainable_variables]
-    b1, b2, eps_adam = _ADAM
-    # what model(x, training=False) passes on: stateless_call hands its arguments to call()
-    inference = {"training": False} if "training" in inspect.signature(model.call).parameters \
-        else {}
+        from keras_fedpriv import backend
 
-    def dummy_distance(x, label_logits):
+        impl = backend.impl()
+        self._model, self._from_logits, self._kind = model, from_logits, distance
+        self._y_onehot, self._scale, self._iterations = y_onehot, scale, iterations
+        self._weights = [ops.convert_to_tensor(ops.convert_to_numpy(v)) for v in tv]  # global
+        self._frozen = [ops.convert_to_tensor(ops.convert_to_numpy(v))
+                        for v in model.non_trainable_variables]
+        norm = float(np.linalg.norm(target))
+        self._target_unit = (target / norm).astype(np.float32)
+        self._target_norm = np.float32(norm)
+        # what model(x, training=False) passes on: stateless_call hands its arguments to call()
+        self._inference = ({"training": False}
+                           if "training" in inspect.signature(model.call).parameters else {})
+        self.x = keras.Variable(np.zeros(full, np.float32), name="dummy_x")
+        if bounds is not None:  # the optimizer clips after every step
+            self.x.constraint = lambda v: ops.clip(v, *bounds)
+        self.label_logits = keras.Variable(np.zeros((full[0], num_classes), np.float32),
+                                           name="dummy_label_logits")
+        self._optimized = [self.x, self.label_logits] if optimize_labels else [self.x]
+        self.optimizer = keras.optimizers.Adam(_step_decay(learning_rate, iterations), **_ADAM)
+        self._step = impl.optimizer_step(self.optimizer, self._optimized, self._grads_and_best)
+        self._fresh = [ops.convert_to_numpy(v) for v in self.optimizer.variables]
+        self._value_and_grad = impl.value_and_grad
+        self._final = impl.compiled(self._final_best)
+        self.best = (ops.convert_to_tensor(np.float32(np.inf)), ops.zeros(full),
+                     ops.zeros((full[0], num_classes)))
+
+    def distance(self, x, label_logits=None):
+        """The distance of the dummy batch's update to the target (``"l2"`` or ``"cosine"``)."""
+        from keras import ops
+
         def loss(*trainable):
-            out, _ = model.stateless_call(list(trainable), frozen, x, **inference)
+            out, _ = self._model.stateless_call(list(trainable), self._frozen, x,
+                                                **self._inference)
             out = ops.cast(out, "float32")
-            if from_logits:
+            if self._from_logits:
                 logp = ops.log_softmax(out, axis=-1)
             else:
                 logp = ops.log(ops.clip(out, 1e-7, 1.0))
-            soft = y_onehot if y_onehot is not None else ops.softmax(label_logits, axis=-1)
+            soft = (self._y_onehot if self._y_onehot is not None
+                    else ops.softmax(label_logits, axis=-1))
             return -ops.mean(ops.sum(soft * logp, axis=-1))
 
-        _, grads = impl.value_and_grad(loss)(*weights)
-        g = scale * ops.concatenate([ops.reshape(ops.cast(gr, "float32"), [-1])
-                                     for gr in grads], 0)
-        if distance == "l2":
-            return ops.sum(ops.square(g / target_norm - target_unit))
-        return 1.0 - ops.sum(g * target_unit) / (ops.norm(g) + 1e-30)
+        _, grads = self._value_and_grad(loss)(*self._weights)
+        g = self._scale * ops.concatenate([ops.reshape(ops.cast(gr, "float32"), [-1])
+                                           for gr in grads], 0)
+        if self._kind == "l2":
+            return ops.sum(ops.square(g / self._target_norm - self._target_unit))
+        return 1.0 - ops.sum(g * self._target_unit) / (ops.norm(g) + 1e-30)
 
-    def keep_if_best(d, x, label_logits, best):
+    @staticmethod
+    def _keep_if_best(d, x, label_logits, best):
+        from keras import ops
+
         better = ops.less(d, best[0])
         return (ops.where(better, d, best[0]), ops.where(better, x, best[1]),
                 ops.where(better, label_logits, best[2]))
 
-    def step(state, best, t, lr):
-        x, label_logits, first, second = state
-        d, grads = impl.value_and_grad(dummy_distance)(x, label_logits)
-        best = keep_if_best(d, x, label_logits, best)
-        values = [x, label_logits]
-        first, second = list(first), list(second)
-        for i in range(2 if optimize_labels else 1):
-            g = ops.where(ops.isfinite(grads[i]), grads[i], ops.zeros_like(grads[i]))
-            first[i] = b1 * first[i] + (1 - b1) * g
-            second[i] = b2 * second[i] + (1 - b2) * ops.square(g)
-            m_hat = first[i] / (1 - ops.power(b1, t + 1.0))
-            s_hat = second[i] / (1 - ops.power(b2, t + 1.0))
-            values[i] = values[i] - lr * m_hat / (ops.sqrt(s_hat) + eps_adam)
-        if bounds:
-            values[0] = ops.clip(values[0], *bounds)
-        return d, (*values, first, second), best
+    def _grads_and_best(self, values, best):
+        """Pure: the gradients at ``values`` (NaN/inf set to 0), and ``(distance, best)``."""
+        from keras import ops
 
-    def final_distance(state, best):
-        d = dummy_distance(state[0], state[1])
-        return d, keep_if_best(d, state[0], state[1], best)
+        d, grads = self._value_and_grad(self.distance)(*values)
+        grads = [ops.where(ops.isfinite(g), g, ops.zeros_like(g)) for g in grads]
+        label_logits = values[1] if len(values) > 1 else best[2]
+        return grads, (d, self._keep_if_best(d, values[0], label_logits, best))
 
-    return impl.compiled(step), impl.compiled(final_distance)
+    def _final_best(self, x, label_logits, best):
+        d = self.distance(x, label_logits)
+        return d, self._keep_if_best(d, x, label_logits, best)
+
+    def restart(self, x0, label0):
+        """Start again from ``(x0, label0)`` with a fresh Adam (its step count back at 0)."""
+        self.x.assign(x0)
+        self.label_logits.assign(label0)
+        for variable, value in zip(self.optimizer.variables, self._fresh):
+            variable.assign(value)
+
+    def run(self, x0, label0, restart, history_every, history):
+        """One restart's ``iterations`` steps; appends ``(step, distance)`` to ``history``."""
+        self.restart(x0, label0)
+        offset = restart * (self._iterations + 1)
+        for t in range(self._iterations):
+            d, self.best = self._step(self.best)
+            if t % history_every == 0:
+                history.append((offset + t, float(d)))
+        d, self.best = self._final(self.x.value, self.label_logits.value, self.best)
+        history.append((offset + self._iterations, float(d)))
+
+
+def _read_only(array):
+    array.setflags(write=False)
+    return array
 
 
 def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
@@ -497,7 +638,8 @@ def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
     The server knows the model's current weights (the global weights it sent)
     and receives ``target_update``. It creates ``num_examples`` dummy inputs
     (and, unless the labels are known or inferred, soft dummy labels), and
-    minimizes with Adam, by differentiating through the gradient
+    minimizes with Keras' Adam (`keras.optimizers.Adam`, on the dummy batch
+    held in Keras variables), by differentiating through the gradient
     (twice: ``tf.GradientTape`` on TensorFlow, ``jax.value_and_grad`` on
     JAX), the distance between
 
@@ -515,7 +657,8 @@ def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
       size, clipping and any positive rescaling do not matter, only the
       direction).
 
-    The learning rate is divided by 10 at 50%, 75% and 90% of the iterations.
+    The learning rate is divided by 10 at 50%, 75% and 90% of the iterations
+    (a `keras.optimizers.schedules.PiecewiseConstantDecay`).
     With ``restarts > 1`` the whole optimization is repeated from fresh random
     dummies; the dummy batch with the smallest distance seen over all steps
     and restarts is returned (the attacker can compute the distance, not the
@@ -589,6 +732,7 @@ def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
     num_examples = validate_positive_int(num_examples, "num_examples")
     iterations = validate_positive_int(iterations, "iterations")
     history_every = validate_positive_int(history_every, "history_every")
+    restarts = validate_positive_int(restarts, "restarts")
     seed = validate_seed(seed)
     if not isinstance(distance, str) or distance not in _DISTANCES:
         raise ValueError(f"`distance` must be one of {_DISTANCES}; got {distance!r}.")
@@ -604,134 +748,37 @@ def gradient_inversion(model: Any, target_update: Any, num_examples: int = 1, *,
                          "by its norm).")
     shape = _model_x_shape(model, x_shape)
     from_logits = _infer_from_logits(model, from_logits)
-    low = high = None
-    if bounds is not None:
-        if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
-            raise ValueError(f"`bounds` must be None or a (low, high) pair; got {bounds!r}.")
-        low, high = (float(b) for b in bounds)
-        if not (np.isfinite(low) and np.isfinite(high) and low < high):
-            raise ValueError(f"`bounds` must be finite with low < high; got {bounds!r}.")
-
-    out_shape = None
-    try:
-        out_shape = tuple(model.outputs[0].shape)
-    except (AttributeError, ValueError, IndexError, TypeError):
-        out_shape = tuple(model(ops.zeros((1,) + shape), training=False).shape)
-    if len(out_shape) != 2 or out_shape[-1] is None or out_shape[-1] < 2:
-        raise ValueError(f"`model` must be a classifier with output (batch, num_classes >= 2); "
-                         f"got output shape {out_shape}.")
-    model_classes = int(out_shape[-1])
-    if num_classes is not None:
-        num_classes = validate_positive_int(num_classes, "num_classes", minimum=2)
-        if num_classes != model_classes:
-            raise ValueError(f"`num_classes`={num_classes} but the model outputs "
-                             f"{model_classes} classes.")
-    num_classes = model_classes
+    bounds = _check_bounds(bounds)
+    num_classes = _model_classes(model, shape, num_classes)
 
     rng = np.random.default_rng(seed)
-
-    # -- labels
-    if labels is not None:
-        y = np.asarray(labels)
-        if y.ndim == 2 and y.shape[1] == num_classes:
-            y = y.argmax(axis=1)
-        y = y.reshape(-1)
-        if y.shape[0] != num_examples:
-            raise ValueError(f"`labels` must hold num_examples={num_examples} labels; got "
-                             f"{y.shape[0]}.")
-        if y.dtype.kind not in "iu" and not np.all(np.mod(y, 1) == 0):
-            raise ValueError(f"`labels` must be integer class ids; got {labels!r}.")
-        y = y.astype(np.int64)
-        if np.any(y < 0) or np.any(y >= num_classes):
-            raise ValueError(f"`labels` must lie in [0, {num_classes}); got {y.tolist()}.")
-        mode = "known"
-    elif label_mode == "idlg" or (label_mode == "auto" and num_examples == 1):
-        if num_examples != 1:
-            raise ValueError(f"`label_mode`='idlg' infers the label of a single example; got "
-                             f"num_examples={num_examples} (use 'optimize' or known `labels`).")
-        y = np.array([_idlg(flat, tv, sizes, num_classes, lr_local, rng)], np.int64)
-        mode = "idlg"
-    else:
-        y = None
-        mode = "optimize"
-
-    # -- dummy variables
+    y, mode = _attack_labels(labels, label_mode, num_examples, num_classes,
+                             lambda: _idlg(flat, tv, sizes, num_classes, lr_local, rng))
     full = (num_examples,) + shape
-    restarts = validate_positive_int(restarts, "restarts")
-    if isinstance(init, str):
-        if init not in _INITS:
-            raise ValueError(f"`init` must be one of {_INITS} or an array of shape {full}; "
-                             f"got {init!r}.")
-        init_array = None
-    else:
-        init_array = np.asarray(init, dtype=np.float64)
-        if init_array.shape != full:
-            raise ValueError(f"`init` array must have shape {full}; got {init_array.shape}.")
-        if not np.all(np.isfinite(init_array)):
-            raise ValueError("`init` must contain only finite numbers.")
-        if restarts > 1:
-            raise ValueError("`restarts` > 1 needs a random `init` ('uniform' or 'normal'), "
-                             "not a fixed array.")
+    draw = _dummy_draws(init, full, num_classes, restarts, bounds, rng)
 
-    def draw_init():
-        if init_array is not None:
-            x0 = init_array
-        elif init == "uniform":
-            lo, hi = (low, high) if low is not None else (0.0, 1.0)
-            x0 = rng.uniform(lo, hi, size=full)
-        elif init == "normal":
-            x0 = rng.standard_normal(size=full)
-        else:
-            x0 = np.zeros(full)
-        if low is not None:
-            x0 = np.clip(x0, low, high)
-        label0 = rng.standard_normal(size=(num_examples, num_classes))
-        return x0.astype(np.float32), label0.astype(np.float32)
-
-    norm = float(np.linalg.norm(flat))
-    step, final_distance = _matching_steps(
-        model, tv, from_logits=from_logits, distance=distance,
-        target_unit=(flat / norm).astype(np.float32), target_norm=np.float32(norm),
-        y_onehot=np.eye(num_classes, dtype=np.float32)[y] if y is not None else None,
-        scale=np.float32(-lr_local) if lr_local is not None else np.float32(1.0),
-        optimize_labels=mode == "optimize", bounds=None if low is None else (low, high))
-
-    milestones = [int(iterations * f) for f in (0.5, 0.75, 0.9)]
-    hist, hist_steps = [], []
-    best = (ops.convert_to_tensor(np.float32(np.inf)), ops.zeros(full),
-            ops.zeros((num_examples, num_classes)))
+    history = []
     with _quiet_retracing():
+        search = _DummyBatchSearch(
+            model, tv, flat, from_logits=from_logits, distance=distance,
+            y_onehot=np.eye(num_classes, dtype=np.float32)[y] if y is not None else None,
+            scale=np.float32(-lr_local) if lr_local is not None else np.float32(1.0),
+            optimize_labels=mode == "optimize", bounds=bounds, learning_rate=learning_rate,
+            iterations=iterations, full=full, num_classes=num_classes)
         for restart in range(restarts):
-            x0, label0 = draw_init()
-            state = _adam_state(x0, label0)
-            lr = learning_rate
-            for t in range(iterations):
-                if t in milestones:
-                    lr /= 10.0
-                d, state, best = step(state, best, ops.convert_to_tensor(np.float32(t)),
-                                      ops.convert_to_tensor(np.float32(lr)))
-                if t % history_every == 0:
-                    hist.append(float(d))
-                    hist_steps.append(restart * (iterations + 1) + t)
-            d, best = final_distance(state, best)
-            hist.append(float(d))
-            hist_steps.append(restart * (iterations + 1) + iterations)
+            search.run(*draw(), restart, history_every, history)
 
-    best_d, best_x, best_l = (ops.convert_to_numpy(b) for b in best)
-    x_rec = best_x.astype(np.float32)
+    best_d, best_x, best_l = (ops.convert_to_numpy(b) for b in search.best)
     if mode == "optimize":
         probs = ops.convert_to_numpy(ops.softmax(best_l, axis=-1)).astype(np.float32)
-        y_rec = probs.argmax(axis=1).astype(np.int64)
+        y = probs.argmax(axis=1)
     else:
         probs = np.eye(num_classes, dtype=np.float32)[y]
-        y_rec = y.astype(np.int64)
-    for a in (x_rec, probs, y_rec):
-        a.setflags(write=False)
-    history = np.asarray(hist, np.float64)
-    history.setflags(write=False)
-    history_steps = np.asarray(hist_steps, np.int64)
-    history_steps.setflags(write=False)
+    steps, distances = zip(*history)
     return InversionResult(
-        x_reconstructed=x_rec, labels_reconstructed=y_rec, label_probabilities=probs,
-        gradient_distance=float(best_d), history=history, history_steps=history_steps,
+        x_reconstructed=_read_only(best_x.astype(np.float32)),
+        labels_reconstructed=_read_only(y.astype(np.int64)),
+        label_probabilities=_read_only(probs), gradient_distance=float(best_d),
+        history=_read_only(np.asarray(distances, np.float64)),
+        history_steps=_read_only(np.asarray(steps, np.int64)),
         label_mode=mode, distance=distance, iterations=iterations, restarts=restarts)

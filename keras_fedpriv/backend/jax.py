@@ -777,4 +777,28 @@ def compiled(fn):
     return jax.jit(fn)
 
 
+def optimizer_step(optimizer, variables, grads_and_aux):
+    """A compiled step ``step(*args) -> aux``: ``grads, aux = grads_and_aux(values, *args)``
+    at the current values of the Keras variables ``variables``, then one ``optimizer``
+    step on them (``optimizer.stateless_apply`` under ``jax.jit``; the new values are
+    written back into the variables and the optimizer's own)."""
+    optimizer.build(variables)
+
+    @jax.jit
+    def pure(values, optimizer_values, *args):
+        grads, aux = grads_and_aux(values, *args)
+        values, optimizer_values = optimizer.stateless_apply(optimizer_values, grads, values)
+        return values, optimizer_values, aux
+
+    def step(*args):
+        values, optimizer_values, aux = pure([v.value for v in variables],
+                                             [v.value for v in optimizer.variables], *args)
+        for variable, value in zip(list(variables) + list(optimizer.variables),
+                                   list(values) + list(optimizer_values)):
+            variable.assign(value)
+        return aux
+
+    return step
+
+
 # == end of attacks ==

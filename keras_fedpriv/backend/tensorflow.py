@@ -605,4 +605,19 @@ def compiled(fn):
     return tf.function(fn)
 
 
+def optimizer_step(optimizer, variables, grads_and_aux):
+    """A compiled step ``step(*args) -> aux``: ``grads, aux = grads_and_aux(values, *args)``
+    at the current values of the Keras variables ``variables``, then one ``optimizer``
+    step on them (``optimizer.apply``, in a ``tf.function``)."""
+    optimizer.build(variables)
+
+    @tf.function
+    def step(*args):
+        grads, aux = grads_and_aux([tf.convert_to_tensor(v) for v in variables], *args)
+        optimizer.apply(grads, variables)
+        return aux
+
+    return step
+
+
 # == end of attacks ==
