@@ -182,3 +182,22 @@ def test_example_ids_key_the_same_words_in_every_call():
         np.testing.assert_array_equal(u, v)
         assert u[0] == u[2] and u[0] != u[1]
     assert flip.noise_draws == 0  # id-keyed words draw nothing from the counter
+
+
+def test_optimizer_step_applies_a_keras_optimizer_to_the_variables():
+    """`optimizer_step` (the gradient-inversion attack's step): the gradients at the
+    variables' values go through ``optimizer``, the variables and the step count move, and
+    the aux comes back, on either backend."""
+    x = keras.Variable(np.array([1.0, -2.0], np.float32))
+    optimizer = keras.optimizers.SGD(learning_rate=0.5)
+
+    def grads_and_aux(values, scale):
+        return [values[0] * scale], ops.sum(values[0])
+
+    step = impl().optimizer_step(optimizer, [x], grads_and_aux)
+    one = ops.convert_to_tensor(np.float32(1.0))
+    for expected_aux, expected_x in ((-1.0, [0.5, -1.0]), (-0.5, [0.25, -0.5])):
+        aux = step(one)
+        np.testing.assert_allclose(ops.convert_to_numpy(aux), expected_aux)
+        np.testing.assert_allclose(ops.convert_to_numpy(x), expected_x)
+    assert int(ops.convert_to_numpy(optimizer.iterations)) == 2
