@@ -437,41 +437,39 @@ class MagRR(SeededReleases, keras.callbacks.Callback):
         return {"r_est": r_est, "phase": phase, "rounds_in_range": rounds}
 
 
-def _validate_magnitudes(magnitudes):
+def _client_vector(values, name, *, what, one, accept_bool, valid, rule):
+    """``values`` as a 1-D numpy array with one entry per client, or an error naming ``name``.
+
+    ``what`` names the entries (``"finite reals >= 0"``), ``one`` one entry (``"step
+    size"``); ``valid(array)`` marks the allowed entries and ``rule`` says the rule they
+    break. Booleans are numbers only with ``accept_bool``.
+    """
     try:
-        r = np.asarray(magnitudes)
+        array = np.asarray(values)
     except Exception as err:  # pragma: no cover - exotic inputs
-        raise TypeError(f"`magnitudes` must be a 1-D array of finite reals >= 0; got "
-                        f"{type(magnitudes).__name__}.") from err
-    if r.dtype == bool or not (np.issubdtype(r.dtype, np.integer)
-                               or np.issubdtype(r.dtype, np.floating)):
-        raise TypeError(f"`magnitudes` must be a 1-D array of finite reals >= 0; got dtype "
-                        f"{r.dtype}.")
-    r = np.atleast_1d(r).astype(np.float64)
-    if r.ndim != 1:
-        raise ValueError(f"`magnitudes` must be 1-D (one step size per client); got shape "
-                         f"{r.shape}.")
-    bad = ~np.isfinite(r) | (r < 0)
+        raise TypeError(f"`{name}` must be a 1-D array of {what}; got "
+                        f"{type(values).__name__}.") from err
+    numeric = np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+    if not (numeric or (accept_bool and array.dtype == bool)):
+        raise TypeError(f"`{name}` must be a 1-D array of {what}; got dtype {array.dtype}.")
+    array = np.atleast_1d(array)
+    if array.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D (one {one} per client); got shape "
+                         f"{array.shape}.")
+    bad = ~valid(array)
     if bad.any():
-        raise ValueError(f"`magnitudes` must be finite reals >= 0; got {r[bad][:5].tolist()} "
-                         f"at positions {np.flatnonzero(bad)[:5].tolist()}.")
-    return r
+        raise ValueError(f"`{name}` must {rule}; got {array[bad][:5].tolist()} at positions "
+                         f"{np.flatnonzero(bad)[:5].tolist()}.")
+    return array
+
+
+def _validate_magnitudes(magnitudes):
+    return _client_vector(magnitudes, "magnitudes", what="finite reals >= 0", one="step size",
+                          accept_bool=False, valid=lambda r: np.isfinite(r) & (r >= 0),
+                          rule="be finite reals >= 0").astype(np.float64)
 
 
 def _validate_reports(reports):
-    try:
-        b = np.asarray(reports)
-    except Exception as err:  # pragma: no cover - exotic inputs
-        raise TypeError(f"`reports` must be a 1-D array of 0/1 values; got "
-                        f"{type(reports).__name__}.") from err
-    if not (b.dtype == bool or np.issubdtype(b.dtype, np.integer)
-            or np.issubdtype(b.dtype, np.floating)):
-        raise TypeError(f"`reports` must be a 1-D array of 0/1 values; got dtype {b.dtype}.")
-    b = np.atleast_1d(b)
-    if b.ndim != 1:
-        raise ValueError(f"`reports` must be 1-D (one bit per client); got shape {b.shape}.")
-    bad = ~((b == 0) | (b == 1))
-    if bad.any():
-        raise ValueError(f"`reports` must hold only 0/1 values; got {b[bad][:5].tolist()} "
-                         f"at positions {np.flatnonzero(bad)[:5].tolist()}.")
-    return b.astype(np.int64)
+    return _client_vector(reports, "reports", what="0/1 values", one="bit", accept_bool=True,
+                          valid=lambda b: (b == 0) | (b == 1),
+                          rule="hold only 0/1 values").astype(np.int64)
