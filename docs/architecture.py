@@ -1,0 +1,277 @@
+"""The package's floors and its import graph, read from the source; draws docs/architecture.png.
+
+Usage: ``python docs/architecture.py [OUTPUT.png]`` (default ``docs/architecture.png``; needs
+matplotlib, the ``bench`` extra). The picture is generated from the code, never drawn by
+hand: redraw it after moving or adding a module.
+
+Every module of ``keras_fedpriv`` sits on one floor, chosen by its dotted path (the longest
+prefix in `PLACES`), so a new module or subpackage falls on the floor of the package that
+holds it. An import may point down or stay on its floor, never up, and the imports may form
+no circle; ``tests/test_architecture.py`` keeps it so, in the manner of import-linter's layer
+contracts. The imports are read with `ast` (nothing is imported): every ``import`` and
+``from ... import`` statement, also those inside functions (the lazy ones), and the package
+modules named by strings in tables (the lazy exports') or given to ``importlib.import_module``.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
+
+PACKAGE = "keras_fedpriv"
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / PACKAGE
+
+#: The floors, lowest first: (name, what lives there). A module may import from its own floor
+#: and the floors below it.
+FLOORS = (
+    ("foundation", "Keras backends (TensorFlow, JAX), logging, text tables, lazy imports"),
+    ("mechanisms", "randomized response, Laplace, Gaussian, SignDS, quantize; DP events, ledger"),
+    ("layers / encoders", "LabelDPLayer, EmbeddingDPLayer, VAEBottom, privatize; SignDS encoder "
+                          "and optimizer"),
+    ("accounting / attacks", "privacy report, budget, plans, audit, dELDP; the attacks"),
+    ("protocols", "horizontal and vertical FL: parties, loop, wire, in-process driver; uploads, "
+                  "MagRR, LaplaceEvaluation"),
+    ("runtimes", "Flower: server and client apps, strategies, central DP, party worker"),
+    ("face", "the package's exports, the command line, demos, data sets, examples' models, "
+             "tuning"),
+)
+FLOOR_NAMES = tuple(name for name, _ in FLOORS)
+
+#: dotted path -> floor; a module sits on the floor of the longest path it starts with (the
+#: package itself, ``keras_fedpriv``, is the face).
+PLACES = {
+    f"{PACKAGE}.backend": "foundation",
+    f"{PACKAGE}.logs": "foundation",
+    f"{PACKAGE}.text_table": "foundation",
+    f"{PACKAGE}._lazy": "foundation",
+    f"{PACKAGE}.mechanisms": "mechanisms",
+    f"{PACKAGE}.layers": "layers / encoders",
+    f"{PACKAGE}.optimizers": "layers / encoders",
+    f"{PACKAGE}.privatize": "layers / encoders",
+    f"{PACKAGE}.privacy": "accounting / attacks",
+    f"{PACKAGE}.attacks": "accounting / attacks",
+    f"{PACKAGE}.federated": "protocols",
+    f"{PACKAGE}.callbacks": "protocols",
+    f"{PACKAGE}.federated.flower": "runtimes",
+    PACKAGE: "face",
+}
+
+
+def module_name(path: Path, package_dir: Path = PACKAGE_DIR) -> str:
+    """The dotted name of the module in file ``path`` (a package's ``__init__.py``: the package).
+
+    Example: ``module_name(PACKAGE_DIR / "layers" / "__init__.py")`` is ``"keras_fedpriv.layers"``.
+    """
+    parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
+    """Every module of the package: dotted name -> file.
+
+    Example: ``modules()["keras_fedpriv.mechanisms.laplace"].name`` is ``"laplace.py"``.
+    """
+    return {module_name(p, package_dir): p for p in sorted(package_dir.rglob("*.py"))}
+
+
+def floor_of(module: str) -> str:
+    """The floor of ``module`` (a dotted name in the package): that of its longest `PLACES` path.
+
+    Example: ``floor_of("keras_fedpriv.federated.flower.strategy")`` is ``"runtimes"``.
+    """
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        place = PLACES.get(".".join(parts[:n]))
+        if place is not None:
+            return place
+    raise ValueError(f"module={module!r} is outside the package {PACKAGE!r}")
+
+
+@functools.cache
+def syntax_tree(path: Path) -> ast.Module:
+    """The parsed source of the file at ``path`` (read once per process).
+
+    Example: ``syntax_tree(PACKAGE_DIR / "logs.py").body``.
+    """
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _owner(name: str, known: dict[str, Path]) -> str | None:
+    """The package module that ``name`` (a module, or a name inside one) resolves to."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imported_names(tree: ast.AST, module: str, is_package: bool, known: dict[str, Path]):
+    """The dotted names that the module's imports (and module-naming strings) refer to."""
+    base_package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # a relative import
+                anchor = base_package.split(".")[:len(base_package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                yield full if full in known else base
+        elif isinstance(node, (ast.Dict, ast.Tuple, ast.List, ast.Set, ast.Call)):
+            yield from _module_strings(node, known)
+
+
+def _module_strings(node: ast.AST, known: dict[str, Path]):
+    """Package module names written as strings in a table (a lazy export's module: a dict's
+    value, an item of a tuple, list or set) or given to ``importlib.import_module``; a string
+    elsewhere (a message, a logger's name) is no import, nor the package's own name (``python
+    -m keras_fedpriv`` in a command line)."""
+    if isinstance(node, ast.Dict):
+        items = node.values
+    elif isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        items = node.args if name == "import_module" else []
+    else:
+        items = node.elts
+    for item in items:
+        if (isinstance(item, ast.Constant) and isinstance(item.value, str)
+                and item.value in known and item.value != PACKAGE):
+            yield item.value
+
+
+def import_graph(package_dir: Path = PACKAGE_DIR) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (itself left out), read from the source.
+
+    Example: ``"keras_fedpriv.mechanisms.validation" in import_graph()["keras_fedpriv.mechanisms.laplace"]``.
+    """
+    known = modules(package_dir)
+    graph = {}
+    for module, path in known.items():
+        names = _imported_names(syntax_tree(path), module, path.name == "__init__.py", known)
+        graph[module] = {_owner(n, known) for n in names if n.split(".")[0] == PACKAGE} - {
+            module, None}
+    return graph
+
+
+def upward_arrows(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports that point from a lower floor to a higher one, sorted.
+
+    Example: ``upward_arrows({"keras_fedpriv.mechanisms.random": {"keras_fedpriv.layers"}})``
+    is ``[("keras_fedpriv.mechanisms.random", "keras_fedpriv.layers")]``.
+    """
+    level = {name: n for n, name in enumerate(FLOOR_NAMES)}
+    return sorted((a, b) for a, targets in graph.items() for b in targets
+                  if level[floor_of(b)] > level[floor_of(a)])
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each group of modules that reach one another, sorted; [] if none.
+
+    Example: ``circles({"a": {"b"}, "b": {"a"}, "c": {"a"}})`` is ``[["a", "b"]]``.
+    """
+    names = sorted(set(graph) | {b for targets in graph.values() for b in targets})
+    index = {name: n for n, name in enumerate(names)}
+    rows = [index[a] for a, targets in graph.items() for _ in targets]
+    cols = [index[b] for targets in graph.values() for b in targets]
+    matrix = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(names), len(names)))
+    _, labels = connected_components(matrix, directed=True, connection="strong")
+    groups: dict[int, list[str]] = {}
+    for name, label in zip(names, labels):
+        groups.setdefault(label, []).append(name)
+    return sorted(group for group in groups.values() if len(group) > 1)
+
+
+def group_of(module: str, packages: set[str]) -> str:
+    """The box a module is drawn in: its package (a package or a top-level module: itself),
+    without the ``keras_fedpriv.`` prefix; ``packages`` are the package's packages.
+
+    Example: ``group_of("keras_fedpriv.federated.flower.worker", {"keras_fedpriv.federated.flower"})``
+    is ``"federated.flower"``.
+    """
+    if module in packages or module.count(".") <= 1:
+        return module.partition(".")[2] or PACKAGE
+    return module.rpartition(".")[0].partition(".")[2]
+
+
+def draw(graph: dict[str, set[str]], output: Path) -> None:
+    """Draw the floors, a box per package with its modules, and the arrows between boxes.
+
+    An arrow goes from the importing box to the imported one, wider for more imports; red
+    where it points up (none should). Example: ``draw(import_graph(), Path("arch.png"))``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    packages = {module.rpartition(".")[0] for module in graph}
+    group_of_ = functools.partial(group_of, packages=packages)
+    boxes: dict[str, list[str]] = {}
+    for module in sorted(graph):  # a box lists its modules (the package itself aside)
+        boxes.setdefault(group_of_(module), []).append(
+            "" if module in packages else module.rpartition(".")[2])
+    floors: dict[str, list[str]] = {name: [] for name in FLOOR_NAMES}
+    for box in sorted(boxes):
+        floors[floor_of(f"{PACKAGE}.{box}" if box != PACKAGE else PACKAGE)].append(box)
+    width, floor_height = 26.0, 2.3
+    fig, ax = plt.subplots(figsize=(width, floor_height * len(FLOORS) + 0.6))
+    centers = {}
+    for level, (name, about) in enumerate(FLOORS):
+        y = level * floor_height
+        ax.add_patch(FancyBboxPatch((0, y + 0.1), width, floor_height - 0.2,
+                                    boxstyle="round,pad=0.02", color=f"C{level}", alpha=0.08))
+        ax.text(0.15, y + floor_height - 0.3, f"{level}. {name}", fontsize=13, weight="bold",
+                va="top")
+        ax.text(0.15, y + floor_height - 0.65, textwrap.fill(about, 34), fontsize=8, va="top",
+                color="0.3")
+        row = floors[name]
+        slot = (width - 4.2) / max(len(row), 1)
+        for n, box in enumerate(row):
+            x = 4.2 + slot * (n + 0.5)
+            members = " ".join(m for m in boxes[box] if m)
+            label = box + ("\n" + textwrap.fill(members, min(max(int(slot * 6), 18), 56))
+                           if members else "")
+            ax.text(x, y + floor_height / 2, label, ha="center", va="center", fontsize=8.5,
+                    bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": f"C{level}"})
+            centers[box] = (x, y + floor_height / 2)
+    counts: dict[tuple[str, str], int] = {}
+    for a, targets in graph.items():
+        for b in targets:
+            pair = (group_of_(a), group_of_(b))
+            if pair[0] != pair[1]:
+                counts[pair] = counts.get(pair, 0) + 1
+    upward = {(group_of_(a), group_of_(b)) for a, b in upward_arrows(graph)}
+    for (a, b), count in sorted(counts.items()):
+        (xa, ya), (xb, yb) = centers[a], centers[b]
+        bad = (a, b) in upward
+        ax.annotate("", xy=(xb, yb + 0.35 if yb < ya else yb - 0.35),
+                    xytext=(xa, ya - 0.35 if yb < ya else ya + 0.35),
+                    arrowprops={"arrowstyle": "-|>", "lw": 0.4 + 0.25 * min(count, 8),
+                                "color": "red" if bad else "0.45", "alpha": 0.9 if bad else 0.35,
+                                "connectionstyle": "arc3,rad=0.08" if ya != yb else
+                                "arc3,rad=0.12"})
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, floor_height * len(FLOORS))
+    ax.axis("off")
+    ax.set_title("keras_fedpriv: modules by floor (boxes: packages); arrows: imports, pointing "
+                 "down (red: pointing up)", fontsize=12)
+    fig.tight_layout()
+    fig.savefig(output, dpi=80)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).with_suffix(".png")
+    draw(import_graph(), target)
+    print(f"wrote {target}")
