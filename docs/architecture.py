@@ -152,7 +152,8 @@ def _module_strings(node: ast.AST, known: dict[str, Path]):
 def import_graph(package_dir: Path = PACKAGE_DIR) -> dict[str, set[str]]:
     """Module -> the package modules it imports (itself left out), read from the source.
 
-    Example: ``"keras_fedpriv.mechanisms.validation" in import_graph()["keras_fedpriv.mechanisms.laplace"]``.
+    Example: ``import_graph()["keras_fedpriv.mechanisms.laplace"]`` holds
+    ``"keras_fedpriv.mechanisms.validation"``.
     """
     known = modules(package_dir)
     graph = {}
@@ -195,7 +196,7 @@ def group_of(module: str, packages: set[str]) -> str:
     """The box a module is drawn in: its package (a package or a top-level module: itself),
     without the ``keras_fedpriv.`` prefix; ``packages`` are the package's packages.
 
-    Example: ``group_of("keras_fedpriv.federated.flower.worker", {"keras_fedpriv.federated.flower"})``
+    Example: ``group_of("keras_fedpriv.federated.flower.worker", {"keras_fedpriv.federated"})``
     is ``"federated.flower"``.
     """
     if module in packages or module.count(".") <= 1:

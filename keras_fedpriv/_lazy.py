@@ -27,8 +27,10 @@ The mechanism has two halves, both set up by one call, `lazy_exports`, in a pack
    watches the imports of ``keras`` and of the package's modules to find that moment, and
    removes itself afterwards (if Keras is already loaded, they are imported at once).
 
-What is not here: no module of the package is imported by this module (the tables name them,
-so the import graph that ``docs/architecture.py`` draws sees each arrow where it is written).
+This module imports no module of the package (the callers' tables name them, so the import
+graph that ``docs/architecture.py`` draws shows each arrow where it is written).
+``keras_fedpriv.logs.quiet_tensorflow`` has an import finder of its own, for another goal:
+hiding TensorFlow's start-up lines.
 """
 
 from __future__ import annotations

@@ -177,3 +177,18 @@ def test_every_module_that_registers_keras_objects_is_imported_when_keras_is():
     listed = next(ast.literal_eval(node.value) for node in root.body
                   if isinstance(node, ast.Assign) and node.targets[0].id == "_KERAS_OBJECTS")
     assert sorted(listed) == registering
+
+
+def test_one_import_mechanism():
+    """Lazy exports and the Keras registration are keras_fedpriv/_lazy.py's alone: no other
+    module defines a module-level ``__getattr__`` or watches imports (``sys.meta_path``), but
+    `logs.quiet_tensorflow`, which hides TensorFlow's start-up lines, not to import faster."""
+    hooks = {}
+    for module, path in architecture.modules().items():
+        tree = architecture.syntax_tree(path)
+        if any(isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+               for node in tree.body):
+            hooks.setdefault(module, set()).add("__getattr__")
+        if "sys.meta_path" in path.read_text(encoding="utf-8"):
+            hooks.setdefault(module, set()).add("sys.meta_path")
+    assert hooks == {f"{PACKAGE}._lazy": {"sys.meta_path"}, f"{PACKAGE}.logs": {"sys.meta_path"}}
