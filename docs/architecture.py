@@ -2,7 +2,8 @@
 
 Usage: ``python docs/architecture.py [OUTPUT.png]`` (default ``docs/architecture.png``; needs
 matplotlib, the ``bench`` extra). The picture is generated from the code, never drawn by
-hand: redraw it after moving or adding a module.
+hand: redraw it after moving or adding a module. ``python docs/architecture.py --breaches``
+prints every breach of the rules, as ``tests/test_architecture.py`` lists them.
 
 Every module of ``keras_fedpriv`` sits on one floor, chosen by its dotted path (the longest
 prefix in `PLACES`), so a new module or subpackage falls on the floor of the package that
@@ -192,6 +193,85 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(group for group in groups.values() if len(group) > 1)
 
 
+def _short(module: str) -> str:
+    return module[len(PACKAGE) + 1:]
+
+
+def private_imports(package_dir: Path = PACKAGE_DIR) -> set[tuple[str, str, str]]:
+    """(importer, defining module, name) for each ``_name`` that one package module takes from
+    another: ``from keras_fedpriv.m import _name``, or ``m._name`` on an imported module.
+    Module names are written without the ``keras_fedpriv.`` prefix.
+
+    Example: ``("privacy.run_plan", "privacy.planning", "_event") in private_imports()`` while
+    run_plan imports planning's private ``_event``.
+    """
+    known = modules(package_dir)
+    found = set()
+    for module, path in known.items():
+        tree = syntax_tree(path)
+        aliases = {}  # local name -> the package module it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    if full in known:
+                        aliases[alias.asname or alias.name] = full
+                    elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.add((module, node.module, alias.name))
+            elif isinstance(node, ast.Import):
+                aliases.update({alias.asname: alias.name for alias in node.names
+                                if alias.asname and alias.name.startswith(PACKAGE)})
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                found.add((module, aliases[node.value.id], node.attr))
+    return {(_short(a), _short(b), name) for a, b, name in found if a != b}
+
+
+def private_methods_called_elsewhere(package_dir: Path = PACKAGE_DIR) -> set[tuple[str, str, str]]:
+    """(caller, defining module, method) for each ``obj._m`` outside the modules whose classes
+    define a method ``_m``, found by name (``self._m``, ``cls._m`` and ``super()._m`` aside).
+    Module names are written without the ``keras_fedpriv.`` prefix.
+
+    Example: ``("federated.magrr", "mechanisms.random", "_mark_restored_from_config")`` while
+    MagRR calls the seeded state's private restore step.
+    """
+    known = modules(package_dir)
+    defined: dict[str, set[str]] = {}  # method name -> the modules whose classes define it
+    for module, path in known.items():
+        for node in ast.walk(syntax_tree(path)):
+            if isinstance(node, ast.ClassDef):
+                defined.update({item.name: defined.get(item.name, set()) | {module}
+                                for item in node.body
+                                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                and item.name.startswith("_") and not item.name.endswith("__")})
+    found = set()
+    for module, path in known.items():
+        for node in ast.walk(syntax_tree(path)):
+            if not isinstance(node, ast.Attribute) or module in defined.get(node.attr, {module}):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and getattr(owner.func, "id", "") == "super":
+                continue
+            found.update((_short(module), _short(where), node.attr)
+                         for where in defined[node.attr])
+    return found
+
+
+def breaches(package_dir: Path = PACKAGE_DIR) -> dict[str, list]:
+    """Every breach of the rules today, by kind, sorted: what tests/test_architecture.py lists.
+
+    Example: ``breaches()["circles"]`` is ``[]`` once the imports form no circle.
+    """
+    graph = import_graph(package_dir)
+    return {"upward imports": upward_arrows(graph), "circles": circles(graph),
+            "private imports": sorted(private_imports(package_dir)),
+            "private methods": sorted(private_methods_called_elsewhere(package_dir))}
+
+
 def group_of(module: str, packages: set[str]) -> str:
     """The box a module is drawn in: its package (a package or a top-level module: itself),
     without the ``keras_fedpriv.`` prefix; ``packages`` are the package's packages.
@@ -272,7 +352,24 @@ def draw(graph: dict[str, set[str]], output: Path) -> None:
     plt.close(fig)
 
 
-if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).with_suffix(".png")
+def main(argv: list[str]) -> None:
+    """``python docs/architecture.py [OUTPUT.png]`` draws the picture; ``--breaches [DIR]``
+    prints every breach of the rules in the package at DIR (default: this checkout's), one
+    per line, as tests/test_architecture.py lists them.
+
+    Example: ``main(["--breaches"])``.
+    """
+    if argv[:1] == ["--breaches"]:
+        found = breaches(Path(argv[1]) if len(argv) > 1 else PACKAGE_DIR)
+        for kind, items in found.items():
+            print(f"{kind}: {len(items)}")
+            for item in items:
+                print(f"    {tuple(item)!r},")
+        return
+    target = Path(argv[0]) if argv else Path(__file__).with_suffix(".png")
     draw(import_graph(), target)
     print(f"wrote {target}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

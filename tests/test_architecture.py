@@ -149,36 +149,9 @@ def test_the_imports_form_no_circle(graph):
     _compare(architecture.circles(graph), KNOWN_CIRCLES, "import circles")
 
 
-def _private_imports():
-    """(importer, defining module, name) for each ``_name`` one package module takes from
-    another: ``from keras_fedpriv.m import _name`` or ``m._name`` on an imported module."""
-    known = architecture.modules()
-    found = set()
-    short = len(PACKAGE) + 1
-    for module, path in known.items():
-        tree = architecture.syntax_tree(path)
-        aliases = {}  # local name -> package module
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
-                for alias in node.names:
-                    full = f"{node.module}.{alias.name}"
-                    if full in known:
-                        aliases[alias.asname or alias.name] = full
-                    elif alias.name.startswith("_") and not alias.name.startswith("__"):
-                        found.add((module, node.module, alias.name))
-            elif isinstance(node, ast.Import):
-                aliases.update({alias.asname: alias.name for alias in node.names
-                                if alias.asname and alias.name.startswith(PACKAGE)})
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                    and node.value.id in aliases and node.attr.startswith("_")
-                    and not node.attr.startswith("__")):
-                found.add((module, aliases[node.value.id], node.attr))
-    return {(a[short:], b[short:], name) for a, b, name in found if a != b}
-
-
 def test_no_new_private_name_crosses_a_module_line():
-    _compare(_private_imports(), KNOWN_PRIVATE_IMPORTS, "private names imported across modules")
+    _compare(architecture.private_imports(), KNOWN_PRIVATE_IMPORTS,
+             "private names imported across modules")
 
 
 def test_the_picture_is_drawn_from_the_graph(tmp_path, graph):
@@ -219,34 +192,6 @@ def test_one_import_mechanism():
     assert hooks == {f"{PACKAGE}._lazy": {"sys.meta_path"}, f"{PACKAGE}.logs": {"sys.meta_path"}}
 
 
-def _private_methods_called_elsewhere():
-    """(caller, defining module, method) for each ``obj._m`` outside the modules whose classes
-    define a method ``_m`` (found by name; ``self``, ``cls`` and ``super()`` aside)."""
-    known = architecture.modules()
-    defined = {}  # method name -> the modules whose classes define it
-    for module, path in known.items():
-        for node in ast.walk(architecture.syntax_tree(path)):
-            if isinstance(node, ast.ClassDef):
-                defined.update({item.name: defined.get(item.name, set()) | {module}
-                                for item in node.body
-                                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
-                                and item.name.startswith("_") and not item.name.endswith("__")})
-    found = set()
-    short = len(PACKAGE) + 1
-    for module, path in known.items():
-        for node in ast.walk(architecture.syntax_tree(path)):
-            if not isinstance(node, ast.Attribute) or module in defined.get(node.attr, {module}):
-                continue
-            owner = node.value
-            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
-                continue
-            if isinstance(owner, ast.Call) and getattr(owner.func, "id", "") == "super":
-                continue
-            found.update((module[short:], where[short:], node.attr)
-                         for where in defined[node.attr])
-    return found
-
-
 def test_no_new_private_method_is_called_from_another_module():
-    _compare(_private_methods_called_elsewhere(), KNOWN_PRIVATE_METHODS,
+    _compare(architecture.private_methods_called_elsewhere(), KNOWN_PRIVATE_METHODS,
              "private methods called from other modules")
