@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import sys
 import textwrap
 from pathlib import Path
@@ -284,11 +285,46 @@ def group_of(module: str, packages: set[str]) -> str:
     return module.rpartition(".")[0].partition(".")[2]
 
 
+def picture(graph: dict[str, set[str]]) -> dict:
+    """What the picture shows, as data: ``boxes`` (box -> its modules' short names),
+    ``floors`` (floor -> its boxes, left to right), ``arrows`` ((box, box) -> imports) and
+    ``upward`` (the arrows that point up), and ``digest``, a hash of all four that the PNG
+    carries, so that a stale picture is caught (tests/test_architecture.py).
+
+    Example: ``picture(import_graph())["floors"]["runtimes"]`` is ``["federated.flower"]``.
+    """
+    packages = {module.rpartition(".")[0] for module in graph}
+    box_of = functools.partial(group_of, packages=packages)
+    boxes: dict[str, list[str]] = {}
+    for module in sorted(graph):  # a box lists its modules (the package itself aside)
+        boxes.setdefault(box_of(module), [])
+        if module not in packages:
+            boxes[box_of(module)].append(module.rpartition(".")[2])
+    floors: dict[str, list[str]] = {name: [] for name in FLOOR_NAMES}
+    for box in sorted(boxes):
+        floors[floor_of(f"{PACKAGE}.{box}" if box != PACKAGE else PACKAGE)].append(box)
+    arrows: dict[tuple[str, str], int] = {}
+    for a, targets in sorted(graph.items()):
+        for b in sorted(targets):
+            pair = (box_of(a), box_of(b))
+            if pair[0] != pair[1]:
+                arrows[pair] = arrows.get(pair, 0) + 1
+    upward = sorted({(box_of(a), box_of(b)) for a, b in upward_arrows(graph)})
+    shown = repr((sorted(boxes.items()), sorted(floors.items()), sorted(arrows.items()), upward))
+    return {"boxes": boxes, "floors": floors, "arrows": arrows, "upward": upward,
+            "digest": hashlib.sha256(shown.encode()).hexdigest()}
+
+
+#: the PNG text field that holds `picture`'s digest
+DIGEST_KEY = "Description"
+
+
 def draw(graph: dict[str, set[str]], output: Path) -> None:
     """Draw the floors, a box per package with its modules, and the arrows between boxes.
 
     An arrow goes from the importing box to the imported one, wider for more imports; red
-    where it points up (none should). Example: ``draw(import_graph(), Path("arch.png"))``.
+    where it points up (none should). The PNG carries `picture`'s digest in its text field
+    `DIGEST_KEY`. Example: ``draw(import_graph(), Path("arch.png"))``.
     """
     import matplotlib
 
@@ -296,15 +332,8 @@ def draw(graph: dict[str, set[str]], output: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
-    packages = {module.rpartition(".")[0] for module in graph}
-    group_of_ = functools.partial(group_of, packages=packages)
-    boxes: dict[str, list[str]] = {}
-    for module in sorted(graph):  # a box lists its modules (the package itself aside)
-        boxes.setdefault(group_of_(module), []).append(
-            "" if module in packages else module.rpartition(".")[2])
-    floors: dict[str, list[str]] = {name: [] for name in FLOOR_NAMES}
-    for box in sorted(boxes):
-        floors[floor_of(f"{PACKAGE}.{box}" if box != PACKAGE else PACKAGE)].append(box)
+    shown = picture(graph)
+    boxes, floors = shown["boxes"], shown["floors"]
     width, floor_height = 26.0, 2.3
     fig, ax = plt.subplots(figsize=(width, floor_height * len(FLOORS) + 0.6))
     centers = {}
@@ -320,22 +349,15 @@ def draw(graph: dict[str, set[str]], output: Path) -> None:
         slot = (width - 4.2) / max(len(row), 1)
         for n, box in enumerate(row):
             x = 4.2 + slot * (n + 0.5)
-            members = " ".join(m for m in boxes[box] if m)
+            members = " ".join(boxes[box])
             label = box + ("\n" + textwrap.fill(members, min(max(int(slot * 6), 18), 56))
                            if members else "")
             ax.text(x, y + floor_height / 2, label, ha="center", va="center", fontsize=8.5,
                     bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": f"C{level}"})
             centers[box] = (x, y + floor_height / 2)
-    counts: dict[tuple[str, str], int] = {}
-    for a, targets in graph.items():
-        for b in targets:
-            pair = (group_of_(a), group_of_(b))
-            if pair[0] != pair[1]:
-                counts[pair] = counts.get(pair, 0) + 1
-    upward = {(group_of_(a), group_of_(b)) for a, b in upward_arrows(graph)}
-    for (a, b), count in sorted(counts.items()):
+    for (a, b), count in sorted(shown["arrows"].items()):
         (xa, ya), (xb, yb) = centers[a], centers[b]
-        bad = (a, b) in upward
+        bad = (a, b) in shown["upward"]
         ax.annotate("", xy=(xb, yb + 0.35 if yb < ya else yb - 0.35),
                     xytext=(xa, ya - 0.35 if yb < ya else ya + 0.35),
                     arrowprops={"arrowstyle": "-|>", "lw": 0.4 + 0.25 * min(count, 8),
@@ -348,7 +370,7 @@ def draw(graph: dict[str, set[str]], output: Path) -> None:
     ax.set_title("keras_fedpriv: modules by floor (boxes: packages); arrows: imports, pointing "
                  "down (red: pointing up)", fontsize=12)
     fig.tight_layout()
-    fig.savefig(output, dpi=80)
+    fig.savefig(output, dpi=80, metadata={DIGEST_KEY: f"{PACKAGE} imports {shown['digest']}"})
     plt.close(fig)
 
 

@@ -159,7 +159,11 @@ def test_the_picture_is_drawn_from_the_graph(tmp_path, graph):
     target = tmp_path / "architecture.png"
     architecture.draw(graph, target)
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (ROOT / "docs" / "architecture.png").is_file()
+    image = pytest.importorskip("PIL.Image")
+    digest = architecture.picture(graph)["digest"]
+    assert image.open(target).text[architecture.DIGEST_KEY].endswith(digest)
+    stored = image.open(ROOT / "docs" / "architecture.png").text.get(architecture.DIGEST_KEY, "")
+    assert stored.endswith(digest), "docs/architecture.png is stale: python docs/architecture.py"
     page = (ROOT / "docs" / "architecture.md").read_text()
     assert "architecture.png" in page and "python docs/architecture.py" in page
     assert all(name in page for name in architecture.FLOOR_NAMES)
