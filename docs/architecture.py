@@ -296,9 +296,9 @@ def picture(graph: dict[str, set[str]]) -> dict:
     packages = {module.rpartition(".")[0] for module in graph}
     box_of = functools.partial(group_of, packages=packages)
     boxes: dict[str, list[str]] = {}
-    for module in sorted(graph):  # a box lists its modules (the package itself aside)
+    for module in sorted(graph):  # a box lists its modules (a package or top module aside)
         boxes.setdefault(box_of(module), [])
-        if module not in packages:
+        if module not in packages and module.count(".") > 1:
             boxes[box_of(module)].append(module.rpartition(".")[2])
     floors: dict[str, list[str]] = {name: [] for name in FLOOR_NAMES}
     for box in sorted(boxes):
