@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import io
 import sys
 import textwrap
 from pathlib import Path
@@ -331,6 +332,7 @@ def draw(graph: dict[str, set[str]], output: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
+    from PIL import Image, PngImagePlugin
 
     shown = picture(graph)
     boxes, floors = shown["boxes"], shown["floors"]
@@ -370,8 +372,14 @@ def draw(graph: dict[str, set[str]], output: Path) -> None:
     ax.set_title("keras_fedpriv: modules by floor (boxes: packages); arrows: imports, pointing "
                  "down (red: pointing up)", fontsize=12)
     fig.tight_layout()
-    fig.savefig(output, dpi=80, metadata={DIGEST_KEY: f"{PACKAGE} imports {shown['digest']}"})
+    rendered = io.BytesIO()
+    fig.savefig(rendered, dpi=80)
     plt.close(fig)
+    # 256 colours (a third of the bytes; Pillow comes with matplotlib), and the digest
+    info = PngImagePlugin.PngInfo()
+    info.add_text(DIGEST_KEY, f"{PACKAGE} imports {shown['digest']}")
+    image = Image.open(rendered).convert("RGB").quantize(256, Image.Quantize.MEDIANCUT)
+    image.save(output, optimize=True, pnginfo=info)
 
 
 def main(argv: list[str]) -> None:
