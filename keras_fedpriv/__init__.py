@@ -11,11 +11,11 @@ Quick start::
 Names are imported on first use (``import keras_fedpriv`` alone imports no
 TensorFlow). Keras still finds the package's layers, optimizers and callbacks
 in a saved model: their modules are imported as soon as Keras is (so
-``import keras_fedpriv`` then ``keras.models.load_model(...)`` works).
+``import keras_fedpriv`` then ``keras.models.load_model(...)`` works). The one
+import mechanism behind both is explained in ``keras_fedpriv/_lazy.py``.
 """
 
 from keras_fedpriv._lazy import lazy_exports
-from keras_fedpriv._registration import register_when_keras_loads
 
 __version__ = "0.1.0"
 
@@ -36,7 +36,18 @@ _EXPORTS = {
     "privatize_labels": "keras_fedpriv.privatize",
     "set_verbosity": "keras_fedpriv.logs",
 }
-lazy_exports(__name__, _EXPORTS, _SUBMODULES)
-register_when_keras_loads()
+#: the modules that register Keras objects (``keras.saving.register_keras_serializable``):
+#: imported as soon as Keras is, so that Keras finds them in a saved model
+_KERAS_OBJECTS = (
+    "keras_fedpriv.layers.embedding_dp",
+    "keras_fedpriv.layers.label_dp",
+    "keras_fedpriv.layers.vae_bottom",
+    "keras_fedpriv.optimizers.signds_optimizer",
+    "keras_fedpriv.federated.laplace_eval",
+    "keras_fedpriv.federated.magrr",
+    "keras_fedpriv.federated.vertical",
+    "keras_fedpriv.wide_deep",
+)
+lazy_exports(__name__, _EXPORTS, _SUBMODULES, keras_objects=_KERAS_OBJECTS)
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES) + ["__version__"]

@@ -117,6 +117,7 @@ def test_relative_links_in_the_docs_resolve():
 # test_adversarial_*.py). Every other test module is named after the module it tests.
 CROSS_CUTTING = {
     "test_api_docs.py": "the API reference builds from the docstrings",
+    "test_architecture.py": "the floors and imports of docs/architecture.md",
     "test_bench.py": "every bench/ script's --quick mode",
     "test_gpu_check.py": "bench/gpu_check.py (the JAX tests and benchmarks on a GPU), on the CPU",
     "test_bench_hfl_signds.py": "bench/hfl_signds.py's DP-FedAvg eps against dp-accounting",
