@@ -26,9 +26,6 @@ PACKAGE = architecture.PACKAGE
 KNOWN_UPWARD = {
     # the 0.1 compatibility alias of the vertical Flower apps, to be dropped
     (f"{PACKAGE}.federated.flower_vertical", f"{PACKAGE}.federated.flower.vertical"),
-    # the audit of MagRR reaches up into the protocol for its release; what it needs moves
-    # down into mechanisms/
-    (f"{PACKAGE}.privacy.audit", f"{PACKAGE}.federated.magrr"),
 }
 
 #: Import circles today (each sorted), to be untangled (issue 28).
@@ -41,10 +38,6 @@ KNOWN_CIRCLES = [
 #: defining module, name): each should become public within the package or move to where it
 #: is used (issue 28). The list only shrinks.
 KNOWN_PRIVATE_IMPORTS = {
-    ("attacks.embedding_clustering", "attacks.label_inference", "_binary_labels"),
-    ("attacks.known_labels", "attacks.label_inference", "_binary_labels"),
-    ("attacks.known_labels", "attacks.label_inference", "_check_both_classes"),
-    ("attacks.model_completion", "attacks.label_inference", "_binary_labels"),
     ("federated.vertical", "federated.vertical_parties.party", "_Counter"),
     ("federated.vertical_parties", "federated.vertical_parties.party", "_Counter"),
     ("federated.vertical_parties", "federated.vertical_parties.party", "_optimizer_copy"),
@@ -62,9 +55,6 @@ KNOWN_PRIVATE_IMPORTS = {
      "_as_numpy_features"),
     ("federated.vertical_parties.leader", "federated.vertical_parties.party", "_make_optimizer"),
     ("federated.vertical_parties.leader", "federated.vertical_parties.party", "_num_rows"),
-    ("mechanisms.quantize", "mechanisms.randomized_response", "_noise"),
-    ("optimizers.signds", "mechanisms.signds", "_select_indices"),
-    ("privacy.audit", "mechanisms.signds", "_validate_thr"),
     ("privacy.run_plan", "privacy.planning", "_event"),
 }
 
@@ -79,10 +69,6 @@ KNOWN_PRIVATE_METHODS = {
     ("backend.jax", "federated.vertical", "_test_logs"),
     ("backend.tensorflow", "federated.vertical", "_protocol_train_step"),
     ("backend.tensorflow", "federated.vertical", "_test_logs"),
-    # the seeded-state restore steps, repeated in each estimator
-    ("federated.laplace_eval", "mechanisms.random", "_mark_restored_from_config"),
-    ("federated.magrr", "mechanisms.random", "_mark_restored_from_config"),
-    ("optimizers.signds", "mechanisms.random", "_mark_restored_from_config"),
     # a party's input spec, built by the model, the parties and the leader
     ("federated.vertical", "federated.vertical_parties.party", "_build_spec"),
     ("federated.vertical_parties", "federated.vertical_parties.party", "_build_spec"),

@@ -28,7 +28,7 @@ from keras_fedpriv.attacks.known_labels import (
     known_and_fit_seeds,
     score_inference,
 )
-from keras_fedpriv.attacks.label_inference import _binary_labels, as_float_matrix
+from keras_fedpriv.attacks.label_inference import binary_labels, as_float_matrix
 from keras_fedpriv.mechanisms.validation import validate_positive_int
 
 __all__ = ["embedding_clustering"]
@@ -104,7 +104,7 @@ def embedding_clustering(embeddings: ArrayLike, labels: ArrayLike,
     from sklearn.cluster import KMeans
 
     x = as_float_matrix(embeddings, "embeddings", allow_list_of_batches=True)
-    y = _binary_labels(labels, x.shape[0], rows_name="embeddings")
+    y = binary_labels(labels, x.shape[0], rows_name="embeddings")
     k = validate_positive_int(num_clusters, "num_clusters", minimum=2)
     n_init = validate_positive_int(n_init, "n_init")
     if k > x.shape[0]:

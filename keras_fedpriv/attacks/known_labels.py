@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from keras_fedpriv.attacks.label_inference import _binary_labels, _check_both_classes
+from keras_fedpriv.attacks.label_inference import binary_labels, check_both_classes
 from keras_fedpriv.mechanisms.validation import validate_seed
 
 __all__ = ["LabelInferenceResult", "choose_known_rows", "known_and_fit_seeds"]
@@ -114,9 +114,9 @@ def choose_known_rows(labels: ArrayLike, known: Any, seed: int | None = 0) -> np
     Example:
         >>> choose_known_rows(y_true, 40, seed=0)   # 40 rows, about 25% of them positive
     """
-    y = _binary_labels(labels, np.shape(labels)[0] if np.ndim(labels) else 0, rows_name="labels")
+    y = binary_labels(labels, np.shape(labels)[0] if np.ndim(labels) else 0, rows_name="labels")
     n = y.size
-    _check_both_classes(y)
+    check_both_classes(y)
     seed = validate_seed(seed)
     if isinstance(known, (bool, np.bool_)):
         raise TypeError(f"`known` must be an int or a sequence of row indices; got {known!r}.")
@@ -160,7 +160,7 @@ def score_inference(y: np.ndarray, scores: np.ndarray, predictions: np.ndarray,
 
     keep = np.ones(y.size, dtype=bool)
     keep[known_indices] = False
-    positives = _check_both_classes(y[keep], what=" (of the rows the attacker did not know)")
+    positives = check_both_classes(y[keep], what=" (of the rows the attacker did not know)")
     evaluated = int(keep.sum())
     return LabelInferenceResult(
         auc=float(roc_auc_score(y[keep], scores[keep])),

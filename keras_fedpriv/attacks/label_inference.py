@@ -125,7 +125,7 @@ def as_float_matrix(value: Any, name: str, *, allow_list_of_batches: bool = Fals
     return array
 
 
-def _binary_labels(labels, num_rows, rows_name="cut_gradients"):
+def binary_labels(labels, num_rows, rows_name="cut_gradients"):
     """Validate binary labels ((N,), (N, 1) 0/1 or one-hot (N, 2)) and return int64 (N,)."""
     name = "labels"
     allowed = "binary 0/1 labels of shape (N,) or (N, 1), or one-hot labels of shape (N, 2)"
@@ -161,7 +161,9 @@ def _binary_labels(labels, num_rows, rows_name="cut_gradients"):
     return values.astype(np.int64)
 
 
-def _check_both_classes(y, what=""):
+def check_both_classes(y, what=""):
+    """The number of positives in 0/1 labels ``y``, or a ValueError when only one class is
+    present (an AUC needs both). Example: ``check_both_classes(np.array([0, 1, 1]))`` is 2."""
     positives = int(y.sum())
     if positives == 0 or positives == y.size:
         only = 1 if positives else 0
@@ -219,8 +221,8 @@ def norm_label_inference(cut_gradients: ArrayLike, labels: ArrayLike) -> AttackR
         >>> result.raw_auc, result.direction   # the score as ordered, and how to read it
     """
     grads = as_float_matrix(cut_gradients, "cut_gradients", allow_list_of_batches=True)
-    y = _binary_labels(labels, grads.shape[0])
-    positives = _check_both_classes(y)
+    y = binary_labels(labels, grads.shape[0])
+    positives = check_both_classes(y)
     scores = np.linalg.norm(grads, axis=1)
     aucs = _auc(y, scores)
     return AttackResult(**aucs, scores=_freeze(scores),
@@ -267,9 +269,9 @@ def direction_label_inference(cut_gradients: ArrayLike, labels: ArrayLike,
         >>> direction_label_inference(recorded_grads, y_true, idx).auc
     """
     grads = as_float_matrix(cut_gradients, "cut_gradients", allow_list_of_batches=True)
-    y = _binary_labels(labels, grads.shape[0])
+    y = binary_labels(labels, grads.shape[0])
     n = grads.shape[0]
-    _check_both_classes(y)
+    check_both_classes(y)
     idx = known_positive_index
     if isinstance(idx, (bool, np.bool_)) or not isinstance(idx, numbers.Integral):
         raise TypeError(f"`known_positive_index` must be an integer in [0, {n}); got {idx!r} "
@@ -292,7 +294,7 @@ def direction_label_inference(cut_gradients: ArrayLike, labels: ArrayLike,
     scores = np.clip(scores, -1.0, 1.0)
     keep = np.ones(n, dtype=bool)
     keep[idx] = False
-    positives = _check_both_classes(y[keep], what=" (without the known example)")
+    positives = check_both_classes(y[keep], what=" (without the known example)")
     aucs = _auc(y[keep], scores[keep])
     return AttackResult(**aucs, scores=_freeze(scores),
                         num_evaluated=int(n - 1), num_positives=positives, attack="direction")

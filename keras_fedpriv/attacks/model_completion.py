@@ -30,7 +30,7 @@ from keras_fedpriv.attacks.known_labels import (
     known_and_fit_seeds,
     score_inference,
 )
-from keras_fedpriv.attacks.label_inference import _binary_labels, as_float_matrix
+from keras_fedpriv.attacks.label_inference import binary_labels, as_float_matrix
 from keras_fedpriv.mechanisms.validation import validate_int_sequence
 
 __all__ = ["model_completion"]
@@ -114,7 +114,7 @@ def model_completion(embeddings: ArrayLike, labels: ArrayLike, known: int | Sequ
         >>> result.auc, result.accuracy, result.majority_accuracy
     """
     x = as_float_matrix(embeddings, "embeddings", allow_list_of_batches=True)
-    y = _binary_labels(labels, x.shape[0], rows_name="embeddings")
+    y = binary_labels(labels, x.shape[0], rows_name="embeddings")
     units = validate_int_sequence(hidden_units, "hidden_units", what="layer widths")
     draw_seed, fit_seed = known_and_fit_seeds(seed)
     known_indices = choose_known_rows(y, known, seed=draw_seed)

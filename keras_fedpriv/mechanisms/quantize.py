@@ -19,7 +19,7 @@ from numpy.typing import ArrayLike
 from keras_fedpriv.mechanisms.events import repeat_event
 from keras_fedpriv.mechanisms.random import words_below
 from keras_fedpriv.mechanisms.randomized_response import (
-    _noise,
+    noise_words,
     flip_threshold,
     randomized_response_dp_event,
     realized_epsilon,
@@ -66,7 +66,7 @@ def quantize_rr(x: ArrayLike, eps: float | None = None, *, seed: int | None = No
     x = ops.convert_to_tensor(x)
     bits = ops.greater(x, 0)
     if eps is not None:
-        (words,) = _noise(noise, ops.shape(x), seed)
+        (words,) = noise_words(noise, ops.shape(x), seed)
         # Keeping a 1 with p = 1 - q and turning a 0 on with q is a flip with
         # probability q (one draw per coordinate).
         # The flip threshold is binary RR's at eps/2: the probability q rounded up.

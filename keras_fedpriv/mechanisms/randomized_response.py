@@ -266,7 +266,7 @@ def flip_threshold(eps: float) -> int:
     return _WORDS - _keep_threshold(validate_eps(eps), 2)
 
 
-def _noise(noise, shape, seed, count=1):
+def noise_words(noise, shape, seed, count=1):
     """Return ``count`` uint32 noise tensors of ``shape``."""
     if noise is not None:
         noise = noise if isinstance(noise, (list, tuple)) else [noise]
@@ -297,7 +297,7 @@ def binary_randomized_response(bits: ArrayLike, eps: float, *, seed: int | None 
     """
     eps = validate_eps(eps)
     bits = ops.convert_to_tensor(bits)
-    (words,) = _noise(noise, ops.shape(bits), seed)
+    (words,) = noise_words(noise, ops.shape(bits), seed)
     flip = words_below(words, flip_threshold(eps))
     out = ops.logical_xor(ops.greater(bits, 0), flip)
     return ops.cast(out, bits.dtype)
@@ -394,7 +394,7 @@ def kary_randomized_response(class_ids: ArrayLike, num_classes: int, eps: float,
     eps = validate_eps(eps)
     k = validate_positive_int(num_classes, "num_classes", minimum=2)
     class_ids = ops.cast(ops.convert_to_tensor(class_ids), "int32")
-    w_keep, w_other = _noise(noise, ops.shape(class_ids), seed, count=2)
+    w_keep, w_other = noise_words(noise, ops.shape(class_ids), seed, count=2)
     return _rr_on_ranks(class_ids, ops.full(ops.shape(class_ids), k, "int32"), k, w_keep, w_other,
                         eps)
 
@@ -462,6 +462,6 @@ def rr_with_prior(class_ids: ArrayLike, prior: ArrayLike, eps: float, *, seed: i
     ranks = ops.cast(ops.argsort(order, axis=-1), "int32")
     rank_y = ops.take_along_axis(ranks, ops.expand_dims(class_ids, -1), axis=-1)[..., 0]
     rank_y = ops.where(ops.less(rank_y, k_star), rank_y, -1)
-    w_keep, w_other = _noise(noise, ops.shape(class_ids), seed, count=2)
+    w_keep, w_other = noise_words(noise, ops.shape(class_ids), seed, count=2)
     out_rank = _rr_on_ranks(rank_y, k_star, _static_num_classes(prior), w_keep, w_other, eps)
     return ops.take_along_axis(order, ops.expand_dims(out_rank, -1), axis=-1)[..., 0]

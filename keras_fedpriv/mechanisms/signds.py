@@ -72,7 +72,9 @@ def _validate_dkh(d, k, h):
     return d, k, h
 
 
-def _validate_thr(thr, h):
+def validate_thr(thr, h):
+    """``thr`` as an int, checked to be an integer in ``[1, h]`` (TypeError / ValueError
+    naming ``thr`` otherwise). Example: ``validate_thr(3, h=5)`` returns 3."""
     if isinstance(thr, (bool, np.bool_)) or not isinstance(thr, numbers.Integral):
         raise TypeError(f"`thr` must be an integer in [1, h={h}]; got {thr!r} "
                         f"of type {type(thr).__name__}.")
@@ -159,7 +161,7 @@ def t_distribution(d: int, k: int, h: int, eps: float, thr: int) -> np.ndarray:
     """
     d, k, h = _validate_dkh(d, k, h)
     eps = validate_eps(eps)
-    thr = _validate_thr(thr, h)
+    thr = validate_thr(thr, h)
     logw = _log_weights(d, k, h, eps, thr)
     return np.exp(logw - _logsumexp(logw))
 
@@ -174,7 +176,7 @@ def expected_topk(d: int, k: int, h: int, eps: float, thr: int) -> np.ndarray:
     """``E(thr) = sum_t t P(t)``: expected number of released top-k indices."""
     d, k, h = _validate_dkh(d, k, h)
     eps = validate_eps(eps)
-    thr = _validate_thr(thr, h)
+    thr = validate_thr(thr, h)
     return _expected(_log_weights(d, k, h, eps, thr))
 
 
@@ -398,7 +400,7 @@ def sample_t(d: int, k: int, h: int, eps: float, thr: int, rng: np.random.Genera
     """
     d, k, h = _validate_dkh(d, k, h)
     eps = validate_eps(eps)
-    thr = _validate_thr(thr, h)
+    thr = validate_thr(thr, h)
     _check_rng(rng)
     return _sample_t(d, k, h, eps, thr, rng)
 
@@ -449,7 +451,7 @@ def _top_set(update, k, sign):
     return top
 
 
-def _select_indices(update, k, h, eps, thr, sign, rng):
+def select_indices_unvalidated(update, k, h, eps, thr, sign, rng):
     """Unvalidated `select_indices` (update a finite 1-D float array)."""
     d = update.shape[0]
     top = _top_set(update, k, sign)
@@ -508,13 +510,13 @@ def select_indices(update: ArrayLike, k: int, h: int, eps: float, thr: int, sign
     d = update.shape[0]
     d, k, h = _validate_dkh(d, k, h)
     eps = validate_eps(eps)
-    thr = _validate_thr(thr, h)
+    thr = validate_thr(thr, h)
     if isinstance(sign, (bool, np.bool_)) or sign not in (1, -1):
         raise ValueError(f"`sign` must be +1 or -1; got {sign!r}.")
     _check_rng(rng)
     if update.dtype.kind == "f" and not np.isfinite(update).all():
         raise ValueError("`update` must be finite; it contains NaN or infinity.")
-    return _select_indices(update, k, h, eps, thr, int(sign), rng)
+    return select_indices_unvalidated(update, k, h, eps, thr, int(sign), rng)
 
 
 # ----------------------------------------------------------------------------

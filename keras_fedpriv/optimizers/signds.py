@@ -275,7 +275,7 @@ class SignDSEncoder(SeededReleases):
         thr = _threshold(d, k, h, self.eps)
         rng = self._release_generator(client_id)
         sign = 1 if rng.integers(0, 2) else -1
-        indices, topk_mean = _signds._select_indices(flat, k, h, self.eps, thr, sign, rng)
+        indices, topk_mean = _signds.select_indices_unvalidated(flat, k, h, self.eps, thr, sign, rng)
         message = SignDSMessage(sign=sign, indices=indices, dim=d, num_examples=num_examples)
         units = None if client_id is None else [client_id]
         self._ledger.record(self._release_kind(), units=units)

@@ -736,7 +736,7 @@ def audit_signds(eps: float, d: int = 100, k: int = 25, h: int | None = None,
     h = validate_positive_int(h, "h")
     if h > d:
         raise ValueError(f"`h` must be an integer in [1, d={d}]; got {h!r}.")
-    thr = S.optimal_threshold(d, k, h, eps) if thr is None else S._validate_thr(thr, h)
+    thr = S.optimal_threshold(d, k, h, eps) if thr is None else S.validate_thr(thr, h)
     statistic = _validate_choice(statistic, "statistic", ("loss", "count"))
     sampler = _validate_choice(sampler, "sampler", ("select_indices", "distribution"))
 
