@@ -40,7 +40,7 @@ import collections
 import dataclasses
 import itertools
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import dp_accounting
 import keras
@@ -64,7 +64,7 @@ from keras_fedpriv.text_table import text_table
 
 __all__ = ["CentralRelease", "EpsilonLogger", "PrivacyReport", "Release", "compose_epsilon",
            "find_protections", "privacy_ledger", "privacy_report",
-           "pure_epsilon", "register_protection"]
+           "pure_epsilon", "register_central_reader", "register_protection"]
 
 _VDI = 1e-4
 ACCOUNTANTS = ("pld", "rdp")
@@ -274,6 +274,40 @@ class CentralRelease:
         return float(acc.get_epsilon(delta))
 
 
+#: runtime -> the reader of that runtime's central-DP accountant, registered by the runtime's
+#: adapter when it is imported (this module knows no runtime's format)
+_CENTRAL_READERS: dict[str, Callable[[Any], CentralRelease]] = {}
+
+
+def register_central_reader(runtime: str, reader: Callable[[Any], CentralRelease]) -> None:
+    """Let `privacy_report` read ``runtime``'s central-DP accountant with ``reader``.
+
+    The Flower adapter (`keras_fedpriv.federated.flower.central_dp`) registers
+    ``"flower"`` with its ``flower_central_release`` when it is imported;
+    `privacy_report`'s ``flower_accountant`` is read by it.
+
+    Args:
+        runtime: the runtime's name, e.g. ``"flower"``.
+        reader: ``reader(accountant_or_state) -> CentralRelease``.
+
+    Example:
+        >>> register_central_reader("flower", flower_central_release)
+    """
+    if not callable(reader):
+        raise TypeError(f"`reader` must be callable; got {type(reader).__name__}.")
+    _CENTRAL_READERS[str(runtime)] = reader
+
+
+def _read_central(runtime: str, accountant: Any, argument: str) -> CentralRelease:
+    reader = _CENTRAL_READERS.get(runtime)
+    if reader is None:
+        raise ValueError(f"`{argument}` is read by keras-fedpriv's {runtime} adapter, which "
+                         "registers its reader when imported: import "
+                         f"keras_fedpriv.federated.{runtime}.central_dp first (it needs "
+                         f"{runtime}).")
+    return reader(accountant)
+
+
 # ------------------------------------------------------------------ report
 @dataclasses.dataclass
 class Release:
@@ -437,7 +471,8 @@ def privacy_report(obj: Any, delta: float = 1e-5, accountant: str = "pld",
             reported beside the local ones (``report.central_epsilon``), not
             composed with them; Flower's accountant is read by
             `keras_fedpriv.federated.flower.central_dp.flower_central_release`
-            (which needs Flower). Pass the state after the run's last round
+            (imported with `keras_fedpriv.federated.flower`, which needs
+            Flower; see `register_central_reader`). Pass the state after the run's last round
             (an earlier one under-counts). A strategy given
             `keras_fedpriv.federated.flower.central_dp.CentralDP` brings its
             own; the same accountant object passed again is counted once, its
@@ -476,10 +511,7 @@ def privacy_report(obj: Any, delta: float = 1e-5, accountant: str = "pld",
             seen.add(id(held) if held is not None else None)
             central += list(o.central_privacy())
     if flower_accountant is not None and id(flower_accountant) not in seen:
-        # Flower's accountant is Flower's format: its reader lives in the Flower adapter
-        from keras_fedpriv.federated.flower.central_dp import flower_central_release
-
-        central.append(flower_central_release(flower_accountant))
+        central.append(_read_central("flower", flower_accountant, "flower_accountant"))
     return PrivacyReport(ledger, delta, accountant, central)
 
 

@@ -61,7 +61,7 @@ from keras_fedpriv.federated.uploads import ClientUpload, FedAvgUpload, Gaussian
 from keras_fedpriv.mechanisms.ledger import ReleaseLedger
 from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_real
-from keras_fedpriv.privacy.report import CentralRelease
+from keras_fedpriv.privacy.report import CentralRelease, register_central_reader
 
 __all__ = ["CentralDP", "ClippedSum", "central_dp", "flower_central_release", "refuse_dp_mods",
            "refuse_flower_dp"]
@@ -588,3 +588,6 @@ def flower_central_release(accountant: Any, source: str = "Flower's PrivacyAccou
     return CentralRelease(source, events, relation, orders,
                           f"recorded by Flower's accountant ({sampling}, {relation}, user "
                           f"level, target delta {config['target_delta']:g})")
+
+
+register_central_reader("flower", flower_central_release)  # privacy_report(flower_accountant=)
