@@ -306,6 +306,17 @@ def test_validation_metrics_score_the_noised_model_that_is_released(in_a_run):
     assert strategy.history["val_loss"][-1] == pytest.approx(released, rel=1e-4)
 
 
+def test_without_an_accountant_central_dp_counts_the_same_events_itself(in_a_run):
+    strategy = central_dp(HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0),
+                          noise_multiplier=1.0, clipping_norm=1e-3)
+    report = privacy_report(strategy, delta=DELTA)
+    assert report.central[0].releases == 0 and report.central_epsilon == 0.0
+    _one_round(strategy, [np.zeros(strategy.server.dim, np.float32)] * 2)
+    report = privacy_report(strategy, delta=DELTA)
+    assert report.central[0].releases == 1 and "counted by CentralDP" in str(report)
+    assert report.central_epsilon == pytest.approx(_hand_epsilon(1.0, 1), rel=1e-9)
+
+
 def test_central_dp_with_a_gaussian_upload_clips_the_noisy_upload_and_counts_both(in_a_run):
     accountant = _accountant()
     upload = GaussianUpload(clip_norm=1.0, noise_multiplier=1.0, seed=3)

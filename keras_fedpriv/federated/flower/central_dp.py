@@ -360,7 +360,7 @@ class CentralDP:
             f"{source}: Gaussian noise on each round's aggregate",
             [(_central_event("no-amplification", self.noise_multiplier, n, n),
               self.releases)] if self.releases else [],
-            "add-or-remove-one", note="counted by the wrapper (no Flower accountant given)")]
+            "add-or-remove-one", note="counted by CentralDP (no Flower accountant given)")]
 
 
 def _refuse_combination(upload: Any, magrr: Any, clear_batch_norm: bool) -> None:
