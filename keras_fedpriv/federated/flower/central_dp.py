@@ -66,6 +66,7 @@ from keras_fedpriv.privacy.report import CentralRelease, register_central_reader
 __all__ = ["CentralDP", "ClippedSum", "central_dp", "flower_central_release", "refuse_dp_mods",
            "refuse_flower_dp"]
 
+
 def _mod_name(mod: Any) -> str | None:
     if mod is fixedclipping_mod:
         return "fixedclipping_mod"
@@ -104,8 +105,9 @@ def refuse_dp_mods(mods: Sequence[Any]) -> list[Any]:
                 "arrays as model weights, which rewrites this package's upload (the flat "
                 "update with its data size, or SignDS's sign and h indices) into something "
                 "the server cannot read or account for. The upload scheme carries the local "
-                "DP (SignDS, GaussianUpload); for central DP-FedAvg wrap the server's "
-                "strategy with keras_fedpriv.federated.flower.central_dp instead.")
+                "DP (SignDS, GaussianUpload); for central DP-FedAvg give the server's "
+                "strategy central DP (keras_fedpriv.federated.flower.central_dp.CentralDP) "
+                "instead.")
         if not callable(mod):
             raise TypeError(f"`mods` must be a list of Flower mods; got {mod!r}.")
     return list(mods)
@@ -500,8 +502,9 @@ def refuse_flower_dp(upload: Any, magrr: Any = None, config: ConfigRecord | None
         why = ("Flower clips each reply's arrays as model weights (reply minus the global "
                "weights), but a HorizontalStrategy reply carries the flat update and its "
                "data size, and Flower's client-side clipping mods would rewrite it; for "
-               "central DP-FedAvg use keras_fedpriv.federated.flower.central_dp(strategy, "
-               "noise_multiplier=..., clipping_norm=..., accountant=...)")
+               "central DP-FedAvg give the strategy central DP: HorizontalStrategy(..., "
+               "central_dp=CentralDP(noise_multiplier, clipping_norm, accountant=...)) from "
+               "keras_fedpriv.federated.flower.central_dp")
     raise ValueError(f"Flower's {wrapper} cannot wrap a HorizontalStrategy with upload "
                      f"{name}: {why}.")
 
