@@ -272,6 +272,7 @@ class CentralDP:
                     f"{getattr(config, 'sampling_method', None)!r}.")
         self.accountant = accountant
         self.clipped: ClippedSum | None = None
+        self._composed = 0  # noised aggregates composed into the accountant
 
     def __repr__(self) -> str:
         """The settings, as the report names the mechanism."""
@@ -339,11 +340,12 @@ class CentralDP:
                 "The next private release would exceed max_epsilon (current epsilon: "
                 f"{spent.epsilon}, delta: {spent.delta}).")
 
-    def count(self, releases_before: int) -> None:
-        """Compose into the accountant every noised aggregate made since ``releases_before``."""
+    def count(self) -> None:
+        """Compose into the accountant every noised aggregate not composed yet."""
         if self.accountant is not None:
-            for _ in range(self.releases - releases_before):
+            while self._composed < self.releases:
                 self.accountant.compose(self._flower_event())
+                self._composed += 1
 
     def central_privacy(self, source: str) -> list[CentralRelease]:
         """The central releases (noised aggregates), as `privacy_report` shows them.

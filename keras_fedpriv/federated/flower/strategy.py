@@ -303,7 +303,7 @@ class HorizontalStrategy(Strategy):
         clients_per_round`` plus Gaussian noise of std ``noise_multiplier *
         clipping_norm / clients_per_round``, before the global model is set or
         scored; each round first asks ``central.check_budget()`` (before any
-        client is asked) and each aggregation ends with ``central.count``.
+        client is asked) and each aggregation ends with ``central.count()``.
 
         Args:
             central: a `CentralDP`.
@@ -475,12 +475,11 @@ class HorizontalStrategy(Strategy):
                     answer.extra = answer.reason is not None and wire.extra_content(
                         reply, self.server, with_magrr, self.batch_norm)
             parsed.append(answer)
-        released = 0 if self.central is None else self.central.releases
         try:
             logs = self.loop.finish_round(parsed)
         finally:  # a noised aggregate counts even if something after it failed
             if self.central is not None:
-                self.central.count(released)
+                self.central.count()
         node_of_answer = {a.sender: a.node for a in parsed if a.asked}
         self.replied.append([[c, node_of_answer[c]] for c in self.loop.accepted])
         wire_logs = {"wire_bytes_down": float(self._down),
