@@ -28,6 +28,7 @@ from keras_fedpriv.callbacks import MagRR  # noqa: E402
 from keras_fedpriv.datasets import digits_clients  # noqa: E402
 from keras_fedpriv.federated.flower import HorizontalStrategy, horizontal_client_app  # noqa: E402
 from keras_fedpriv.federated.flower.central_dp import (  # noqa: E402
+    CentralDP,
     ClippedSum,
     central_dp,
     refuse_dp_mods,
@@ -88,7 +89,7 @@ def test_central_dp_fedavg_on_the_simulation_engine_reports_flowers_accountant()
     assert report.epsilon == float("inf")
     assert "Central DP (another threat model" in str(report)
     # the released model is the noised one, in Flower's result and in the strategy
-    for a, b in zip(strategy.inner.model.trainable_weights, result.arrays.to_numpy_ndarrays()):
+    for a, b in zip(strategy.model.trainable_weights, result.arrays.to_numpy_ndarrays()):
         np.testing.assert_array_equal(np.asarray(a), b)
     assert [result.train_metrics_clientapp[r]["central_noise_std"] for r in (1, 2)] == \
         pytest.approx([1.5 * 0.5 / 2] * 2)
@@ -180,6 +181,40 @@ def test_central_dp_refuses_signds_magrr_batch_norm_and_amplified_accounting():
                clipping_norm=1.0)
 
 
+def test_central_dp_is_a_decorator_the_strategy_is_given_once(in_a_run):
+    accountant = _accountant()
+    given = CentralDP(1.0, 0.5, accountant=accountant)
+    strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0,
+                                  central_dp=given)
+    assert strategy.central is given and isinstance(strategy.server.upload, ClippedSum)
+    assert strategy.server.upload.noise_std == pytest.approx(1.0 * 0.5 / 2)
+    with pytest.raises(ValueError, match="given twice"):
+        central_dp(strategy, noise_multiplier=1.0, clipping_norm=1.0)
+    with pytest.raises(ValueError, match="decorates a strategy already"):
+        HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, central_dp=given)
+    with pytest.raises(TypeError, match="`central_dp` must be a CentralDP or None; got float"):
+        HorizontalStrategy(model_fn(), "fedavg", central_dp=1.0)
+    with pytest.raises(ValueError, match="population_size=2 is smaller than clients_per_round=3"):
+        HorizontalStrategy(model_fn(), "fedavg", clients_per_round=3,
+                           central_dp=CentralDP(1.0, 0.5, accountant=_accountant()))
+    # a plain strategy reports no central release; the decorated one reports its accountant's
+    assert HorizontalStrategy(model_fn(), "fedavg").central_privacy() == []
+    accountant.compose(GaussianPrivacyEvent(1.0, 2, 2), count=3)
+    (release,) = strategy.central_privacy()
+    assert release.releases == 3 and "CentralDP(noise_multiplier=1" in release.mechanism
+
+
+def test_central_dp_and_the_strategy_do_not_import_each_other():
+    import ast
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.find_spec("keras_fedpriv.federated.flower.central_dp")
+    tree = ast.parse(pathlib.Path(spec.origin).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "keras_fedpriv.federated.flower.strategy" not in imported  # one way: no circle
+
+
 def test_clipped_sum_bounds_each_client_and_divides_by_clients_per_round():
     big, small = np.array([3.0, 4.0], np.float32), np.array([0.1, 0.0], np.float32)
     clipped = ClippedSum(FedAvgUpload(), clipping_norm=1.0, clients_per_round=3)
@@ -206,19 +241,18 @@ def test_noise_and_accounting_happen_once_per_released_aggregate(in_a_run):
     strategy = central_dp(HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2,
                                              min_replies=2, seed=0),
                           noise_multiplier=1.0, clipping_norm=1e-3, accountant=accountant)
-    inner = strategy.inner
-    dim = inner.server.dim
+    dim = strategy.server.dim
     grid = _Grid()
     start = [w.copy() for w in strategy.initial_arrays().to_numpy_ndarrays()]
     list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid))
-    replies = [_reply(inner, 10, 0, np.ones(dim, np.float32)),
-               _reply(inner, 11, 1, np.ones(dim, np.float32))]
+    replies = [_reply(strategy, 10, 0, np.ones(dim, np.float32)),
+               _reply(strategy, 11, 1, np.ones(dim, np.float32))]
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert accountant.num_releases == 1 and metrics["central_noise_std"] == 1.0 * 1e-3 / 2
     moved = np.concatenate([(b - a).ravel() for a, b in zip(start, arrays.to_numpy_ndarrays())])
     # clipped step (norm 1e-3) plus noise of std 5e-4 per coordinate: not the unclipped +1
     assert np.abs(moved).max() < 0.05 and np.std(moved) > 1e-4
-    for v, w in zip(inner.model.trainable_weights, arrays.to_numpy_ndarrays()):
+    for v, w in zip(strategy.model.trainable_weights, arrays.to_numpy_ndarrays()):
         np.testing.assert_array_equal(np.asarray(v), w)
     # a round with too few replies releases nothing: no noise, no event
     list(strategy.configure_train(2, arrays, ConfigRecord(), grid))
@@ -249,9 +283,8 @@ def test_flowers_dp_mods_and_the_old_magrr_name_are_refused_clearly():
 
 def _one_round(strategy, deltas):
     """Configure round 1 on the stand-in grid and aggregate the replies of ``deltas``."""
-    inner = strategy.inner
     list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid()))
-    replies = [_reply(inner, 10 + i, i, d) for i, d in enumerate(deltas)]
+    replies = [_reply(strategy, 10 + i, i, d) for i, d in enumerate(deltas)]
     return strategy.aggregate_train(1, replies)
 
 
@@ -261,7 +294,7 @@ def test_validation_metrics_score_the_noised_model_that_is_released(in_a_run):
     strategy = central_dp(HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0,
                                              validation_data=(x, y)),
                           noise_multiplier=2000.0, clipping_norm=1e-3)  # noise std 1 per weight
-    dim = strategy.inner.server.dim
+    dim = strategy.server.dim
     arrays, metrics = _one_round(strategy, [np.zeros(dim, np.float32)] * 2)
     model = model_fn()
     model.set_weights(arrays.to_numpy_ndarrays())  # what left the server
@@ -270,7 +303,18 @@ def test_validation_metrics_score_the_noised_model_that_is_released(in_a_run):
     assert abs(released - start) > 0.1  # the noise moved the model
     # the metric that leaves the server scores the released (noised) model, not the aggregate
     assert metrics["val_loss"] == pytest.approx(released, rel=1e-4)
-    assert strategy.inner.history["val_loss"][-1] == pytest.approx(released, rel=1e-4)
+    assert strategy.history["val_loss"][-1] == pytest.approx(released, rel=1e-4)
+
+
+def test_without_an_accountant_central_dp_counts_the_same_events_itself(in_a_run):
+    strategy = central_dp(HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0),
+                          noise_multiplier=1.0, clipping_norm=1e-3)
+    report = privacy_report(strategy, delta=DELTA)
+    assert report.central[0].releases == 0 and report.central_epsilon == 0.0
+    _one_round(strategy, [np.zeros(strategy.server.dim, np.float32)] * 2)
+    report = privacy_report(strategy, delta=DELTA)
+    assert report.central[0].releases == 1 and "counted by CentralDP" in str(report)
+    assert report.central_epsilon == pytest.approx(_hand_epsilon(1.0, 1), rel=1e-9)
 
 
 def test_central_dp_with_a_gaussian_upload_clips_the_noisy_upload_and_counts_both(in_a_run):
@@ -278,7 +322,7 @@ def test_central_dp_with_a_gaussian_upload_clips_the_noisy_upload_and_counts_bot
     upload = GaussianUpload(clip_norm=1.0, noise_multiplier=1.0, seed=3)
     strategy = central_dp(HorizontalStrategy(model_fn(), upload, clients_per_round=2, seed=0),
                           noise_multiplier=1.0, clipping_norm=1e-3, accountant=accountant)
-    dim = strategy.inner.server.dim
+    dim = strategy.server.dim
     start = np.concatenate([w.ravel() for w in strategy.initial_arrays().to_numpy_ndarrays()])
     arrays, metrics = _one_round(strategy, [np.full(dim, 10.0, np.float32)] * 2)
     moved = np.concatenate([w.ravel() for w in arrays.to_numpy_ndarrays()]) - start

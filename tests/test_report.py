@@ -145,6 +145,7 @@ def _flower_state(sampling, relation, compositions, orders=None):
 
 
 def test_a_flower_accountant_is_reported_beside_the_local_releases_never_composed_into_them():
+    pytest.importorskip("keras_fedpriv.federated.flower.central_dp")  # Flower's reader
     upload = GaussianUpload(clip_norm=1.0, noise_multiplier=2.0, seed=0)
     for _ in range(3):
         upload.client_message(np.ones(4, np.float32), 5, client_id=0)
@@ -164,6 +165,7 @@ def test_a_flower_accountant_is_reported_beside_the_local_releases_never_compose
 
 
 def test_a_bad_flower_accountant_is_refused_by_name():
+    pytest.importorskip("keras_fedpriv.federated.flower.central_dp")  # Flower's reader
     upload = GaussianUpload(seed=0)
     with pytest.raises(ValueError, match="`flower_accountant` must be Flower's PrivacyAccountant"):
         privacy_report(upload, flower_accountant={"schema_version": 2})
@@ -178,9 +180,21 @@ def test_a_bad_flower_accountant_is_refused_by_name():
             "no-amplification", "replace-one", [(1.0, 1, 1)]))
 
 
+def test_a_flower_accountant_without_the_flower_adapter_says_what_to_import(monkeypatch):
+    import sys
+
+    report_module = sys.modules[privacy_report.__module__]
+    monkeypatch.setattr(report_module, "_CENTRAL_READERS", {})  # as before the adapter loads
+    with pytest.raises(ValueError, match="`flower_accountant` is read by keras-fedpriv's flower "
+                                         "adapter.*import keras_fedpriv.federated.flower."
+                                         "central_dp first"):
+        privacy_report(GaussianUpload(seed=0), flower_accountant={"schema_version": 1})
+
+
 def test_flowers_own_accountant_without_replacement_matches_its_own_figure():
     flwr = pytest.importorskip("flwr.serverapp")
     from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
+    pytest.importorskip("keras_fedpriv.federated.flower.central_dp")  # Flower's reader
 
     acc = flwr.RdpAccountant(flwr.PrivacyConfig(
         target_delta=1e-5, population_size=50,

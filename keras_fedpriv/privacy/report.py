@@ -40,7 +40,7 @@ import collections
 import dataclasses
 import itertools
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import dp_accounting
 import keras
@@ -63,8 +63,8 @@ from keras_fedpriv.privacy.accountant import MixedPLDAccountant
 from keras_fedpriv.text_table import text_table
 
 __all__ = ["CentralRelease", "EpsilonLogger", "PrivacyReport", "Release", "compose_epsilon",
-           "find_protections", "flower_central_release", "privacy_ledger", "privacy_report",
-           "pure_epsilon", "register_protection"]
+           "find_protections", "privacy_ledger", "privacy_report",
+           "pure_epsilon", "register_central_reader", "register_protection"]
 
 _VDI = 1e-4
 ACCOUNTANTS = ("pld", "rdp")
@@ -222,14 +222,11 @@ def privacy_ledger(obj: Any) -> ReleaseLedger:
 # ------------------------------------------------------------- central DP
 _RELATIONS = {"add-or-remove-one": NeighborRel.ADD_OR_REMOVE_ONE,
               "replace-one": NeighborRel.REPLACE_ONE}
-#: the (sampling method, neighboring relation) pairs Flower's PrivacyAccountant accepts
-_FLOWER_MODELS = {"poisson": "add-or-remove-one", "without-replacement": "replace-one",
-                  "no-amplification": "add-or-remove-one"}
 
 
 @dataclasses.dataclass
 class CentralRelease:
-    """Central DP on a released aggregate (e.g. Flower's DP wrappers): another threat model.
+    """Central DP on a released aggregate (e.g. `CentralDP`'s): another threat model.
 
     The local releases of a report are what the server receives about each
     client; a central release is the noised aggregate (the model) that
@@ -237,7 +234,7 @@ class CentralRelease:
     the uploads. The two are shown side by side and never composed together.
 
     Attributes:
-        mechanism: who released, e.g. a Flower DP wrapper.
+        mechanism: who released, e.g. a strategy with central DP.
         events: ``[(dp_accounting event, count), ...]`` as the central
             accountant defines them (per round: Gaussian, or Poisson-sampled /
             sampled-without-replacement Gaussian).
@@ -277,69 +274,38 @@ class CentralRelease:
         return float(acc.get_epsilon(delta))
 
 
-def flower_central_release(accountant: Any, source: str = "Flower's PrivacyAccountant"
-                           ) -> CentralRelease:
-    """The releases a Flower ``PrivacyAccountant`` recorded, as dp-accounting events.
+#: runtime -> the reader of that runtime's central-DP accountant, registered by the runtime's
+#: adapter when it is imported (this module knows no runtime's format)
+_CENTRAL_READERS: dict[str, Callable[[Any], CentralRelease]] = {}
 
-    Each composition of a ``GaussianPrivacyEvent`` becomes the event Flower's
-    RDP accountant composes for its sampling method: ``GaussianDpEvent(z)``
-    (no amplification), ``PoissonSampledDpEvent(sample_size /
-    population_size, GaussianDpEvent(z))`` or
-    ``SampledWithoutReplacementDpEvent(population_size, sample_size,
-    GaussianDpEvent(z))``.
+
+def register_central_reader(runtime: str, reader: Callable[[Any], CentralRelease]) -> None:
+    """Let `privacy_report` read ``runtime``'s central-DP accountant with ``reader``.
+
+    The Flower adapter (`keras_fedpriv.federated.flower.central_dp`) registers
+    ``"flower"`` with its ``flower_central_release`` when it is imported;
+    `privacy_report`'s ``flower_accountant`` is read by it.
 
     Args:
-        accountant: Flower's ``PrivacyAccountant`` (e.g. ``RdpAccountant``) or
-            its ``state_dict()``.
-        source: who released, for the report.
+        runtime: the runtime's name, e.g. ``"flower"``.
+        reader: ``reader(accountant_or_state) -> CentralRelease``.
 
-    Returns:
-        A `CentralRelease`.
-
-    Raises:
-        ValueError: the state is not an RDP accountant's state of schema 1, or
-            pairs a sampling method with a neighboring relation Flower's
-            accountant does not (e.g. no amplification under replace-one,
-            where the Gaussian event would understate).
+    Example:
+        >>> register_central_reader("flower", flower_central_release)
     """
-    state = accountant.state_dict() if callable(getattr(accountant, "state_dict", None)) \
-        else accountant
-    if not isinstance(state, dict) or state.get("schema_version") != 1 \
-            or state.get("backend") != "rdp":
-        raise ValueError("`flower_accountant` must be Flower's PrivacyAccountant (RDP) or its "
-                         "state_dict() (schema_version 1, backend 'rdp'); got "
-                         f"{type(accountant).__name__}.")
-    config = state["config"]
-    sampling = str(getattr(config["sampling_method"], "value", config["sampling_method"]))
-    relation = str(getattr(config["neighboring_relation"], "value",
-                           config["neighboring_relation"]))
-    if relation not in _RELATIONS:
-        raise ValueError(f"unknown neighboring relation {relation!r} in the accountant state.")
-    if sampling in _FLOWER_MODELS and _FLOWER_MODELS[sampling] != relation:
-        # e.g. no amplification under replace-one: a Gaussian event's eps is the same under
-        # either relation in dp-accounting, but replacing a client doubles the sensitivity
-        raise ValueError(f"the accountant state pairs sampling method {sampling!r} with "
-                         f"neighboring relation {relation!r}, which Flower's accountant does "
-                         f"not account; it pairs {sampling!r} with "
-                         f"{_FLOWER_MODELS[sampling]!r} only.")
-    events = []
-    for item in state["compositions"]:
-        e, count = item["event"], int(item["count"])
-        gaussian = dp_accounting.GaussianDpEvent(float(e["noise_multiplier"]))
-        n, pop = int(e["sample_size"]), int(e["population_size"])
-        if sampling == "poisson":
-            event = dp_accounting.PoissonSampledDpEvent(n / pop, gaussian)
-        elif sampling == "without-replacement":
-            event = dp_accounting.SampledWithoutReplacementDpEvent(pop, n, gaussian)
-        elif sampling == "no-amplification":
-            event = gaussian
-        else:
-            raise ValueError(f"unknown sampling method {sampling!r} in the accountant state.")
-        events.append((event, count))
-    orders = tuple(float(o) for o in state.get("orders") or ()) or None
-    return CentralRelease(source, events, relation, orders,
-                          f"recorded by Flower's accountant ({sampling}, {relation}, user "
-                          f"level, target delta {config['target_delta']:g})")
+    if not callable(reader):
+        raise TypeError(f"`reader` must be callable; got {type(reader).__name__}.")
+    _CENTRAL_READERS[str(runtime)] = reader
+
+
+def _read_central(runtime: str, accountant: Any, argument: str) -> CentralRelease:
+    reader = _CENTRAL_READERS.get(runtime)
+    if reader is None:
+        raise ValueError(f"`{argument}` is read by keras-fedpriv's {runtime} adapter, which "
+                         "registers its reader when imported: import "
+                         f"keras_fedpriv.federated.{runtime}.central_dp first (it needs "
+                         f"{runtime}).")
+    return reader(accountant)
 
 
 # ------------------------------------------------------------------ report
@@ -503,10 +469,13 @@ def privacy_report(obj: Any, delta: float = 1e-5, accountant: str = "pld",
         flower_accountant: None, or Flower's ``PrivacyAccountant`` (or its
             ``state_dict()``) of the same run: its central releases are
             reported beside the local ones (``report.central_epsilon``), not
-            composed with them. Pass the state after the run's last round
-            (an earlier one under-counts). A strategy built by
-            `keras_fedpriv.federated.flower.central_dp` brings its own; the
-            same accountant object passed again is counted once, its
+            composed with them; Flower's accountant is read by
+            `keras_fedpriv.federated.flower.central_dp.flower_central_release`
+            (imported with `keras_fedpriv.federated.flower`, which needs
+            Flower; see `register_central_reader`). Pass the state after the run's last round
+            (an earlier one under-counts). A strategy given
+            `keras_fedpriv.federated.flower.central_dp.CentralDP` brings its
+            own; the same accountant object passed again is counted once, its
             ``state_dict()`` twice (an over-count).
 
     Returns:
@@ -542,7 +511,7 @@ def privacy_report(obj: Any, delta: float = 1e-5, accountant: str = "pld",
             seen.add(id(held) if held is not None else None)
             central += list(o.central_privacy())
     if flower_accountant is not None and id(flower_accountant) not in seen:
-        central.append(flower_central_release(flower_accountant))
+        central.append(_read_central("flower", flower_accountant, "flower_accountant"))
     return PrivacyReport(ledger, delta, accountant, central)
 
 

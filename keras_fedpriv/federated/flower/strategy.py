@@ -24,7 +24,6 @@ sender id 0).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import logging
 import math
@@ -36,11 +35,9 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
-from flwr.serverapp.strategy.dp_adaptive_clipping import DifferentialPrivacyAdaptiveBase
-from flwr.serverapp.strategy.dp_fixed_clipping import DifferentialPrivacyFixedClippingBase
-from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from keras_fedpriv.federated.flower import horizontal_wire as wire
+from keras_fedpriv.federated.flower.central_dp import CentralDP, refuse_flower_dp
 from keras_fedpriv.federated.flower.common import (
     first_line,
     wait_for_nodes,
@@ -111,11 +108,13 @@ class HorizontalStrategy(Strategy):
     scores. The clients run `horizontal_client_app` (or a ClientApp that
     answers the same messages).
 
-    Central DP: `keras_fedpriv.federated.flower.central_dp` wraps it in
-    Flower's server-side fixed clipping (dense uploads only); Flower's own DP
-    wrappers around it directly are refused with a ValueError before any
-    client is asked (they clip replies as model weights, which these
-    replies are not).
+    Central DP: given a `keras_fedpriv.federated.flower.central_dp.CentralDP`
+    (``central_dp=``, or `central_dp` on a built strategy; dense uploads
+    only), it clips each update and noises each aggregate before the global
+    model is set, scored or returned, and counts each noised aggregate in
+    Flower's accountant. Flower's own DP wrappers around it are refused with
+    a ValueError before any client is asked (they clip replies as model
+    weights, which these replies are not).
 
     Args:
         model: the compiled global Keras model (its weights are the global
@@ -152,6 +151,9 @@ class HorizontalStrategy(Strategy):
             ``min_replies`` (a round with fewer connected clients than
             ``min_replies`` asks no one and counts as fallen). None: half
             the rounds `start` runs (rounded down); without `start`, no limit.
+        central_dp: None or a `CentralDP` (central DP-FedAvg: server-side
+            clipping and Gaussian noise on each aggregate, counted in its
+            Flower accountant); see `use_central_dp`.
 
     Example:
 
@@ -173,7 +175,8 @@ class HorizontalStrategy(Strategy):
                  num_clients: int | None = None, min_replies: int = 1,
                  seed: int | None = None, batch_norm: str = "average", magrr: Any = None,
                  laplace_eval: Any = None, validation_data: tuple[Any, Any] | None = None,
-                 connect_timeout: float = 300.0, max_failed_rounds: int | None = None) -> None:
+                 connect_timeout: float = 300.0, max_failed_rounds: int | None = None,
+                 central_dp: CentralDP | None = None) -> None:
         self.clients_per_round = validate_positive_int(clients_per_round, "clients_per_round")
         self.local_epochs = validate_positive_int(local_epochs, "local_epochs")
         self.min_replies = validate_positive_int(min_replies, "min_replies")
@@ -234,6 +237,9 @@ class HorizontalStrategy(Strategy):
                                    validation_data=validation_data, log_magrr=True,
                                    log=logger)
         self._down = 0
+        self.central: CentralDP | None = None
+        if central_dp is not None:
+            self.use_central_dp(central_dp)
 
     @property
     def ledger(self) -> ReleaseLedger:
@@ -289,85 +295,55 @@ class HorizontalStrategy(Strategy):
                                self.failed_rounds, [list(r) for r in self.asked],
                                [list(r) for r in self.replied])
 
-    def clip_uploads(self, clipping_norm: float, noise_multiplier: float = 0.0) -> Any:
-        """Clip and noise the aggregate on the server (central DP; what `central_dp` calls).
+    def use_central_dp(self, central: CentralDP) -> None:
+        """Clip and noise every aggregate from now on (central DP-FedAvg; what `central_dp` calls).
 
-        From now on the aggregate is ``sum_i clip(update_i, clipping_norm) /
+        The upload is decorated with ``central.decorate(...)`` (a `ClippedSum`):
+        the aggregate is ``sum_i clip(update_i, clipping_norm) /
         clients_per_round`` plus Gaussian noise of std ``noise_multiplier *
-        clipping_norm / clients_per_round``
-        (`keras_fedpriv.federated.flower.central_dp.ClippedSum`), before the
-        global model is set or scored.
+        clipping_norm / clients_per_round``, before the global model is set or
+        scored; each round first asks ``central.check_budget()`` (before any
+        client is asked) and each aggregation ends with ``central.count()``.
 
         Args:
-            clipping_norm: the L2 bound of one client's update.
-            noise_multiplier: the central noise multiplier z (0: none).
-
-        Returns:
-            The installed `ClippedSum` (it counts the noised aggregates).
+            central: a `CentralDP`.
 
         Raises:
-            ValueError: the uploads are clipped already.
+            TypeError: ``central`` is not a `CentralDP`.
+            ValueError: central DP is given already, or refused for this
+                strategy's upload, MagRR or BatchNormalization statistics.
         """
-        from keras_fedpriv.federated.flower.central_dp import ClippedSum
+        if not isinstance(central, CentralDP):
+            raise TypeError(f"`central_dp` must be a CentralDP or None; got "
+                            f"{type(central).__name__}.")
+        if self.central is not None:
+            raise ValueError("this HorizontalStrategy already clips its uploads (central DP "
+                             "was given twice).")
+        self.server.upload = central.decorate(
+            self.upload, self.clients_per_round, magrr=self.magrr,
+            clear_batch_norm=self.batch_norm == "average" and bool(self.server.bn_variables))
+        self.central = central
 
-        if isinstance(self.server.upload, ClippedSum):
-            raise ValueError("this HorizontalStrategy already clips its uploads (central_dp "
-                             "was applied twice).")
-        self.server.upload = ClippedSum(self.upload, clipping_norm, self.clients_per_round,
-                                        noise_multiplier)
-        return self.server.upload
+    @property
+    def accountant(self) -> Any:
+        """The central DP's Flower accountant (None: no central DP, or none given)."""
+        return None if self.central is None else self.central.accountant
 
-    def _refuse_flower_dp(self, config: ConfigRecord | None = None) -> None:
-        """Refuse Flower's DP wrappers around this strategy: they cannot read its replies.
-
-        Flower's server-side wrappers pass this strategy nothing of their own
-        (the same arrays, config and grid), so they are found where they call
-        it: any Flower DP wrapper among the callers on the stack (however deep,
-        e.g. around another wrapper), except `central_dp`'s own. The
-        client-side wrappers are also found by the clipping norm they put in
-        the train config. Where the interpreter gives no frames
-        (``inspect.currentframe()`` is None), only the config check runs, and
-        a server-side wrapper breaks the first replies when it clips them as
-        model weights (Flower raises, or this strategy drops them as
-        malformed): the clients' releases are counted, no update is released.
-        """
-        wrapper = None
-        frame = inspect.currentframe()
-        frame = frame.f_back if frame is not None else None
-        while frame is not None and wrapper is None:
-            caller = frame.f_locals.get("self")
-            if (isinstance(caller, (DifferentialPrivacyFixedClippingBase,
-                                    DifferentialPrivacyAdaptiveBase))
-                    and not callable(getattr(caller, "central_privacy", None))):
-                wrapper = type(caller).__name__
-            frame = frame.f_back
-        del frame  # no reference cycle through the frames
-        if wrapper is None and config is not None and KEY_CLIPPING_NORM in config:
-            wrapper = f"a client-side clipping wrapper (config key {KEY_CLIPPING_NORM!r})"
-        if wrapper is None:
-            return
-        upload = f"{type(self.upload).__name__}" + (" with MagRR" if self.magrr else "")
-        if getattr(self.upload, "name", "") == "signds":
-            why = ("clipping or adding Gaussian noise to a SignDS message (h indices and a "
-                   "sign) is meaningless: it gives the model no guarantee, and SignDS is "
-                   "already eps-LDP per upload (privacy_report counts it)")
-        else:
-            why = ("Flower clips each reply's arrays as model weights (reply minus the global "
-                   "weights), but a HorizontalStrategy reply carries the flat update and its "
-                   "data size, and Flower's client-side clipping mods would rewrite it; for "
-                   "central DP-FedAvg use keras_fedpriv.federated.flower.central_dp(strategy, "
-                   "noise_multiplier=..., clipping_norm=..., accountant=...)")
-        raise ValueError(f"Flower's {wrapper} cannot wrap a HorizontalStrategy with upload "
-                         f"{upload}: {why}.")
+    def central_privacy(self) -> list[Any]:
+        """The central releases (noised aggregates), as `privacy_report` shows them."""
+        if self.central is None:
+            return []
+        return self.central.central_privacy(f"HorizontalStrategy with {self.central!r}")
 
     def summary(self) -> None:
         """Log the strategy's settings."""
-        self._refuse_flower_dp()
+        refuse_flower_dp(self.upload, self.magrr)
         logger.info("HorizontalStrategy: upload %s, %d clients per round (at least %d "
-                    "replies), %d local epochs, batch_norm=%r, MagRR %s, Laplace evaluation %s",
-                    type(self.upload).__name__, self.clients_per_round, self.min_replies,
-                    self.local_epochs, self.batch_norm, "on" if self.magrr else "off",
-                    "on" if self.laplace else "off")
+                    "replies), %d local epochs, batch_norm=%r, MagRR %s, Laplace evaluation "
+                    "%s, central DP %s", type(self.upload).__name__, self.clients_per_round,
+                    self.min_replies, self.local_epochs, self.batch_norm,
+                    "on" if self.magrr else "off", "on" if self.laplace else "off",
+                    self.central if self.central is not None else "off")
 
     def _connect(self, grid: Grid) -> None:
         """Learn which client each connected node is; the first time, wait for the clients.
@@ -460,7 +436,9 @@ class HorizontalStrategy(Strategy):
                         grid: Grid) -> Iterable[Message]:
         """Sample the round's clients, count their releases and build their messages."""
         rnd = validate_positive_int(server_round, "server_round") - 1
-        self._refuse_flower_dp(config)  # before any client is asked
+        refuse_flower_dp(self.upload, self.magrr, config)  # before any client is asked
+        if self.central is not None:
+            self.central.check_budget()
         self._set_weights(arrays)
         epochs = validate_positive_int(int(config.get(wire.LOCAL_EPOCHS, self.local_epochs)),
                                        "local-epochs")
@@ -497,7 +475,11 @@ class HorizontalStrategy(Strategy):
                     answer.extra = answer.reason is not None and wire.extra_content(
                         reply, self.server, with_magrr, self.batch_norm)
             parsed.append(answer)
-        logs = self.loop.finish_round(parsed)
+        try:
+            logs = self.loop.finish_round(parsed)
+        finally:  # a noised aggregate counts even if something after it failed
+            if self.central is not None:
+                self.central.count()
         node_of_answer = {a.sender: a.node for a in parsed if a.asked}
         self.replied.append([[c, node_of_answer[c]] for c in self.loop.accepted])
         wire_logs = {"wire_bytes_down": float(self._down),
@@ -509,6 +491,8 @@ class HorizontalStrategy(Strategy):
         self._too_many_failed(request)
         updated = not math.isnan(logs["global_lr"])
         metrics = MetricRecord({k: float(v) for k, v in logs.items()})
+        if updated and self.central is not None:
+            metrics["central_noise_std"] = float(self.central.noise_std)
         return (self.initial_arrays() if updated else None), metrics
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
