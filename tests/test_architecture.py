@@ -29,10 +29,7 @@ KNOWN_UPWARD = {
 }
 
 #: Import circles today (each sorted), to be untangled (issue 28).
-KNOWN_CIRCLES = [
-    # the central-DP wrapper and the strategy that must recognise it
-    [f"{PACKAGE}.federated.flower.central_dp", f"{PACKAGE}.federated.flower.strategy"],
-]
+KNOWN_CIRCLES = []
 
 #: ``_``-prefixed names that one package module imports from another today (importer,
 #: defining module, name): each should become public within the package or move to where it
