@@ -163,9 +163,11 @@ _SIMULATION = "flower-simulation"
 
 @functools.cache
 def _runs_simulation(path: str) -> bool:
-    """Whether the test module at ``path`` runs Flower's Simulation Engine (calls
-    ``run_simulation(``; a module that only names it, such as a docs check, does not)."""
-    return "run_simulation(" in pathlib.Path(path).read_text(encoding="utf-8")
+    """Whether the test module at ``path`` runs Flower's Simulation Engine: it calls
+    ``run_simulation(``, or a test of it is marked ``simulation_engine`` (one that runs code,
+    such as a docs snippet, that calls it). A module that only names it does not."""
+    text = pathlib.Path(path).read_text(encoding="utf-8")
+    return "run_simulation(" in text or "pytest.mark.simulation_engine" in text
 
 
 def _group(nodeid: str, root: pathlib.Path) -> str:

@@ -22,7 +22,6 @@ from flwr.serverapp.strategy import (  # noqa: E402
     DifferentialPrivacyServerSideAdaptiveClipping,
     DifferentialPrivacyServerSideFixedClipping,
 )
-from flwr.simulation import run_simulation  # noqa: E402
 
 from keras_fedpriv.callbacks import MagRR  # noqa: E402
 from keras_fedpriv.datasets import digits_clients  # noqa: E402
@@ -41,7 +40,7 @@ from keras_fedpriv.federated.uploads import (  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
-from flower_stubs import ONE_WORKER, Reply, model_fn  # noqa: E402
+from flower_stubs import AppGrid, Reply, model_fn  # noqa: E402
 
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
 DELTA = 1e-5
@@ -61,7 +60,10 @@ def _hand_epsilon(z, rounds, delta=DELTA):
     return acc.get_epsilon(delta)
 
 
-def test_central_dp_fedavg_on_the_simulation_engine_reports_flowers_accountant():
+def test_central_dp_fedavg_on_flower_reports_flowers_accountant(in_a_run):
+    """A user's ServerApp with central DP, its messages carried to the real ClientApp by the
+    stand-in SuperLink (`flower_stubs.AppGrid`); the guide's run below is the same on
+    Flower's Simulation Engine."""
     clients, _ = digits_clients(2, seed=0)
     accountant = _accountant()
     out = {}
@@ -77,8 +79,9 @@ def test_central_dp_fedavg_on_the_simulation_engine_reports_flowers_accountant()
 
     client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
                                    seed=1)
-    run_simulation(server_app=app, client_app=client, num_supernodes=2,
-                   backend_config=ONE_WORKER)
+    with AppGrid(client, [{"partition-id": i, "num-partitions": 2} for i in range(2)],
+                 workers=2) as grid:
+        app(grid, grid.context())
     strategy, result = out["strategy"], out["result"]
     assert accountant.num_releases == 2
     report = privacy_report(strategy, delta=DELTA)
@@ -384,6 +387,7 @@ def test_without_frames_a_wrapper_still_releases_no_update(in_a_run, monkeypatch
     assert sum(ledger.total(k) for k in ledger.kinds) > 0  # the clients' uploads are counted
 
 
+@pytest.mark.simulation_engine  # the snippet starts Flower's Simulation Engine (Ray)
 def test_the_guides_run_snippet_runs_as_written_and_reports_flowers_accountant():
     """docs/flower_dp.md's "A run" snippet, as written (Simulation Engine, 3 clients, 5 rounds)."""
     import pathlib

@@ -9,7 +9,6 @@ pytest.importorskip("flwr")
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict  # noqa: E402
 from flwr.serverapp import ServerApp  # noqa: E402
-from flwr.simulation import run_simulation  # noqa: E402
 
 from keras_fedpriv.callbacks import MagRR  # noqa: E402
 from keras_fedpriv.datasets import digits_clients  # noqa: E402
@@ -18,10 +17,10 @@ from keras_fedpriv.federated.flower import HorizontalStrategy, horizontal_client
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
-from flower_stubs import ONE_WORKER, Reply, model_fn  # noqa: E402
+from flower_stubs import AppGrid, Reply, model_fn  # noqa: E402
 
-# Not in the JAX pass: Flower's Simulation Engine imports TensorFlow when it is installed; the
-# ClientApp runs on JAX in test_horizontal_faults and the party worker in test_flower_worker.
+# Not in the JAX pass (its user's ServerApp runs on TensorFlow); the ClientApp runs on JAX in
+# test_horizontal_faults and the party worker in test_flower_worker.
 pytestmark = [pytest.mark.flower, pytest.mark.timeout(300)]
 
 
@@ -30,7 +29,11 @@ def _signds():
     return SignDSEncoder(k=0.2, eps=10.0, seed=5)
 
 
-def test_a_users_own_server_app_runs_the_strategy_like_the_in_process_run():
+def test_a_users_own_server_app_runs_the_strategy_like_the_in_process_run(in_a_run):
+    """A user's ``ServerApp`` with the strategy, its messages carried to the real ClientApp by
+    the stand-in SuperLink (`flower_stubs.AppGrid`, two stand-in workers, so each client
+    reloads its node state). Flower's Simulation Engine runs the same apps in
+    test_flower_horizontal (the SignDS + MagRR run) and test_central_dp (the guide's run)."""
     clients, val = digits_clients(3, seed=0)
     out = {}
     app = ServerApp()
@@ -46,8 +49,9 @@ def test_a_users_own_server_app_runs_the_strategy_like_the_in_process_run():
 
     client = horizontal_client_app(model_fn, lambda ctx: clients[ctx.node_config["partition-id"]],
                                    _signds, seed=1, eps_rr=3.0)
-    run_simulation(server_app=app, client_app=client, num_supernodes=3,
-                   backend_config=ONE_WORKER)
+    nodes = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
+    with AppGrid(client, nodes, workers=2) as grid:
+        app(grid, grid.context())
     strategy, result = out["strategy"], out["result"]
 
     model = model_fn()
