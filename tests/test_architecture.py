@@ -70,11 +70,6 @@ KNOWN_PRIVATE_METHODS = {
     ("federated.vertical", "federated.vertical_parties.party", "_build_spec"),
     ("federated.vertical_parties", "federated.vertical_parties.party", "_build_spec"),
     ("federated.vertical_parties.leader", "federated.vertical_parties.party", "_build_spec"),
-    # the per-example counts that a party's own state saves and restores
-    ("layers.local_state", "layers.release_counter", "_id_count_variable"),
-    ("layers.local_state", "layers.release_counter", "_put_id_counts"),
-    ("layers.local_state", "layers.release_counter", "_raise_id_max"),
-    ("layers.local_state", "layers.release_counter", "_release_id_counts_nonzero"),
 }
 
 @pytest.fixture(scope="module")

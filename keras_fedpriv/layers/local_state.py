@@ -33,6 +33,12 @@ from keras import ops
 
 from keras_fedpriv.backend import impl
 from keras_fedpriv.backend.private import flatten_layers
+from keras_fedpriv.layers.release_counter import (
+    id_count_table,
+    id_counts_of,
+    raise_id_max,
+    replace_id_counts,
+)
 
 __all__ = ["Snapshot", "load_local_state", "local_state", "restore", "snapshot"]
 
@@ -121,7 +127,7 @@ def local_state(layers: Iterable[Any]) -> dict[str, np.ndarray]:
     entries, counted = _entries(layers)
     out = {name: np.array(_value(v)) for name, v in entries}
     for j, sub in counted:
-        ids, counts = sub._release_id_counts_nonzero()
+        ids, counts = id_counts_of(sub)
         out[f"{j}/release_id_slots"] = ids.astype(np.int64)
         out[f"{j}/release_id_values"] = counts.astype(np.int64)
     return out
@@ -161,7 +167,7 @@ def load_local_state(layers: Iterable[Any], state: dict[str, Any]) -> None:
         ids = np.asarray(state[f"{j}/release_id_slots"], np.int64).reshape(-1)
         values = np.asarray(state[f"{j}/release_id_values"], np.int64).reshape(-1)
         if ids.size or sub._release_id_counts is not None:
-            sub._put_id_counts(ids, values, merge=False)
+            replace_id_counts(sub, ids, values)
 
 
 def _check_missing(name, layers):
@@ -246,10 +252,10 @@ def restore(layers: Iterable[Any], state: Snapshot | dict[str, Any]) -> None:
             continue
         t = state.counts[j]
         if t is not None:
-            sub._id_count_variable().assign(ops.copy(t))
+            id_count_table(sub).assign(ops.copy(t))
             if j in state.maxima:  # never behind the table it now holds (a scalar, no scan)
-                sub._raise_id_max(ops.reshape(state.maxima[j], [1]))
+                raise_id_max(sub, ops.reshape(state.maxima[j], [1]))
             else:
-                sub._raise_id_max(t)
+                raise_id_max(sub, t)
         elif sub._release_id_counts is not None:
             sub._release_id_counts.assign(np.zeros(tuple(sub._release_id_counts.shape), np.int32))

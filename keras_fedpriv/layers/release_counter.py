@@ -562,3 +562,39 @@ class ReleaseCounterMixin:
         variable.assign(counts)
         if np.size(values):  # never behind the table it now holds
             self._raise_id_max_to(int(np.max(values)))
+
+
+# -- a party's own state (keras_fedpriv.layers.local_state) saves and restores the counts ----
+def id_counts_of(layer: ReleaseCounter) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, counts)`` of ``layer``'s examples with at least one fresh release (empty when
+    it keeps no per-example counts); reading them raises its running maximum if behind.
+
+    Example: ``ids, counts = id_counts_of(kf.LabelDPLayer(eps=1.0))`` gives two empty arrays.
+    """
+    return layer._release_id_counts_nonzero()
+
+
+def replace_id_counts(layer: ReleaseCounter, ids, values) -> None:
+    """Put a party's saved per-example counts in place of ``layer``'s table (host side): ids
+    past its ``id_capacity`` fold, and the running maximum follows.
+
+    Example: ``replace_id_counts(layer, np.array([3]), np.array([2]))``.
+    """
+    layer._put_id_counts(ids, values, merge=False)
+
+
+def id_count_table(layer: ReleaseCounter):
+    """``layer``'s per-example count variable, created on first use (outside a trace).
+
+    Example: ``id_count_table(layer).assign(saved_table)``.
+    """
+    return layer._id_count_variable()
+
+
+def raise_id_max(layer: ReleaseCounter, counts) -> None:
+    """Raise ``layer``'s running maximum per-example count to the largest of ``counts`` (in
+    the graph or on the host; an ``assign_add`` of the excess, never lowered).
+
+    Example: ``raise_id_max(layer, np.array([4], np.int32))``.
+    """
+    layer._raise_id_max(counts)
