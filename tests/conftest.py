@@ -156,8 +156,8 @@ def in_a_run(monkeypatch):
 
 # Modules whose tests each start Flower processes of their own (a SuperLink and SuperNodes
 # on free 127.0.0.1 ports) and share no module fixture: each test is a group of its own.
-_OWN_GROUP_MODULES = {"test_flower_loopback", "test_adversarial_vertical_faults",
-                      "test_flower_faults_horizontal"}
+# (test_adversarial_vertical_faults shares one deployment between its two runs: one group.)
+_OWN_GROUP_MODULES = {"test_flower_loopback", "test_flower_faults_horizontal"}
 _SIMULATION = "flower-simulation"
 
 

@@ -7,8 +7,11 @@ run completes, the follower rejoins under a new node id (the leader takes it bac
 token), its own state counts every release exactly once, and its random counters never go back
 (no noise drawn twice). A follower that stays away stops the run with an error that names it.
 
-Each test starts its own processes on 127.0.0.1 (free ports), bounds every wait, and stops
-exactly the processes it started.
+The two runs share one deployment (a module fixture, in this order: the rejoin, then the
+follower that stays away), as the processes of a real one serve run after run: one start of
+the SuperLink, the SuperNodes and the workers (each loads TensorFlow) instead of two. The
+processes bind 127.0.0.1 (free ports); every wait is bounded; at the end the fixture stops
+exactly the processes it started and checks that none is left.
 """
 
 import json
@@ -40,14 +43,22 @@ def _running(pid):
         return False
 
 
-def _deployment(tmp_path):
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """The SuperLink, two follower SuperNodes (each with a ``state-dir``) and their workers,
+    for the module's runs; ``deployment.state`` is the folder of the state folders."""
+    folder = tmp_path_factory.mktemp("vertical-faults")
     nodes = []
     for party in ("f1", "f2"):
-        folder = tmp_path / f"state-{party}"
-        folder.mkdir(mode=0o700)
-        nodes.append({"party": party, "state-dir": str(folder)})
-    return LoopbackDeployment(2, node_configs=nodes, worker_app="flower_vertical.party:app",
-                              worker_app_dir=VERTICAL)
+        state = folder / f"state-{party}"
+        state.mkdir(mode=0o700)
+        nodes.append({"party": party, "state-dir": str(state)})
+    with LoopbackDeployment(2, node_configs=nodes, worker_app="flower_vertical.party:app",
+                            worker_app_dir=VERTICAL) as started:
+        started.state = folder
+        yield started
+        pids = started.alive()  # with the descendants Flower started
+    assert [p for p in pids if _running(p)] == []  # exactly what it started, all stopped
 
 
 def _start_run(deployment, run_config, timeout):
@@ -62,10 +73,11 @@ def _start_run(deployment, run_config, timeout):
     return thread, out
 
 
-def _wait_for(deployment, name, pattern, count, timeout):
-    """Wait until process ``name``'s log matches ``pattern`` ``count`` times (bounded)."""
+def _wait_for(deployment, name, pattern, count, timeout, start=0):
+    """Wait until process ``name``'s log, from character ``start`` on (this run's part),
+    matches ``pattern`` ``count`` times (bounded)."""
     deadline = time.monotonic() + timeout
-    while len(re.findall(pattern, deployment.log(name))) < count:
+    while len(re.findall(pattern, deployment.log(name)[start:])) < count:
         assert time.monotonic() < deadline, deployment.log(name)[-3000:]
         time.sleep(0.2)
 
@@ -85,25 +97,23 @@ def _batches_of(rejected, party, total, k):
     return n
 
 
-def test_a_follower_killed_mid_run_rejoins_and_counts_every_release_once(tmp_path):
-    with _deployment(tmp_path) as deployment:
-        thread, out = _start_run(deployment, {
-            "num-epochs": EPOCHS, "batch-size": BATCH, "batches-per-message": K,
-            "round-timeout": 60.0, "follower-deadline": 300.0,
-            "result-path": str(tmp_path / "result")}, timeout=800)
-        # f1 answered its 3rd message (its 2nd training message of epoch 1): kill it
-        _wait_for(deployment, "worker-0", r"follower 'f1' \(node \d+\) answered message", 3,
-                  timeout=400)
-        killed_at = time.monotonic()
-        _kill_follower(deployment)
-        time.sleep(3)
-        deployment.restart_worker(0)
-        deployment.restart_supernode(0)
-        thread.join(timeout=820)
-        assert not thread.is_alive()
-        worker_log = deployment.log("worker-0")
-        pids = deployment.alive()
-    assert [p for p in pids if _running(p)] == []  # exactly what it started, all stopped
+def test_a_follower_killed_mid_run_rejoins_and_counts_every_release_once(deployment, tmp_path):
+    # the deployment's first run (the module fixture's)
+    thread, out = _start_run(deployment, {
+        "num-epochs": EPOCHS, "batch-size": BATCH, "batches-per-message": K,
+        "round-timeout": 60.0, "follower-deadline": 300.0,
+        "result-path": str(tmp_path / "result")}, timeout=800)
+    # f1 answered its 3rd message (its 2nd training message of epoch 1): kill it
+    _wait_for(deployment, "worker-0", r"follower 'f1' \(node \d+\) answered message", 3,
+              timeout=400)
+    killed_at = time.monotonic()
+    _kill_follower(deployment)
+    time.sleep(3)
+    deployment.restart_worker(0)
+    deployment.restart_supernode(0)
+    thread.join(timeout=820)
+    assert not thread.is_alive()
+    worker_log = deployment.log("worker-0")
     done = out["done"]
     assert done.returncode == 0, done.stdout[-4000:]
     assert "run status: finished:completed" in done.stdout
@@ -132,8 +142,8 @@ def test_a_follower_killed_mid_run_rejoins_and_counts_every_release_once(tmp_pat
         assert b[4] >= a[5], (a, b)
     # its ledger: every embedding it answered with is counted exactly once, the ones the
     # leader did not receive (in flight at the kill) included
-    store = PartyStore(tmp_path / "state-f1")
-    (state_file,) = list((tmp_path / "state-f1").glob("run-*.state"))
+    store = PartyStore(deployment.state / "state-f1")
+    (state_file,) = list((deployment.state / "state-f1").glob("run-*.state"))
     state = store.load(int(state_file.name.split("-")[1]), "f1")
     arrays = {k: a.numpy() for k, a in state["keras-fedpriv-vertical-state"].items()}
     totals = next(v for k, v in arrays.items() if k.endswith("/release_totals"))
@@ -147,16 +157,17 @@ def test_a_follower_killed_mid_run_rejoins_and_counts_every_release_once(tmp_pat
     assert 0 <= answered - received <= K * len([r for r in rejected if r[2] == "f1"])
 
 
-def test_a_follower_that_stays_away_stops_the_run_naming_it(tmp_path):
-    with _deployment(tmp_path) as deployment:
-        thread, out = _start_run(deployment, {
-            "num-epochs": EPOCHS, "batch-size": BATCH, "batches-per-message": K,
-            "round-timeout": 20.0, "follower-deadline": 20.0}, timeout=600)
-        _wait_for(deployment, "worker-0", r"follower 'f1' \(node \d+\) answered message", 2,
-                  timeout=400)
-        _kill_follower(deployment)
-        thread.join(timeout=620)
-        assert not thread.is_alive()
+def test_a_follower_that_stays_away_stops_the_run_naming_it(deployment):
+    # after the rejoin run, on the same deployment (f1 restarted there)
+    start = len(deployment.log("worker-0"))  # this run's part of f1's log
+    thread, out = _start_run(deployment, {
+        "num-epochs": EPOCHS, "batch-size": BATCH, "batches-per-message": K,
+        "round-timeout": 20.0, "follower-deadline": 20.0}, timeout=600)
+    _wait_for(deployment, "worker-0", r"follower 'f1' \(node \d+\) answered message", 2,
+              timeout=400, start=start)
+    _kill_follower(deployment)
+    thread.join(timeout=620)
+    assert not thread.is_alive()
     done = out["done"]
     assert done.returncode != 0
     assert "run status: finished:failed" in done.stdout
