@@ -156,8 +156,9 @@ def in_a_run(monkeypatch):
 
 # Modules whose tests each start Flower processes of their own (a SuperLink and SuperNodes
 # on free 127.0.0.1 ports) and share no module fixture: each test is a group of its own.
-# (test_adversarial_vertical_faults shares one deployment between its two runs: one group.)
-_OWN_GROUP_MODULES = {"test_flower_loopback", "test_flower_faults_horizontal"}
+# (test_adversarial_vertical_faults and test_flower_faults_horizontal share one deployment
+# between their runs: each module is one group.)
+_OWN_GROUP_MODULES = {"test_flower_loopback"}
 _SIMULATION = "flower-simulation"
 
 

@@ -10,9 +10,16 @@ its timeout for the killed node; in round 3 the dead node is still listed beside
 client 2 is not asked) or [3, 2, 3, 3, 3, 3] (Flower's "Node Unavailable" reply for round 2,
 sender id 0, is dropped as client 2's; the new node answers from round 3). The run is 5 rounds
 long: the new node answers from round 3 or 4, and the last round has a round to spare.
+
+The same deployment (a module fixture) then serves a SignDS run in which SuperNode 2 is killed
+for good mid-run: the run goes on with the two live clients. One start of the SuperLink, the
+SuperNodes and the workers (each loads TensorFlow) serves both, as a real deployment serves run
+after run; at the end the fixture stops exactly the processes it started and checks that none
+is left and no port still listens.
 """
 
 import json
+import os
 import pathlib
 import shutil
 import tempfile
@@ -26,6 +33,7 @@ pytest.importorskip("flwr")
 
 from keras_fedpriv.federated.flower.loopback import LoopbackDeployment, _listening  # noqa: E402
 from keras_fedpriv.federated.flower.party_store import PartyStore  # noqa: E402
+from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 
 from flower_stubs import APP  # noqa: E402
 
@@ -68,55 +76,66 @@ def _server_count(ledger, client):
     return sum(int(k["units"].get(str(client), 0)) for k in kinds)
 
 
-def test_a_killed_and_restarted_client_takes_part_again_and_never_replays_its_noise(tmp_path):
-    """Then a second run whose rounds all fall below min_replies fails on the SuperLink with a
-    message that says so."""
+@pytest.fixture(scope="module")
+def deployment():
+    """A SuperLink and 3 SuperNodes with a party worker each; ``deployment.folders`` are the
+    clients' state folders (mode 0700), each with a budget file (a cap no run reaches: it only
+    records)."""
     folders = [tempfile.mkdtemp(prefix="kfp-s-") for _ in range(3)]  # mode 0700
-    # each client: a state folder, and a budget file (a cap no run reaches: it only records)
     nodes = [{"partition-id": i, "num-partitions": 3, "upload": "signds", "state-dir": f,
               "max-epsilon": 1e9, "privacy-budget-path": f"{f}/budget.json"}
              for i, f in enumerate(folders)]
-    out = {}
     try:
         with LoopbackDeployment(3, node_configs=nodes, worker_app="kfp_test_app.apps:client",
-                                worker_app_dir=APP) as deployment:
-            def run():
-                started = time.monotonic()
-                out["done"] = deployment.run(
-                    APP, {"upload": "signds", "num-server-rounds": ROUNDS, "local-epochs": 1,
-                          "clients-per-round": 3, "min-replies": 2, "round-timeout": 60.0,
-                          "result-path": str(tmp_path)}, timeout=780)
-                out["seconds"] = time.monotonic() - started
-
-            thread = threading.Thread(target=run)
-            thread.start()
-            # client 2 has released two uploads (its state file says so): it answered round 1
-            # and is answering round 2; kill it there, mid-run
-            _wait("client 2 answered a round", lambda: (_client_state(folders[KILLED]) or
-                                                        (0, 0, 0))[1] >= 2, 400)
-            deployment.kill_supernode(KILLED)
-            deployment.kill_worker(KILLED)
-            run_id, at_kill, counted_at_kill = _client_state(folders[KILLED])
-            deployment.restart_worker(KILLED)
-            deployment.restart_supernode(KILLED)
-            thread.join(timeout=800)
-            assert not thread.is_alive()
-            # a run whose rounds cannot count: every client refuses 101 local epochs (its
-            # max_local_epochs is 100), and max-failed-rounds=0 stops it at the first
-            out["failed"] = deployment.run(
-                APP, {"upload": "signds", "num-server-rounds": 3, "local-epochs": 101,
-                      "max-failed-rounds": 0, "round-timeout": 60.0,
-                      "result-path": str(tmp_path / "failed")}, timeout=300)
-            pids = deployment.alive()
-            ports = [deployment.superlink_port] + deployment.supernode_ports
-            _, end, counted_at_end = _client_state(folders[KILLED], run_id)
-            budget = json.loads(pathlib.Path(folders[KILLED], "budget.json").read_text())
+                                worker_app_dir=APP) as started:
+            started.folders = folders
+            yield started
+            pids = started.alive()  # with the descendants Flower started
+            ports = [started.superlink_port] + started.supernode_ports
         assert not [p for p in pids if pathlib.Path(f"/proc/{p}").exists()
                     and "zombie" not in pathlib.Path(f"/proc/{p}/status").read_text().lower()]
         assert not [p for p in ports if _listening(p)]
     finally:
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_killed_and_restarted_client_takes_part_again_and_never_replays_its_noise(
+        deployment, tmp_path):
+    """Then a second run whose rounds all fall below min_replies fails on the SuperLink with a
+    message that says so."""
+    folders = deployment.folders
+    out = {}
+
+    def run():
+        started = time.monotonic()
+        out["done"] = deployment.run(
+            APP, {"upload": "signds", "num-server-rounds": ROUNDS, "local-epochs": 1,
+                  "clients-per-round": 3, "min-replies": 2, "round-timeout": 60.0,
+                  "result-path": str(tmp_path)}, timeout=780)
+        out["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    # client 2 has released two uploads (its state file says so): it answered round 1
+    # and is answering round 2; kill it there, mid-run
+    _wait("client 2 answered a round", lambda: (_client_state(folders[KILLED]) or
+                                                (0, 0, 0))[1] >= 2, 400)
+    deployment.kill_supernode(KILLED)
+    deployment.kill_worker(KILLED)
+    run_id, at_kill, counted_at_kill = _client_state(folders[KILLED])
+    deployment.restart_worker(KILLED)
+    deployment.restart_supernode(KILLED)
+    thread.join(timeout=800)
+    assert not thread.is_alive()
+    # a run whose rounds cannot count: every client refuses 101 local epochs (its
+    # max_local_epochs is 100), and max-failed-rounds=0 stops it at the first
+    out["failed"] = deployment.run(
+        APP, {"upload": "signds", "num-server-rounds": 3, "local-epochs": 101,
+              "max-failed-rounds": 0, "round-timeout": 60.0,
+              "result-path": str(tmp_path / "failed")}, timeout=300)
+    _, end, counted_at_end = _client_state(folders[KILLED], run_id)
+    budget = json.loads(pathlib.Path(folders[KILLED], "budget.json").read_text())
     done = out["done"]
     assert done.returncode == 0, done.stdout[-3000:]
     record = json.loads((tmp_path / "history.json").read_text())
@@ -157,3 +176,63 @@ def _failed_run_checks(failed, folder):
         in failed.stdout, failed.stdout[-3000:]
     record = json.loads((folder / "history.json").read_text())
     assert record["failed_rounds"] == [1] and record["history"]["below_min_replies"] == [1.0]
+
+
+def test_killing_a_signds_client_mid_run_neither_stops_the_run_nor_corrupts_the_model(
+        deployment, tmp_path):
+    """On the module's deployment, after the run above: SuperNode 2 is killed for good once
+    the run is under way. Party workers: a live client answers in well under the round
+    timeout even on a busy machine (without them every message starts TensorFlow, which can
+    take longer there)."""
+    start = len(deployment.log("supernode-2"))  # this run's part of its log
+    out = {}
+
+    def run():
+        out["done"] = deployment.run(
+            APP, {"upload": "signds", "num-server-rounds": 2, "round-timeout": 60.0,
+                  "result-path": str(tmp_path)}, timeout=600)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    # kill SuperNode 2 once the run is under way (its query or first round)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "flwr-clientapp" not in deployment.log(
+            "supernode-2")[start:] + _children_cmdlines(deployment, 2):
+        time.sleep(0.2)
+    deployment.kill_supernode(2)
+    thread.join(timeout=620)
+    assert not thread.is_alive()
+    done = out["done"]
+    assert done.returncode == 0, done.stdout[-3000:]
+    record = json.loads((tmp_path / "history.json").read_text())
+    weights = np.load(tmp_path / "weights.npz")
+    weights = [weights[f"arr_{i}"] for i in range(len(weights.files))]
+    h = record["history"]
+    # every round ran; the kill comes in the query or the first round, so the last round is
+    # answered by the two live clients
+    assert len(h["replies"]) == 2
+    assert h["replies"][-1] == 2.0
+    assert all(np.isfinite(w).all() for w in weights)
+    # each good reply was a sign and h indices, nothing else; Flower's messages carry more
+    dim = sum(w.size for w in weights)
+    per_client = 4 * SignDSEncoder(k=0.2, eps=10.0).output_dim(dim) + 1
+    assert h["payload_bytes_up"] == [r * per_client for r in h["replies"]]
+    assert all(w > p for w, p in zip(h["wire_bytes_up"], h["payload_bytes_up"]))
+    assert all(d > r * 4 * dim for d, r in zip(h["wire_bytes_down"], h["replies"]))
+    ledger = json.loads((tmp_path / "ledger.json").read_text())
+    assert ledger["kinds"], "the server recorded what it received"
+
+
+def _children_cmdlines(deployment, index):
+    """Command lines of the processes in SuperNode ``index``'s process group."""
+    pgid = deployment.processes[f"supernode-{index}"].pid
+    out = []
+    for proc in pathlib.Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) == pgid:
+                out.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, ProcessLookupError):
+            continue
+    return " ".join(out)
