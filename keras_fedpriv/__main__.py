@@ -161,6 +161,7 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.set_defaults(command_parsers=sub.choices)  # name -> subparser, for `sub_parser`
     demo = sub.add_parser(
         "demo", help="vertical FL with label/embedding DP, then horizontal FL with SignDS",
         description="Vertical part: train a two-party vertical (split) model on scikit-learn's "
@@ -470,10 +471,14 @@ def _run_one_plan(parser, args, out, err):
 
 
 def sub_parser(parser, name):
-    """The subparser ``name`` of ``parser`` (for errors that carry its usage line)."""
-    for action in parser._subparsers._group_actions:
-        if name in action.choices:
-            return action.choices[name]
+    """The subparser ``name`` of ``parser`` (for errors that carry its usage line).
+
+    Example:
+        >>> sub_parser(build_parser(), "plan").error("argument --releases: ...")  # exits 2
+    """
+    parsers = parser.get_default("command_parsers") or {}
+    if name in parsers:
+        return parsers[name]
     raise ValueError(f"`name` must be a subcommand of the parser; got {name!r}.")
 
 
