@@ -231,7 +231,8 @@ class Plan:
     """A planned run: the per-release parameter, and the release pattern it assumes.
 
     Attributes:
-        mechanism: one of `PLANNED_MECHANISMS`.
+        mechanism: one of `PLANNED_MECHANISMS` (or ``"laplace_eval"``, in
+            the per-secret plans of a `RunPlan` led by a Laplace evaluation).
         value: the per-release eps (the mechanism's ``eps``; `MagRR`'s
             ``eps_rr``), or the noise multiplier for ``"gaussian"``.
         releases: the planned releases of the busiest unit, counted as
