@@ -61,6 +61,7 @@ def test_largest_settings_and_names():
     assert names(alone=False) == ("laplace_eval",)
     assert names(takes="num_coordinates") == ("embedding_dp",)
     assert names(alone=True, takes="num_classes") == ("label_dp",)
+    assert [m.name for m in MECHANISMS.values() if m.upload] == ["signds", "gaussian"]
 
 
 def test_signals_and_the_too_small_check():

@@ -138,8 +138,11 @@ class Mechanism:
             a Laplace evaluation is planned within a whole run only.
         takes: the sizes its event needs besides the value (``"num_classes"``:
             K; ``"num_coordinates"``: d).
+        make_event: ``(value, num_classes, num_coordinates) -> DpEvent`` (see `event`).
+        signal_formula: ``(eps, num_classes, k) -> signal`` (see `signal`), or None.
         too_small: the signal (`signal`) at or below which training learned
             nothing (bench/learnability.py), or None where not measured.
+        upload: whether it is a client's upload (a run has one).
 
     Example:
         >>> mechanism("label_dp").event(1.0, num_classes=10)  # K-ary randomized response
@@ -154,10 +157,11 @@ class Mechanism:
     weight: float
     alone: bool
     takes: tuple[str, ...]
-    _event: Callable[[float, int, int | None], Any] = dataclasses.field(repr=False)
-    _signal: Callable[[float, int, float], float] | None = dataclasses.field(
+    make_event: Callable[[float, int, int | None], Any] = dataclasses.field(repr=False)
+    signal_formula: Callable[[float, int, float], float] | None = dataclasses.field(
         default=None, repr=False)
     too_small: float | None = None
+    upload: bool = False
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -186,7 +190,7 @@ class Mechanism:
         Returns:
             The event (imports dp-accounting and the mechanism on first use).
         """
-        return self._event(value, num_classes, num_coordinates)
+        return self.make_event(value, num_classes, num_coordinates)
 
     def signal(self, eps: float, *, num_classes: int = 2, k: float = 0.2) -> float:
         """How far one release at ``eps`` is from pure noise (0: none, 1: exact).
@@ -204,15 +208,15 @@ class Mechanism:
         """
         from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
 
-        if self._signal is None:
-            have = tuple(m.name for m in MECHANISMS.values() if m._signal is not None)
+        if self.signal_formula is None:
+            have = tuple(m.name for m in MECHANISMS.values() if m.signal_formula is not None)
             raise ValueError(f"`mechanism` must be one of {have} for a signal; got "
                              f"{self.name!r}.")
         eps = validate_eps(eps, "eps")
         if not 0.0 < k < 1.0:
             raise ValueError(f"`k` must be a fraction in (0, 1); got {k!r}.")
         num_classes = validate_positive_int(num_classes, "num_classes", minimum=2)
-        return float(self._signal(eps, num_classes, k))
+        return float(self.signal_formula(eps, num_classes, k))
 
     def too_small_to_learn(self, eps: float, *, num_classes: int = 2, k: float = 0.2
                            ) -> str | None:
@@ -246,19 +250,27 @@ class Mechanism:
 #: server's step size from the bits of a whole round, and a Laplace evaluation's scores
 #: average over many examples: each gets a tenth of SignDS's per-release eps.
 MECHANISMS = {m.name: m for m in (
-    Mechanism("label_dp", "K-ary randomized response of labels (LabelDPLayer)", LABELS,
-              EXAMPLE, "eps", 60.0, 1.0, True, ("num_classes",), _rr_event, _kary_signal, 0.0104),
-    Mechanism("embedding_dp", "quantize + RR of an embedding (EmbeddingDPLayer)", FEATURES, EXAMPLE, "eps", 60.0, 1.0, True, ("num_coordinates",), _quantize_event,
-              _quantize_signal, 0.0749),
-    Mechanism("signds", "SignDS's exponential mechanism (SignDSEncoder)", CLIENT_DATA, CLIENT,
-              "eps", 100.0, 1.0, True, (), _signds_event, _signds_signal, 0.6339),
-    Mechanism("magrr", "MagRR's client bit (its eps_rr)", CLIENT_DATA, CLIENT, "eps", 60.0, 0.1,
-              True, (), _bit_event, _bit_signal),
+    Mechanism("label_dp", "K-ary randomized response of labels (LabelDPLayer)",
+              secret=LABELS, unit=EXAMPLE, parameter="eps", limit=60.0, weight=1.0, alone=True,
+              takes=("num_classes",), make_event=_rr_event, signal_formula=_kary_signal,
+              too_small=0.0104),
+    Mechanism("embedding_dp", "quantize + RR of an embedding (EmbeddingDPLayer)",
+              secret=FEATURES, unit=EXAMPLE, parameter="eps", limit=60.0, weight=1.0,
+              alone=True, takes=("num_coordinates",), make_event=_quantize_event,
+              signal_formula=_quantize_signal, too_small=0.0749),
+    Mechanism("signds", "SignDS's exponential mechanism (SignDSEncoder)",
+              secret=CLIENT_DATA, unit=CLIENT, parameter="eps", limit=100.0, weight=1.0,
+              alone=True, takes=(), make_event=_signds_event, signal_formula=_signds_signal,
+              too_small=0.6339, upload=True),
+    Mechanism("magrr", "MagRR's client bit (its eps_rr)",
+              secret=CLIENT_DATA, unit=CLIENT, parameter="eps", limit=60.0, weight=0.1,
+              alone=True, takes=(), make_event=_bit_event, signal_formula=_bit_signal),
     Mechanism("gaussian", "clip + Gaussian noise (GaussianUpload's noise multiplier)",
-              CLIENT_DATA, CLIENT, "noise_multiplier", 0.05, 1.0, True, (), _gaussian_event),
+              secret=CLIENT_DATA, unit=CLIENT, parameter="noise_multiplier", limit=0.05,
+              weight=1.0, alone=True, takes=(), make_event=_gaussian_event, upload=True),
     Mechanism("laplace_eval", "Laplace-protected evaluation scores (LaplaceEvaluation)",
-              CLIENT_DATA, CLIENT, "eps", 60.0, 0.1, False, ("num_classes",),
-              _laplace_eval_event),
+              secret=CLIENT_DATA, unit=CLIENT, parameter="eps", limit=60.0, weight=0.1,
+              alone=False, takes=("num_classes",), make_event=_laplace_eval_event),
 )}
 
 

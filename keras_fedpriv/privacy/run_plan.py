@@ -238,8 +238,10 @@ def _validate_mechanisms(mechanisms):
                              f"{name!r}.")
     if len(set(mechanisms)) != len(mechanisms):
         raise ValueError(f"`mechanisms` names a mechanism twice: {list(mechanisms)!r}.")
-    if "signds" in mechanisms and "gaussian" in mechanisms:
-        raise ValueError("`mechanisms` names both 'signds' and 'gaussian': a run has one upload.")
+    uploads = [name for name in mechanisms if REGISTRY[name].upload]
+    if len(uploads) > 1:
+        raise ValueError(f"`mechanisms` names the uploads {' and '.join(map(repr, uploads))}: a "
+                         f"run has one upload.")
     return tuple(mechanisms)
 
 
