@@ -123,7 +123,7 @@ def _bit_signal(eps, num_classes, k):
 
 @dataclasses.dataclass(frozen=True)
 class Mechanism:
-    """The facts about one mechanism that planning, reporting and the command line share.
+    """The facts about one mechanism that the planners and the command line share.
 
     Attributes:
         name: the name the planners and ``keras-fedpriv plan`` take.
