@@ -12,7 +12,7 @@ and records the test accuracy on digits (10 classes, chance about 0.10):
   and tested through the layer (fresh noise at every call).
 
 Next to each accuracy it prints the mechanism's signal measure
-(`keras_fedpriv.privacy.run_plan.signal`). "Too small to learn" is the
+(`keras_fedpriv.mechanisms.registry.Mechanism.signal`). "Too small to learn" is the
 signal of the largest swept eps whose accuracy stays within `MARGIN` of
 chance: those are the thresholds `keras_fedpriv.privacy.plan` warns at
 (`TooSmallToLearnWarning`). MagRR, Laplace evaluation and the Gaussian upload
@@ -173,7 +173,7 @@ Too small to learn (the largest swept eps within {MARGIN:g} of chance, and its s
         "; ".join(f"{n}: " + ("none in the sweep" if v is None else
                                f"eps {v[0]:g}, signal {v[1]:.4f}")
                   for n, v in limits.items()) + \
-        ". `keras_fedpriv.privacy.run_plan.TOO_SMALL_SIGNAL` holds these signals; a plan whose " \
+        ". `keras_fedpriv.mechanisms.registry` holds these signals (`Mechanism.too_small`); a plan whose " \
         "per-release signal is at or below them warns `TooSmallToLearnWarning`."
     _report.update_section("learnability", body)
     print("wrote docs/benchmarks.md (learnability)")

@@ -12,6 +12,8 @@ import math
 import sys
 import textwrap
 
+from keras_fedpriv.mechanisms import registry
+
 # The demos' defaults, for the help text without importing the demos (TensorFlow);
 # tests/test_cli.py checks that they match keras_fedpriv.demo and keras_fedpriv.demo_horizontal.
 DEFAULT_EPOCHS, QUICK_EPOCHS, DEFAULT_ROUNDS = 25, 15, 30
@@ -77,10 +79,9 @@ AUDITS = {
                            "--num-coordinates coordinates", ("num_coordinates",)),
 }
 
-# The planners' tables, copied for the help text: keras_fedpriv.privacy imports Keras (and the
-# protection layers); tests/test_cli.py checks that the copies match the planners' tables.
-#: ``keras-fedpriv plan`` mechanisms (``gaussian``: a noise multiplier, the others: an eps).
-PLAN_MECHANISMS = ("label_dp", "embedding_dp", "signds", "magrr", "gaussian")
+# The planners' facts come from the registry of mechanisms, which imports no TensorFlow.
+#: ``keras-fedpriv plan --mechanism`` names (``gaussian``: a noise multiplier, the others: an eps).
+PLAN_MECHANISMS = registry.names(alone=True)
 
 _AUDIT_EPILOG = """mechanisms:
 {mechanisms}
@@ -105,27 +106,38 @@ _PLAN_EPILOG = """examples:
   keras-fedpriv plan --target-eps 4 --mechanisms label_dp,embedding_dp --epochs 5 \\
       --num-coordinates 16
 
-One mechanism: --releases counts the releases of the busiest unit, in the
-release pattern --pattern names (printed with the plan):
+One mechanism (--mechanism):
+{mechanisms}
+--releases counts the releases of the busiest unit, in the release pattern
+--pattern names (printed with the plan):
   per_example    (label_dp, embedding_dp default) the layer sees example ids:
                  1 for labels privatized once, the epochs (plus inference
                  passes) for EmbeddingDPLayer or a per-batch LabelDPLayer
   every_example  no example ids (e.g. a plain model.fit): every call counts
                  for every example, so releases = batches per epoch x epochs
   per_client     (signds, magrr, gaussian) the rounds a client takes part in
-In Python: keras_fedpriv.privacy.plan_run (its PlanCheck callback stops a fit
-whose releases do not match the plan).
+In Python: keras_fedpriv.privacy.plan_mechanism (its PlanCheck callback stops
+a fit whose releases do not match the plan).
 
 A whole run (--mechanisms): each secret (client data; labels; features) meets
 the target on its own, as privacy_report(..., protects=...) reports it;
-within a secret the releases compose, split by --weight (default:
-signds/gaussian 1, magrr and laplace_eval 0.1). Client releases are counted
-for the busiest client: with random sampling that is every round unless
---max-rounds-per-client states a smaller bound (an assumption PlanCheck
-enforces). In Python: keras_fedpriv.privacy.plan.
+within a secret the releases compose, split by --weight. Client releases
+are counted for the busiest client: with random sampling that is every round
+unless --max-rounds-per-client states a smaller bound (an assumption
+PlanCheck enforces). In Python: keras_fedpriv.privacy.plan. Default weights:
+{weights}
 
 A warning (stderr) says when a per-release setting is too small to learn.
 """
+
+
+def _plan_epilog():
+    """``keras-fedpriv plan``'s epilog, its mechanisms and default weights read from the registry."""
+    mechanisms = "\n".join(f"  {name:14s} {registry.MECHANISMS[name].title}"
+                           for name in PLAN_MECHANISMS)
+    weights = ", ".join(f"{m.name}={m.weight:g}" for m in registry.MECHANISMS.values())
+    return _PLAN_EPILOG.format(mechanisms=mechanisms, weights=textwrap.fill(
+        weights, 78, initial_indent="  ", subsequent_indent="  "))
 
 
 def build_parser():
@@ -149,6 +161,7 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.set_defaults(command_parsers=sub.choices)  # name -> subparser, for `sub_parser`
     demo = sub.add_parser(
         "demo", help="vertical FL with label/embedding DP, then horizontal FL with SignDS",
         description="Vertical part: train a two-party vertical (split) model on scikit-learn's "
@@ -207,7 +220,7 @@ def build_parser():
                     "at or below the target: for one mechanism and its number of releases "
                     "(--mechanism, --releases), or for a whole run (--mechanisms and the run's "
                     "shape: every mechanism's setting, each secret within the target)."),
-        epilog=_PLAN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_plan_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     plan.add_argument("--target-eps", type=_positive_float, required=True,
                       help="eps the whole run may spend (> 0; per secret with --mechanisms)")
     plan.add_argument("--delta", type=_delta, default=1e-5,
@@ -220,10 +233,8 @@ def build_parser():
     one.add_argument("--releases", type=_positive_int, default=None,
                      help="releases of the busiest unit (example or client)")
     one.add_argument("--mechanism", choices=PLAN_MECHANISMS, default=None,
-                     help="label_dp (K-ary RR), embedding_dp (EmbeddingDPLayer), signds, "
-                          "magrr (its eps_rr) or gaussian (GaussianUpload's noise multiplier)")
-    one.add_argument("--pattern", choices=("per_example", "every_example", "per_client"),
-                     default=None,
+                     help="the mechanism to plan (listed below)")
+    one.add_argument("--pattern", choices=tuple(registry.PATTERNS), default=None,
                      help="release pattern --releases counts in (default: per_example for "
                           "label_dp and embedding_dp, per_client otherwise)")
     _add_whole_run_arguments(plan.add_argument_group(
@@ -234,7 +245,7 @@ def build_parser():
 
 
 #: ``keras-fedpriv plan --mechanisms`` names (keras_fedpriv.privacy.run_plan.RUN_MECHANISMS).
-RUN_MECHANISMS = ("signds", "gaussian", "magrr", "laplace_eval", "label_dp", "embedding_dp")
+RUN_MECHANISMS = tuple(registry.MECHANISMS)
 #: The whole-run options, and their defaults when --mechanisms is given.
 _WHOLE_RUN = {"mechanisms": None, "rounds": None, "clients_per_round": None, "num_clients": None,
               "max_rounds_per_client": None, "epochs": None, "evaluate_every": 1,
@@ -418,23 +429,24 @@ def _run_plan(parser, args, out, err):
 
 def _run_one_plan(parser, args, out, err):
     from keras_fedpriv.privacy import plan_epsilon, plan_noise_multiplier
-    from keras_fedpriv.privacy.planning import PATTERNS, release_pattern
+    from keras_fedpriv.privacy.planning import release_pattern
 
-    if args.num_classes is not None and args.mechanism != "label_dp":
-        parser.error("argument --num-classes: only used with --mechanism label_dp")
-    if args.num_coordinates is not None and args.mechanism != "embedding_dp":
-        parser.error("argument --num-coordinates: only used with --mechanism embedding_dp")
-    if args.mechanism == "embedding_dp" and args.num_coordinates is None:
-        parser.error("argument --num-coordinates: required with --mechanism embedding_dp")
+    entry = registry.mechanism(args.mechanism)
+    for size in ("num_classes", "num_coordinates"):
+        flag, users = f"--{size.replace('_', '-')}", registry.names(alone=True, takes=size)
+        if getattr(args, size) is not None and size not in entry.takes:
+            parser.error(f"argument {flag}: only used with --mechanism {' or '.join(users)}")
+    if "num_coordinates" in entry.takes and args.num_coordinates is None:
+        parser.error(f"argument --num-coordinates: required with --mechanism {entry.name}")
     try:
         pattern = release_pattern(args.mechanism, args.pattern)
     except ValueError as err:
         parser.error(f"argument --pattern: {err}")
     budget = (f"target eps={args.target_eps:g}, delta={args.delta:g} over "
               f"{args.releases} release(s)")
-    assumes = f"  release pattern: {pattern}: {PATTERNS[pattern]}"
+    assumes = f"  release pattern: {pattern}: {registry.PATTERNS[pattern]}"
     try:
-        if args.mechanism == "gaussian":
+        if entry.parameter == "noise_multiplier":
             z = plan_noise_multiplier(args.target_eps, args.delta, releases=args.releases)
             print(f"gaussian: {budget}", file=out)
             print(f"  noise multiplier: {z:.4f}", file=out)
@@ -452,24 +464,21 @@ def _run_one_plan(parser, args, out, err):
     print(f"{args.mechanism}: {budget}", file=out)
     print(f"  per-release eps: {eps:.4f}", file=out)
     print(assumes, file=out)
-    _warn_too_small(args.mechanism, eps, args.num_classes or 2, err)
+    why = entry.too_small_to_learn(eps, num_classes=args.num_classes or 2)
+    if why is not None:
+        print(f"warning: {why} Raise the target or plan fewer releases.", file=err)
     return 0
 
 
-def _warn_too_small(mechanism, eps, num_classes, err):
-    """Print the whole-run planner's too-small-to-learn warning for one mechanism's eps."""
-    from keras_fedpriv.privacy.run_plan import too_small_to_learn
-
-    why = too_small_to_learn(mechanism, eps, num_classes=num_classes)
-    if why is not None:
-        print(f"warning: {why} Raise the target or plan fewer releases.", file=err)
-
-
 def sub_parser(parser, name):
-    """The subparser ``name`` of ``parser`` (for errors that carry its usage line)."""
-    for action in parser._subparsers._group_actions:
-        if name in action.choices:
-            return action.choices[name]
+    """The subparser ``name`` of ``parser`` (for errors that carry its usage line).
+
+    Example:
+        >>> sub_parser(build_parser(), "plan").error("argument --releases: ...")  # exits 2
+    """
+    parsers = parser.get_default("command_parsers") or {}
+    if name in parsers:
+        return parsers[name]
     raise ValueError(f"`name` must be a subcommand of the parser; got {name!r}.")
 
 

@@ -2,7 +2,7 @@
 
 Issue 18, case 10: planned for 3 epochs at a target of 8, a plain ``model.fit(batch_size=32)``
 reported 65.3: the plan assumed per-example releases, the run had no example ids (each call of
-the layer is then a release about every example). `plan_run` returns a `Plan` that says which
+the layer is then a release about every example). `plan_mechanism` returns a `Plan` that says which
 pattern it assumes; `PlanCheck` raises after the first batch whose report is over the target
 (not an epoch later: 4096 rows were stopped at eps 118), naming the mismatch, and warns when the
 pattern differs before that.
@@ -23,7 +23,7 @@ from keras_fedpriv.privacy import (
     PlanCheck,
     PlanExceeded,
     PlanMismatchWarning,
-    plan_run,
+    plan_mechanism,
     privacy_report,
 )
 
@@ -55,7 +55,7 @@ def test_case10_a_plain_fit_against_a_per_example_plan_is_stopped_at_the_first_b
     """At 4096 rows (128 batches an epoch) a check at the epoch's end let the run reach eps
     118 against a target of 8: the check after every batch stops it one release past the
     plan's count."""
-    plan = plan_run(TARGET, releases=EPOCHS, mechanism="embedding_dp", num_coordinates=D)
+    plan = plan_mechanism(TARGET, releases=EPOCHS, mechanism="embedding_dp", num_coordinates=D)
     assert plan.pattern == "per_example"
     assert "per-example releases with example ids" in plan.assumption()
     model, x, y = _plain_model(plan.epsilon, n=4096)
@@ -71,7 +71,7 @@ def test_case10_a_plain_fit_against_a_per_example_plan_is_stopped_at_the_first_b
 
 
 def test_case10_a_vertical_model_without_ids_is_stopped_at_the_first_batch_over():
-    plan = plan_run(TARGET, releases=EPOCHS, mechanism="label_dp")
+    plan = plan_mechanism(TARGET, releases=EPOCHS, mechanism="label_dp")
     model, x, y = vertical_model(label_dp=kf.LabelDPLayer(eps=plan.epsilon, per_batch=True,
                                                           seed=0), n=512)
     x = {k: v for k, v in x.items() if k != "example_ids"}
@@ -87,7 +87,7 @@ def test_case10_a_run_within_its_plan_is_not_composed_between_epochs(monkeypatch
     judge = Plan._judge
     monkeypatch.setattr(Plan, "_judge", lambda self, report, warn=True: judged.append(warn)
                         or judge(self, report, warn))
-    plan = plan_run(TARGET, releases=EPOCHS, mechanism="embedding_dp", num_coordinates=D)
+    plan = plan_mechanism(TARGET, releases=EPOCHS, mechanism="embedding_dp", num_coordinates=D)
     model, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=plan.epsilon, seed=0),
                                  label_dp=kf.LabelDPLayer(eps=1.0, seed=0))
     model.fit(x, y, epochs=EPOCHS, batch_size=32, verbose=0, callbacks=[PlanCheck(plan)])
@@ -99,7 +99,7 @@ def test_case10_a_run_within_its_plan_is_not_composed_between_epochs(monkeypatch
 
 
 def test_case10_a_pattern_mismatch_warns_before_the_target_is_reached_then_raises():
-    plan = plan_run(TARGET, releases=EPOCHS, mechanism="embedding_dp", num_coordinates=D)
+    plan = plan_mechanism(TARGET, releases=EPOCHS, mechanism="embedding_dp", num_coordinates=D)
     model, x, y = _plain_model(plan.epsilon, n=64)  # 2 batches per epoch: over in epoch 2
     with pytest.warns(PlanMismatchWarning, match="without example ids"), \
             pytest.raises(PlanExceeded, match="without example ids"):
@@ -108,12 +108,12 @@ def test_case10_a_pattern_mismatch_warns_before_the_target_is_reached_then_raise
 
 
 def test_case10_runs_that_match_their_plan_pass_silently_at_the_target():
-    per_example = plan_run(TARGET, releases=EPOCHS, mechanism="embedding_dp", num_coordinates=D)
+    per_example = plan_mechanism(TARGET, releases=EPOCHS, mechanism="embedding_dp", num_coordinates=D)
     model, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=per_example.epsilon,
                                                                   seed=0),
                                  label_dp=kf.LabelDPLayer(eps=1.0, seed=0))
     n, batches = 64, 64 // 32
-    every = plan_run(TARGET, releases=EPOCHS * batches, mechanism="embedding_dp",
+    every = plan_mechanism(TARGET, releases=EPOCHS * batches, mechanism="embedding_dp",
                      num_coordinates=D, pattern="every_example")
     plain, xp, yp = _plain_model(every.epsilon, n=n)
     with warnings.catch_warnings():
@@ -144,10 +144,10 @@ def test_case10_the_cli_names_the_pattern_it_plans_for(capsys):
 
 def test_a_plan_refuses_what_it_cannot_check():
     with pytest.raises(ValueError, match="`pattern` must be one of"):
-        plan_run(TARGET, releases=3, mechanism="signds", pattern="every_example")
+        plan_mechanism(TARGET, releases=3, mechanism="signds", pattern="every_example")
     with pytest.raises(TypeError, match="`plan` must be a Plan"):
         PlanCheck(0.5)
-    plan = plan_run(TARGET, releases=3, mechanism="label_dp")
+    plan = plan_mechanism(TARGET, releases=3, mechanism="label_dp")
     assert math.isclose(plan.epsilon, plan.value)
     with pytest.raises(ValueError, match="noise multiplier"):
         plan.noise_multiplier
@@ -252,7 +252,7 @@ def test_examples_released_more_often_than_planned_within_an_epoch_stop_at_the_f
     the check after every batch (per-example counts were read at the epoch's end only) and
     stop after batch 16 at eps ~9.9. The running per-example maximum stops it after the 5th
     batch, the first that releases an example a 3rd time."""
-    plan = plan_run(4.0, releases=2, mechanism="embedding_dp", num_coordinates=D)
+    plan = plan_mechanism(4.0, releases=2, mechanism="embedding_dp", num_coordinates=D)
     model, x, y = vertical_model(embedding_dp=kf.EmbeddingDPLayer(eps=plan.epsilon, seed=0),
                                  label_dp=kf.LabelDPLayer(eps=1.0, seed=0), n=64)
     data = _batches_forever(x, y, 32)
@@ -270,7 +270,7 @@ def test_two_layers_whose_busiest_examples_differ_are_checked_on_exact_counts():
     """The running maxima of two layers bound an example's releases by their sum (4 here,
     over the plan's 2); the exact counts then decide: 2 per example passes, and a 3rd
     release of example 0 by the second layer (whose own maximum stays 2) is caught at once."""
-    plan = plan_run(4.0, releases=2, mechanism="embedding_dp", num_coordinates=3)
+    plan = plan_mechanism(4.0, releases=2, mechanism="embedding_dp", num_coordinates=3)
     first, second = (kf.EmbeddingDPLayer(eps=plan.epsilon, seed=s) for s in (1, 2))
     check = PlanCheck(plan, callbacks=[first, second])
     check.on_train_begin()
@@ -292,7 +292,7 @@ def test_counts_restored_from_the_host_are_seen_from_the_first_batch_of_a_fit():
     examples, already sees 3 restored releases (plan: 2)."""
     from keras_fedpriv.layers.local_state import load_local_state, local_state
 
-    plan = plan_run(4.0, releases=2, mechanism="embedding_dp", num_coordinates=3)
+    plan = plan_mechanism(4.0, releases=2, mechanism="embedding_dp", num_coordinates=3)
     layer = kf.EmbeddingDPLayer(eps=plan.epsilon, seed=1)
     x = np.ones((4, 3), "float32")
     layer(x, training=True, example_ids=np.arange(4))

@@ -60,6 +60,19 @@ def test_help_reads_well(argv, expected, capsys):
     assert max(len(line) for line in out.splitlines()) <= 100
 
 
+def test_the_plan_help_reads_the_registry_of_mechanisms(capsys):
+    from keras_fedpriv.mechanisms import registry
+
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--help"])
+    out = capsys.readouterr().out
+    for name in registry.names(alone=True):
+        assert f"{name:14s} {registry.MECHANISMS[name].title}" in out
+    for m in registry.MECHANISMS.values():
+        assert f"{m.name}={m.weight:g}" in out  # the default weights of a whole run
+    assert "{" + ",".join(registry.PATTERNS) + "}" in out  # --pattern's choices
+
+
 def test_no_command_prints_help(capsys):
     assert cli.main([]) == 2
     assert "COMMAND" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from keras_fedpriv.privacy.planning import (
     PlanExceeded,
     PlanMismatchWarning,
     plan_epsilon,
+    plan_mechanism,
     plan_noise_multiplier,
     plan_run,
     planned_epsilon,
@@ -88,17 +89,23 @@ def _per_batch_layer(plan, calls, ids=True):
     ("embedding_dp", dict(num_coordinates=4), "per_example"),
     ("magrr", {}, "per_client"),
 ])
-def test_plan_run_plans_what_plan_epsilon_plans_and_names_its_pattern(mechanism, kwargs,
-                                                                      pattern):
-    plan = plan_run(4.0, DELTA, releases=5, mechanism=mechanism, **kwargs)
+def test_plan_mechanism_plans_what_plan_epsilon_plans_and_names_its_pattern(mechanism, kwargs,
+                                                                            pattern):
+    plan = plan_mechanism(4.0, DELTA, releases=5, mechanism=mechanism, **kwargs)
     assert plan.epsilon == plan_epsilon(4.0, DELTA, releases=5, mechanism=mechanism, **kwargs)
     assert plan.pattern == pattern and plan.releases == 5
     assert planned_epsilon(plan.event(), 5, DELTA) <= 4.0
     assert "5 per" in plan.assumption()
 
 
+def test_plan_run_is_the_0_1_name_of_plan_mechanism():
+    import keras_fedpriv.privacy as privacy
+
+    assert plan_run is plan_mechanism and privacy.plan_run is privacy.plan_mechanism
+
+
 def test_a_gaussian_plan_gives_the_noise_multiplier():
-    plan = plan_run(3.0, DELTA, releases=10, mechanism="gaussian")
+    plan = plan_mechanism(3.0, DELTA, releases=10, mechanism="gaussian")
     assert plan.noise_multiplier == pytest.approx(plan_noise_multiplier(3.0, DELTA, releases=10))
     assert plan.pattern == "per_client" and plan.protects == "client data"
     with pytest.raises(ValueError, match="noise_multiplier"):
@@ -106,7 +113,7 @@ def test_a_gaussian_plan_gives_the_noise_multiplier():
 
 
 def test_plan_check_passes_a_matching_run_and_refuses_one_release_too_many():
-    plan = plan_run(6.0, DELTA, releases=3, mechanism="label_dp")
+    plan = plan_mechanism(6.0, DELTA, releases=3, mechanism="label_dp")
     layer = _per_batch_layer(plan, 3)
     with warnings.catch_warnings():
         warnings.simplefilter("error", PlanMismatchWarning)
@@ -118,12 +125,12 @@ def test_plan_check_passes_a_matching_run_and_refuses_one_release_too_many():
 
 
 def test_plan_check_names_calls_without_ids_against_a_per_example_plan():
-    plan = plan_run(6.0, DELTA, releases=3, mechanism="label_dp")
+    plan = plan_mechanism(6.0, DELTA, releases=3, mechanism="label_dp")
     with pytest.warns(PlanMismatchWarning, match="2 release.s. without example ids"):
         plan.check(_per_batch_layer(plan, 2, ids=False))
     with pytest.raises(PlanExceeded, match="assumed per-example releases with example ids"):
         plan.check(_per_batch_layer(plan, 4, ids=False))
-    every = plan_run(6.0, DELTA, releases=4, mechanism="label_dp", pattern="every_example")
+    every = plan_mechanism(6.0, DELTA, releases=4, mechanism="label_dp", pattern="every_example")
     with warnings.catch_warnings():
         warnings.simplefilter("error", PlanMismatchWarning)
         # planned without ids: the same run is within the plan, no warning
@@ -131,9 +138,9 @@ def test_plan_check_names_calls_without_ids_against_a_per_example_plan():
 
 
 def test_plan_check_warns_when_the_planned_secret_was_never_released():
-    plan = plan_run(6.0, DELTA, releases=3, mechanism="embedding_dp", num_coordinates=4)
+    plan = plan_mechanism(6.0, DELTA, releases=3, mechanism="embedding_dp", num_coordinates=4)
     with pytest.warns(PlanMismatchWarning, match="no release of the features"):
-        plan.check(_per_batch_layer(plan_run(6.0, DELTA, releases=3), 1))
+        plan.check(_per_batch_layer(plan_mechanism(6.0, DELTA, releases=3), 1))
 
 
 def test_release_patterns_are_checked_against_the_mechanism():
@@ -156,7 +163,7 @@ def test_plan_check_follows_a_horizontal_run_round_by_round():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 8)).astype("float32")
     y = (x[:, 0] > 0).astype("int32")
-    plan = plan_run(4.0, DELTA, releases=3, mechanism="gaussian")
+    plan = plan_mechanism(4.0, DELTA, releases=3, mechanism="gaussian")
 
     def run(rounds):
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])

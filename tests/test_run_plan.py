@@ -107,6 +107,21 @@ def test_a_laplace_evaluation_counts_every_row_it_evaluates_and_needs_the_rows()
             plan(8.0, DELTA, eval_rows=bad, **kwargs)
 
 
+def test_a_group_led_by_a_laplace_evaluation_is_checked_on_the_evaluation_s_own_event():
+    from keras_fedpriv.mechanisms.laplace import laplace_dp_event
+    from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, ReleaseLedger
+
+    evaluation = plan(8.0, DELTA, **dict(HORIZONTAL, mechanisms=("laplace_eval",), warn=False))
+    check = evaluation.plans()["client data"]
+    eps = evaluation["laplace_eval"].value
+    assert check.mechanism == "laplace_eval" and check.pattern == "per_client"
+    assert check.event() == laplace_dp_event(eps, 2.0, num_values=10, distance=2.0)
+    ledger = ReleaseLedger()
+    ledger.record(ReleaseKind("LaplaceEvaluation", "client data", CLIENT, check.event()),
+                  units=[0], count=check.releases)
+    assert check.within(ledger)  # the planned releases, by counting alone
+
+
 def test_weights_split_the_per_release_eps_within_a_group(horizontal):
     ratio = horizontal["magrr"].value / horizontal["signds"].value
     assert ratio == pytest.approx(DEFAULT_WEIGHTS["magrr"] / DEFAULT_WEIGHTS["signds"], rel=1e-3)

@@ -18,6 +18,7 @@ from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.mechanisms.events import pure_epsilon
 from keras_fedpriv.mechanisms.ledger import (
     EXAMPLE,
+    FEATURES,
     ReleaseKind,
     ReleaseLedger,
     non_private_event,
@@ -243,7 +244,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
         ledger = ReleaseLedger()
         name = f"EmbeddingDPLayer {self.name!r}"
         if totals[rc.NON_PRIVATE]:
-            ledger.record(ReleaseKind(name, "features", EXAMPLE, non_private_event(),
+            ledger.record(ReleaseKind(name, FEATURES, EXAMPLE, non_private_event(),
                                       "the follower's embedding, quantization only (eps=None, "
                                       "or inference with "
                                       "at_inference=False): the sign pattern, no DP"),
@@ -253,7 +254,7 @@ class EmbeddingDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.I
         d = max(int(totals[rc.MAX_COORDINATES]), 0)
         if self.eps is None or d == 0:
             return ledger
-        kind = ReleaseKind(name, "features", EXAMPLE, self.dp_event(num_coordinates=d),
+        kind = ReleaseKind(name, FEATURES, EXAMPLE, self.dp_event(num_coordinates=d),
                            f"the follower's embedding: {self._cost_in_words(d)}; every call is a "
                            f"release of each row (counted per example id; calls without ids "
                            f"count for every example)")

@@ -15,7 +15,7 @@ from keras_fedpriv.layers import input_checks, label_formats
 from keras_fedpriv.layers import release_counter as rc
 from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.mechanisms.events import pure_epsilon, repeat_event
-from keras_fedpriv.mechanisms.ledger import EXAMPLE, ReleaseKind, ReleaseLedger
+from keras_fedpriv.mechanisms.ledger import EXAMPLE, LABELS, ReleaseKind, ReleaseLedger
 from keras_fedpriv.mechanisms.randomized_response import (
     kary_randomized_response,
     randomized_response_dp_event,
@@ -334,12 +334,12 @@ class LabelDPLayer(rc.ReleaseCounterMixin, SecretRandomMixin, input_checks.Input
             # unseeded layer that was reloaded or restored has a fresh key, and its
             # keyed noise is a new, independent release of every label.
             keys = 1 if self.seed is not None else max(int(totals[rc.KEY_GENERATIONS]), 1)
-            ledger.record(ReleaseKind(name, "labels", EXAMPLE,
+            ledger.record(ReleaseKind(name, LABELS, EXAMPLE,
                                       randomized_response_dp_event(self.eps, k),
                                       "keyed by example id: one release per example and secret "
                                       "key, any number of calls (a reloaded unseeded layer has "
                                       "a new key)"), units=None, count=keys)
-        fresh = ReleaseKind(name, "labels", EXAMPLE,
+        fresh = ReleaseKind(name, LABELS, EXAMPLE,
                             rr_with_prior_dp_event(self.eps, k) if totals[rc.PRIOR]
                             else randomized_response_dp_event(self.eps, k),
                             "fresh noise at every call (per_batch or prior): each call releases "

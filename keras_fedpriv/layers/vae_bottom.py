@@ -32,6 +32,7 @@ from keras_fedpriv.layers.secret_rng import SecretRandomMixin
 from keras_fedpriv.logs import logger, verbose_scope
 from keras_fedpriv.mechanisms.ledger import (
     EXAMPLE,
+    FEATURES,
     ReleaseKind,
     ReleaseLedger,
     non_private_event,
@@ -294,7 +295,7 @@ class VAEBottom(rc.ReleaseCounterMixin, SecretRandomMixin, keras.layers.Layer):
             row, counts for every example).
         """
         ledger = ReleaseLedger()
-        kind = ReleaseKind(f"VAEBottom {self.name!r}", "features", EXAMPLE, non_private_event(),
+        kind = ReleaseKind(f"VAEBottom {self.name!r}", FEATURES, EXAMPLE, non_private_event(),
                            "the follower's embedding, a sample of the VAE's posterior: its "
                            "internal randomness is no DP guarantee (deldp gives an empirical "
                            "estimate); counted per example id (a call without ids: every example)")

@@ -1,32 +1,40 @@
 """Pure randomizers (no Keras state): randomized response, quantize+RR, SignDS, Laplace,
-clip+Gaussian, validation, RNG."""
+clip+Gaussian, validation, RNG; the registry of what each mechanism protects (`registry`)."""
 
-from keras_fedpriv.mechanisms import signds
-from keras_fedpriv.mechanisms.quantize import (
-    quantize_keep_probability,
-    quantize_realized_epsilon,
-    quantize_rr,
-    quantize_rr_dp_event,
-    quantize_turn_on_probability,
-)
-from keras_fedpriv.mechanisms.events import repeat_event
-from keras_fedpriv.mechanisms.gaussian import clip_by_l2_norm, gaussian_dp_event, gaussian_mechanism
-from keras_fedpriv.mechanisms.laplace import laplace, laplace_dp_event, laplace_scale
-from keras_fedpriv.mechanisms.random import draw_secret
-from keras_fedpriv.mechanisms.randomized_response import (
-    binary_randomized_response,
-    flip_probability,
-    kary_randomized_response,
-    keep_probability,
-    other_probability,
-    randomized_response_dp_event,
-    realized_epsilon,
-    rr_with_prior,
-    rr_with_prior_dp_event,
-    rr_with_prior_k,
-)
-from keras_fedpriv.mechanisms.signds import optimal_output_dim, optimal_threshold, signds_dp_event
-from keras_fedpriv.mechanisms.validation import validate_eps
+from keras_fedpriv._lazy import lazy_exports
+
+#: exported name -> the module that defines it (imported on first use: the registry of
+#: mechanisms, `keras_fedpriv.mechanisms.registry`, is read without importing Keras)
+_EXPORTS = {
+    "binary_randomized_response": "keras_fedpriv.mechanisms.randomized_response",
+    "clip_by_l2_norm": "keras_fedpriv.mechanisms.gaussian",
+    "draw_secret": "keras_fedpriv.mechanisms.random",
+    "flip_probability": "keras_fedpriv.mechanisms.randomized_response",
+    "gaussian_dp_event": "keras_fedpriv.mechanisms.gaussian",
+    "gaussian_mechanism": "keras_fedpriv.mechanisms.gaussian",
+    "kary_randomized_response": "keras_fedpriv.mechanisms.randomized_response",
+    "keep_probability": "keras_fedpriv.mechanisms.randomized_response",
+    "laplace": "keras_fedpriv.mechanisms.laplace",
+    "laplace_dp_event": "keras_fedpriv.mechanisms.laplace",
+    "laplace_scale": "keras_fedpriv.mechanisms.laplace",
+    "optimal_output_dim": "keras_fedpriv.mechanisms.signds",
+    "optimal_threshold": "keras_fedpriv.mechanisms.signds",
+    "other_probability": "keras_fedpriv.mechanisms.randomized_response",
+    "quantize_keep_probability": "keras_fedpriv.mechanisms.quantize",
+    "quantize_realized_epsilon": "keras_fedpriv.mechanisms.quantize",
+    "quantize_rr": "keras_fedpriv.mechanisms.quantize",
+    "quantize_rr_dp_event": "keras_fedpriv.mechanisms.quantize",
+    "quantize_turn_on_probability": "keras_fedpriv.mechanisms.quantize",
+    "randomized_response_dp_event": "keras_fedpriv.mechanisms.randomized_response",
+    "realized_epsilon": "keras_fedpriv.mechanisms.randomized_response",
+    "repeat_event": "keras_fedpriv.mechanisms.events",
+    "rr_with_prior": "keras_fedpriv.mechanisms.randomized_response",
+    "rr_with_prior_dp_event": "keras_fedpriv.mechanisms.randomized_response",
+    "rr_with_prior_k": "keras_fedpriv.mechanisms.randomized_response",
+    "signds_dp_event": "keras_fedpriv.mechanisms.signds",
+    "validate_eps": "keras_fedpriv.mechanisms.validation",
+}
+lazy_exports(__name__, _EXPORTS, ("signds",))
 
 __all__ = [
     "binary_randomized_response",

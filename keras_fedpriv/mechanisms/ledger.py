@@ -36,21 +36,20 @@ import dp_accounting
 import numpy as np
 from numpy.typing import ArrayLike
 
+# the units and secrets, defined with the mechanisms that release about them
+from keras_fedpriv.mechanisms.registry import (
+    CLIENT,
+    CLIENT_DATA,
+    EXAMPLE,
+    FEATURES,
+    LABELS,
+    SECRETS,
+    UNITS,
+)
+
 __all__ = ["CLIENT", "CLIENT_DATA", "EXAMPLE", "FEATURES", "LABELS", "SECRETS", "UNITS",
            "ReleaseKind", "ReleaseLedger", "holds_protections", "is_protection",
            "non_private_event", "register_protection"]
-
-EXAMPLE = "example"
-CLIENT = "client"
-UNITS = (EXAMPLE, CLIENT)
-
-#: What a release is about: a leader's labels, a follower's features (its
-#: embedding), or a horizontal-FL client's data (its update, its step size,
-#: its inference outputs).
-LABELS = "labels"
-FEATURES = "features"
-CLIENT_DATA = "client data"
-SECRETS = (LABELS, FEATURES, CLIENT_DATA)
 
 
 def non_private_event() -> dp_accounting.NonPrivateDpEvent:

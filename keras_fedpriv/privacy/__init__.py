@@ -9,8 +9,9 @@
   release would go over it.
 * `plan_epsilon` / `plan_noise_multiplier`: the per-release eps or noise
   that meets a target (eps, delta) for a planned number of releases;
-  `plan_run` gives a `Plan` that names the release pattern it assumes and
-  checks the run against it (`Plan.check`, the `PlanCheck` callback).
+  `plan_mechanism` (0.1's `plan_run`) gives one mechanism's `Plan`, which
+  names the release pattern it assumes and checks the run against it
+  (`Plan.check`, the `PlanCheck` callback).
 * `plan`: a whole run (SignDS or Gaussian uploads, MagRR, Laplace
   evaluations; labels and features) and one target: every mechanism's
   per-release setting, each secret within the target (`RunPlan`), and
@@ -46,6 +47,7 @@ from keras_fedpriv.privacy.planning import (
     PlanExceeded,
     PlanMismatchWarning,
     plan_epsilon,
+    plan_mechanism,
     plan_noise_multiplier,
     plan_run,
     planned_epsilon,
@@ -69,6 +71,6 @@ __all__ = ["AuditResult", "audit", "audit_binary_rr", "audit_embedding_dp_layer"
            "DELDPReport", "EpsilonLogger", "MixedPLDAccountant", "PrivacyReport", "Release",
            "compose_epsilon", "deldp", "find_protections", "max_pairwise_distance",
            "MechanismPlan", "Plan", "PlanCheck", "PlanExceeded", "PlanMismatchWarning",
-           "plan_epsilon", "plan", "plan_noise_multiplier", "plan_run", "planned_epsilon",
-           "privacy_ledger", "privacy_report", "pure_epsilon", "RunPlan",
+           "plan_epsilon", "plan", "plan_mechanism", "plan_noise_multiplier", "plan_run",
+           "planned_epsilon", "privacy_ledger", "privacy_report", "pure_epsilon", "RunPlan",
            "TooSmallToLearnWarning"]

@@ -11,8 +11,8 @@ the finished run comes out at the target (up to the calibration tolerance,
 and never above it).
 
 A plan is only as good as its count of releases, and the count depends on
-how the run releases: `plan_run` returns a `Plan` that names the **release
-pattern** it assumes (`PATTERNS`) and checks a run against it: `Plan.check`
+how the run releases: `plan_mechanism` (called `plan_run` in 0.1) returns a
+`Plan` that names the **release pattern** it assumes (`PATTERNS`) and checks a run against it: `Plan.check`
 (or the `PlanCheck` callback, after every batch and epoch) raises `PlanExceeded` when the
 run's report is already over the target, naming how the run's releases
 differ from the plan's, and warns (`PlanMismatchWarning`) when the pattern
@@ -20,15 +20,17 @@ differs before the target is reached.
 
 These helpers plan one mechanism; `keras_fedpriv.privacy.plan`
 (`keras_fedpriv.privacy.run_plan`) plans a whole run (several mechanisms,
-each secret within the target) on top of them.
+each secret within the target) on top of them. What each mechanism protects,
+its event and its largest setting come from the registry
+(`keras_fedpriv.mechanisms.registry`).
 
 Example:
     >>> eps = plan_epsilon(8.0, 1e-5, releases=20)                 # one label, 20 releases
     >>> z = plan_noise_multiplier(4.0, 1e-5, releases=50)          # GaussianUpload
     >>> eps = plan_epsilon(8.0, 1e-5, releases=10, mechanism="embedding_dp",
     ...                    num_coordinates=16)                     # EmbeddingDPLayer(eps=...)
-    >>> plan = plan_run(8.0, releases=3, mechanism="embedding_dp", num_coordinates=16,
-    ...                 pattern="per_example")                     # 3 epochs, with example ids
+    >>> plan = plan_mechanism(8.0, releases=3, mechanism="embedding_dp", num_coordinates=16,
+    ...                       pattern="per_example")               # 3 epochs, with example ids
     >>> model.fit(x, y, epochs=3, callbacks=[PlanCheck(plan)])    # raises if the run differs
 """
 
@@ -44,17 +46,14 @@ import numpy as np
 
 from keras_fedpriv.backend import impl
 from keras_fedpriv.layers.release_counter import FRESH_IDS, ReleaseCounterMixin, busiest_bound
-from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
-from keras_fedpriv.mechanisms.quantize import quantize_rr_dp_event
-from keras_fedpriv.mechanisms.randomized_response import randomized_response_dp_event
-from keras_fedpriv.mechanisms.signds import signds_dp_event
-from keras_fedpriv.mechanisms.ledger import (
-    CLIENT,
-    CLIENT_DATA,
-    EXAMPLE,
-    FEATURES,
-    LABELS,
-    ReleaseLedger,
+from keras_fedpriv.mechanisms.ledger import ReleaseLedger
+from keras_fedpriv.mechanisms.registry import (
+    EVERY_EXAMPLE,
+    PATTERNS,
+    PER_CLIENT,
+    PER_EXAMPLE,
+    mechanism as registered,
+    names,
 )
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
 from keras_fedpriv.privacy.accountant import MixedPLDAccountant
@@ -68,42 +67,14 @@ from keras_fedpriv.privacy.report import (
 )
 
 __all__ = ["EVERY_EXAMPLE", "MECHANISMS", "PATTERNS", "PER_CLIENT", "PER_EXAMPLE", "Plan",
-           "PlanCheck", "PlanExceeded", "PlanMismatchWarning", "plan_epsilon",
+           "PlanCheck", "PlanExceeded", "PlanMismatchWarning", "plan_epsilon", "plan_mechanism",
            "plan_noise_multiplier", "plan_run", "planned_epsilon", "release_pattern"]
 
-#: Mechanisms whose per-release parameter is an eps.
-MECHANISMS = ("label_dp", "embedding_dp", "signds", "magrr")
-#: Every mechanism `plan_run` plans (``"gaussian"``: `GaussianUpload`, a noise multiplier).
-PLANNED_MECHANISMS = MECHANISMS + ("gaussian",)
-
-PER_EXAMPLE = "per_example"
-EVERY_EXAMPLE = "every_example"
-PER_CLIENT = "per_client"
-#: The release patterns a plan can assume, and what ``releases`` counts under each.
-PATTERNS = {
-    PER_EXAMPLE: "per-example releases with example ids: `releases` is how often the busiest "
-                 "example is released (epochs plus inference passes; 1 for labels randomized "
-                 "once)",
-    EVERY_EXAMPLE: "releases without example ids, each counted for every example: `releases` "
-                   "is the number of calls (batches per epoch x epochs, plus inference batches)",
-    PER_CLIENT: "per-client releases: `releases` is the rounds the busiest client takes part in",
-}
-_UNIT = {"label_dp": EXAMPLE, "embedding_dp": EXAMPLE, "signds": CLIENT, "magrr": CLIENT,
-         "gaussian": CLIENT}
-_SECRET = {"label_dp": LABELS, "embedding_dp": FEATURES, "signds": CLIENT_DATA,
-           "magrr": CLIENT_DATA, "gaussian": CLIENT_DATA}
-
-_MAX_EPS = {"label_dp": 60.0, "embedding_dp": 60.0, "signds": 100.0, "magrr": 60.0}
-
-
-def _event(mechanism, eps, num_classes, num_coordinates):
-    if mechanism == "label_dp":
-        return randomized_response_dp_event(eps, num_classes)
-    if mechanism == "embedding_dp":
-        return quantize_rr_dp_event(eps, num_coordinates)
-    if mechanism == "signds":
-        return signds_dp_event(eps)
-    return randomized_response_dp_event(eps, 2)  # magrr
+#: Mechanisms whose per-release parameter is an eps (`plan_epsilon`; from the registry,
+#: `keras_fedpriv.mechanisms.registry`).
+MECHANISMS = names(alone=True, parameter="eps")
+#: Every mechanism `plan_mechanism` plans (``"gaussian"``: `GaussianUpload`, a noise multiplier).
+PLANNED_MECHANISMS = names(alone=True)
 
 
 def _check(target_epsilon, target_delta, releases):
@@ -153,15 +124,14 @@ def plan_epsilon(target_epsilon: float, target_delta: float = 1e-5, *, releases:
             the smallest eps costs) or bad arguments.
     """
     target_epsilon, target_delta, releases = _check(target_epsilon, target_delta, releases)
-    if mechanism not in MECHANISMS:
-        raise ValueError(f"`mechanism` must be one of {MECHANISMS}; got {mechanism!r}.")
+    entry = registered(mechanism, MECHANISMS)
     num_classes = validate_positive_int(num_classes, "num_classes", minimum=2)
-    if mechanism == "embedding_dp":
+    if "num_coordinates" in entry.takes:
         num_coordinates = validate_positive_int(num_coordinates, "num_coordinates")
-    upper = _MAX_EPS[mechanism]
+    upper = entry.limit
 
     def make_event(eps):
-        return _event(mechanism, eps, num_classes, num_coordinates)
+        return entry.event(eps, num_classes=num_classes, num_coordinates=num_coordinates)
 
     spent_at_max = planned_epsilon(make_event(upper), releases, target_delta)
     if spent_at_max <= target_epsilon:
@@ -202,8 +172,10 @@ def plan_noise_multiplier(target_epsilon: float, target_delta: float = 1e-5, *, 
     """
     target_epsilon, target_delta, releases = _check(target_epsilon, target_delta, releases)
 
+    gaussian = registered("gaussian")
+
     def make_event(z):
-        return dp_accounting.SelfComposedDpEvent(gaussian_dp_event(z), releases)
+        return dp_accounting.SelfComposedDpEvent(gaussian.event(z), releases)
 
     def spent(z):
         return planned_epsilon(make_event(z), 1, target_delta)
@@ -245,9 +217,7 @@ def release_pattern(mechanism: str, pattern: str | None = None) -> str:
         The pattern (default: ``"per_example"`` for the example mechanisms,
         ``"per_client"`` for the client ones).
     """
-    if mechanism not in PLANNED_MECHANISMS:
-        raise ValueError(f"`mechanism` must be one of {PLANNED_MECHANISMS}; got {mechanism!r}.")
-    allowed = (PER_EXAMPLE, EVERY_EXAMPLE) if _UNIT[mechanism] == EXAMPLE else (PER_CLIENT,)
+    allowed = registered(mechanism, PLANNED_MECHANISMS).patterns
     if pattern is None:
         return allowed[0]
     if pattern not in allowed:
@@ -261,7 +231,8 @@ class Plan:
     """A planned run: the per-release parameter, and the release pattern it assumes.
 
     Attributes:
-        mechanism: one of `PLANNED_MECHANISMS`.
+        mechanism: one of `PLANNED_MECHANISMS` (or ``"laplace_eval"``, in
+            the per-secret plans of a `RunPlan` led by a Laplace evaluation).
         value: the per-release eps (the mechanism's ``eps``; `MagRR`'s
             ``eps_rr``), or the noise multiplier for ``"gaussian"``.
         releases: the planned releases of the busiest unit, counted as
@@ -284,28 +255,32 @@ class Plan:
     @property
     def epsilon(self) -> float:
         """The per-release eps to give the mechanism (not for ``"gaussian"``)."""
-        if self.mechanism == "gaussian":
-            raise ValueError("a 'gaussian' plan gives `noise_multiplier`, not a per-release eps.")
+        if self._noised:
+            raise ValueError(f"a {self.mechanism!r} plan gives `noise_multiplier`, not a "
+                             f"per-release eps.")
         return self.value
 
     @property
     def noise_multiplier(self) -> float:
         """The `GaussianUpload` noise multiplier (``"gaussian"`` plans only)."""
-        if self.mechanism != "gaussian":
+        if not self._noised:
             raise ValueError(f"a {self.mechanism!r} plan gives `epsilon`, not a noise "
                              f"multiplier.")
         return self.value
 
     @property
+    def _noised(self) -> bool:
+        return registered(self.mechanism).parameter == "noise_multiplier"
+
+    @property
     def protects(self) -> str:
         """The secret the planned releases are about (``"labels"``, ``"features"``, ...)."""
-        return _SECRET[self.mechanism]
+        return registered(self.mechanism).secret
 
     def event(self) -> dp_accounting.DpEvent:
         """The `dp_accounting.DpEvent` of one planned release about one unit."""
-        if self.mechanism == "gaussian":
-            return gaussian_dp_event(self.value)
-        return _event(self.mechanism, self.value, self.num_classes, self.num_coordinates)
+        return registered(self.mechanism).event(self.value, num_classes=self.num_classes,
+                                                num_coordinates=self.num_coordinates)
 
     def assumption(self) -> str:
         """The release pattern assumed, in words (used in errors and by the CLI)."""
@@ -353,7 +328,7 @@ class Plan:
             for the busiest unit: the run's report is then at most the
             plan's figure. False means "compose to know", not "over".
         """
-        event, unit, releases = self.event(), _UNIT[self.mechanism], 0
+        event, unit, releases = self.event(), registered(self.mechanism).unit, 0
         for kind in ledger.kinds:
             if kind.protects != self.protects:
                 continue
@@ -386,7 +361,7 @@ class Plan:
 
     def _per_release(self):
         eps = compose_epsilon([(self.event(), 1)], self.target_delta)
-        name = "noise multiplier" if self.mechanism == "gaussian" else "eps"
+        name = "noise multiplier" if self._noised else "eps"
         return f"eps {eps:.4g} per release (the mechanism's {name}={self.value:.4g})"
 
     def _observed(self, report):
@@ -427,10 +402,13 @@ _ADVICE = {
 }
 
 
-def plan_run(target_epsilon: float, target_delta: float = 1e-5, *, releases: int,
-             mechanism: str = "label_dp", pattern: str | None = None, num_classes: int = 2,
-             num_coordinates: int | None = None, tolerance: float = 1e-3) -> Plan:
-    """Plan a run: the per-release parameter for a target, and the release pattern it assumes.
+def plan_mechanism(target_epsilon: float, target_delta: float = 1e-5, *, releases: int,
+                   mechanism: str = "label_dp", pattern: str | None = None,
+                   num_classes: int = 2, num_coordinates: int | None = None,
+                   tolerance: float = 1e-3) -> Plan:
+    """Plan one mechanism: its per-release parameter for a target, and the pattern it assumes.
+
+    (`keras_fedpriv.privacy.plan` plans a whole run, several mechanisms.)
 
     Args:
         target_epsilon, target_delta: what the run's report may say at most.
@@ -450,10 +428,15 @@ def plan_run(target_epsilon: float, target_delta: float = 1e-5, *, releases: int
         A `Plan`: ``plan.epsilon`` (or ``plan.noise_multiplier``) configures
         the mechanism; ``plan.check(model)`` or the `PlanCheck` callback
         checks the run against it.
+
+    Example:
+        >>> plan = plan_mechanism(8.0, releases=3, mechanism="embedding_dp",
+        ...                       num_coordinates=16)       # 3 epochs, with example ids
+        >>> EmbeddingDPLayer(eps=plan.epsilon); model.fit(..., callbacks=[PlanCheck(plan)])
     """
     pattern = release_pattern(mechanism, pattern)
     target_epsilon, target_delta, releases = _check(target_epsilon, target_delta, releases)
-    if mechanism == "gaussian":
+    if registered(mechanism).parameter == "noise_multiplier":
         value = plan_noise_multiplier(target_epsilon, target_delta, releases=releases,
                                       tolerance=tolerance)
     else:
@@ -462,6 +445,11 @@ def plan_run(target_epsilon: float, target_delta: float = 1e-5, *, releases: int
                              num_coordinates=num_coordinates, tolerance=tolerance)
     return Plan(mechanism, float(value), releases, pattern, target_epsilon, target_delta,
                 int(num_classes), None if num_coordinates is None else int(num_coordinates))
+
+
+#: The name `plan_mechanism` had in keras-fedpriv 0.1 (it plans one mechanism, not a whole run:
+#: that is `keras_fedpriv.privacy.plan`).
+plan_run = plan_mechanism
 
 
 class PlanCheck(EpsilonLogger):
@@ -493,13 +481,14 @@ class PlanCheck(EpsilonLogger):
     several, the exact counts decide, after every batch until the epoch ends.
 
     Args:
-        plan: the `Plan` (from `plan_run`).
+        plan: the `Plan` (from `plan_mechanism`).
         callbacks: other objects whose releases count (as in `privacy_report`).
     """
 
     def __init__(self, plan: Plan, callbacks: Iterable[Any] = ()) -> None:
         if not isinstance(plan, Plan):
-            raise TypeError(f"`plan` must be a Plan from plan_run(); got {type(plan).__name__}.")
+            raise TypeError(f"`plan` must be a Plan from plan_mechanism(); got "
+                            f"{type(plan).__name__}.")
         super().__init__(plan.target_delta, callbacks=callbacks, protects=plan.protects)
         self.plan = plan
         self._protections = None  # found at the first batch of a fit

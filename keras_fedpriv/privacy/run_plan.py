@@ -32,6 +32,9 @@ or below `TOO_SMALL_SIGNAL` (measured by bench/learnability.py) warns
 `TooSmallToLearnWarning`: at that signal the bench's training stayed within 5
 points of chance.
 
+Each mechanism's secret, event, largest setting, default weight, signal and
+threshold come from the registry (`keras_fedpriv.mechanisms.registry`).
+
 Example:
     >>> p = plan(8.0, 1e-5, mechanisms=("signds", "magrr", "laplace_eval"), rounds=100,
     ...          clients_per_round=20, num_clients=100, num_classes=10, evaluate_every=10,
@@ -51,45 +54,25 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import dp_accounting
 
-from keras_fedpriv.mechanisms.gaussian import gaussian_dp_event
 from keras_fedpriv.mechanisms.events import pure_epsilon
-from keras_fedpriv.mechanisms.laplace import laplace_dp_event
-from keras_fedpriv.mechanisms.ledger import CLIENT_DATA, FEATURES, LABELS
+from keras_fedpriv.mechanisms.registry import MECHANISMS as REGISTRY
+from keras_fedpriv.mechanisms.registry import CLIENT_DATA, mechanism as registered
 from keras_fedpriv.mechanisms.validation import validate_eps, validate_positive_int
-from keras_fedpriv.privacy.planning import (
-    PER_CLIENT,
-    PER_EXAMPLE,
-    Plan,
-    PlanCheck,
-    _event,
-    planned_epsilon,
-)
+from keras_fedpriv.privacy.planning import Plan, PlanCheck, planned_epsilon
 from keras_fedpriv.text_table import text_table
 
 __all__ = ["DEFAULT_WEIGHTS", "RUN_MECHANISMS", "TOO_SMALL_SIGNAL", "MechanismPlan", "RunPlan",
            "TooSmallToLearnWarning", "plan", "signal", "too_small_to_learn"]
 
-#: The mechanisms `plan` plans, and the secret each protects.
-RUN_MECHANISMS = {"signds": CLIENT_DATA, "magrr": CLIENT_DATA, "gaussian": CLIENT_DATA,
-                  "laplace_eval": CLIENT_DATA, "label_dp": LABELS, "embedding_dp": FEATURES}
-#: Relative per-release weights within a group. SignDS (or the Gaussian upload)
-#: carries the training signal and gets the most; MagRR's bit only steers the
-#: server's step size from the bits of a whole round, and a Laplace evaluation's
-#: scores average over many examples: each gets a tenth of SignDS's per-release eps.
-DEFAULT_WEIGHTS = {"signds": 1.0, "gaussian": 1.0, "magrr": 0.1, "laplace_eval": 0.1,
-                   "label_dp": 1.0, "embedding_dp": 1.0}
+#: The mechanisms `plan` plans, and the secret each protects (the registry's).
+RUN_MECHANISMS = {m.name: m.secret for m in REGISTRY.values()}
+#: Relative per-release weights within a group (the registry's `Mechanism.weight`).
+DEFAULT_WEIGHTS = {m.name: m.weight for m in REGISTRY.values()}
 #: Signal (see `signal`) at or below which a mechanism stops carrying training
-#: signal: the signal of the largest per-release eps at which the test accuracy
-#: of bench/learnability.py stayed within 5 points of chance (digits, 10
-#: classes, seed 0): SignDS eps 3 (k = 0.2, 100 rounds of 20 of 100 clients),
-#: LabelDP eps 0.1 (K = 10, randomized once), EmbeddingDP eps 0.3 (d = 32).
-#: Measured by `TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python bench/learnability.py`,
-#: 2026-11-26 on a shared 2-core CPU (docs/benchmarks.md, "Learnability").
-TOO_SMALL_SIGNAL = {"signds": 0.6339, "label_dp": 0.0104, "embedding_dp": 0.0749}
+#: signal (the registry's `Mechanism.too_small`, measured by bench/learnability.py).
+TOO_SMALL_SIGNAL = {m.name: m.too_small for m in REGISTRY.values() if m.too_small is not None}
 
 _MIN_EPS = 1e-4  # no mechanism is planned below it (a weight must not zero a mechanism)
-_MAX_EPS = {"signds": 100.0, "magrr": 60.0, "label_dp": 60.0, "embedding_dp": 60.0,
-            "laplace_eval": 60.0, "gaussian": 1.0 / 0.05}  # gaussian: 1 / noise multiplier
 
 
 class TooSmallToLearnWarning(UserWarning):
@@ -114,22 +97,9 @@ def signal(mechanism: str, eps: float, *, num_classes: int = 2, k: float = 0.2) 
         k: SignDS's top-k fraction, in (0, 1).
 
     Returns:
-        The signal, in [0, 1).
+        The signal, in [0, 1) (`Mechanism.signal` of the registry).
     """
-    eps = validate_eps(eps, "eps")
-    if mechanism == "signds":
-        if not 0.0 < k < 1.0:
-            raise ValueError(f"`k` must be a fraction in (0, 1); got {k!r}.")
-        return float(k / (k + (1 - k) * math.exp(-eps)) - k)
-    if mechanism == "label_dp":
-        num_classes = validate_positive_int(num_classes, "num_classes", minimum=2)
-        return float(-math.expm1(-eps) / (1 + (num_classes - 1) * math.exp(-eps)))
-    if mechanism == "embedding_dp":
-        return math.tanh(eps / 4)
-    if mechanism == "magrr":
-        return math.tanh(eps / 2)
-    raise ValueError(f"`mechanism` must be one of ('signds', 'label_dp', 'embedding_dp', "
-                     f"'magrr') for a signal; got {mechanism!r}.")
+    return registered(mechanism).signal(eps, num_classes=num_classes, k=k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,11 +164,8 @@ class RunPlan:
         for secret in self.totals:
             group = [m for m in self.mechanisms if m.protects == secret]
             main = max(group, key=lambda m: m.share)
-            # `Plan` names the upload mechanisms; a group led by a Laplace evaluation is
-            # checked the same way (its report against the target), its event only differs
-            name = "magrr" if main.mechanism == "laplace_eval" else main.mechanism
-            out[secret] = Plan(name, main.value, main.releases,
-                               PER_CLIENT if secret == CLIENT_DATA else PER_EXAMPLE,
+            out[secret] = Plan(main.mechanism, main.value, main.releases,
+                               registered(main.mechanism).default_pattern,
                                self.target_epsilon, self.target_delta, self.num_classes,
                                self.num_coordinates)
         return out
@@ -240,7 +207,8 @@ class RunPlan:
 
     def __str__(self) -> str:
         rows = [(m.protects, m.mechanism,
-                 f"noise multiplier {m.value:.4g}" if m.mechanism == "gaussian"
+                 f"noise multiplier {m.value:.4g}"
+                 if REGISTRY[m.mechanism].parameter == "noise_multiplier"
                  else f"eps {m.value:.4g}", str(m.releases), f"{m.share:.0%}",
                  f"{m.epsilon:.3f}", f"{self.totals[m.protects]:.3f}") for m in self.mechanisms]
         table = text_table(["protects", "mechanism", "per release", "releases (busiest)",
@@ -270,8 +238,10 @@ def _validate_mechanisms(mechanisms):
                              f"{name!r}.")
     if len(set(mechanisms)) != len(mechanisms):
         raise ValueError(f"`mechanisms` names a mechanism twice: {list(mechanisms)!r}.")
-    if "signds" in mechanisms and "gaussian" in mechanisms:
-        raise ValueError("`mechanisms` names both 'signds' and 'gaussian': a run has one upload.")
+    uploads = [name for name in mechanisms if REGISTRY[name].upload]
+    if len(uploads) > 1:
+        raise ValueError(f"`mechanisms` names the uploads {' and '.join(map(repr, uploads))}: a "
+                         f"run has one upload.")
     return tuple(mechanisms)
 
 
@@ -427,16 +397,14 @@ def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Seque
                                    max_rounds_per_client, evaluate_every, eval_rows, epochs,
                                    label_releases, releases)
     num_classes = validate_positive_int(num_classes, "num_classes", minimum=2)
-    if "embedding_dp" in mechanisms:
+    if any("num_coordinates" in REGISTRY[m].takes for m in mechanisms):
         num_coordinates = validate_positive_int(num_coordinates, "num_coordinates")
     tolerance = validate_eps(tolerance, "tolerance", lower_open=True)
 
-    def event(name, value):
-        if name == "gaussian":
-            return gaussian_dp_event(1.0 / value)
-        if name == "laplace_eval":
-            return laplace_dp_event(value, 2.0, num_values=num_classes, distance=2.0)
-        return _event(name, value, num_classes, num_coordinates)
+    def event(name, scale):  # a noise multiplier is planned as its inverse (grows with eps)
+        entry = REGISTRY[name]
+        value = 1.0 / scale if entry.parameter == "noise_multiplier" else scale
+        return entry.event(value, num_classes=num_classes, num_coordinates=num_coordinates)
 
     values, totals = {}, {}
     for secret in dict.fromkeys(RUN_MECHANISMS[m] for m in mechanisms):
@@ -444,14 +412,15 @@ def plan(target_epsilon: float, target_delta: float = 1e-5, *, mechanisms: Seque
         scale, totals[secret] = _calibrate(group, weights, counts, event, target_epsilon,
                                            target_delta, tolerance)
         for m in group:
-            values[m] = min(weights[m] * scale, _MAX_EPS[m])
+            values[m] = min(weights[m] * scale, REGISTRY[m].max_scale)
     rows = []
     for m in mechanisms:
         group_weight = sum(weights[g] for g in mechanisms if RUN_MECHANISMS[g] == RUN_MECHANISMS[m])
         alone = totals[RUN_MECHANISMS[m]] if weights[m] == group_weight else planned_epsilon(
             event(m, values[m]), counts[m], target_delta)  # alone in its group: its total
+        noised = REGISTRY[m].parameter == "noise_multiplier"
         rows.append(MechanismPlan(
-            m, 1.0 / values[m] if m == "gaussian" else values[m], counts[m],
+            m, 1.0 / values[m] if noised else values[m], counts[m],
             weights[m] / group_weight, alone, RUN_MECHANISMS[m]))
     result = RunPlan(tuple(rows), totals, target_epsilon, target_delta, assumption,
                      num_classes, num_coordinates)
@@ -479,7 +448,7 @@ def _calibrate(group, weights, counts, event, target, delta, tolerance):
     cache = {}
 
     def composed(s):
-        return _group_event([(event(m, min(weights[m] * s, _MAX_EPS[m])), counts[m])
+        return _group_event([(event(m, min(weights[m] * s, REGISTRY[m].max_scale)), counts[m])
                              for m in group])
 
     def spent(s):
@@ -487,7 +456,7 @@ def _calibrate(group, weights, counts, event, target, delta, tolerance):
             cache[s] = planned_epsilon(composed(s), 1, delta)
         return cache[s]
 
-    top = max(_MAX_EPS[m] / weights[m] for m in group)
+    top = max(REGISTRY[m].max_scale / weights[m] for m in group)
     floor = max(_MIN_EPS / weights[m] for m in group)  # every mechanism at >= _MIN_EPS
     # Bracket from a guess linear in s: basic composition of the releases' pure
     # eps, or advanced composition's leading term where smaller (many releases:
@@ -497,7 +466,7 @@ def _calibrate(group, weights, counts, event, target, delta, tolerance):
     # make large PLDs.
     per_scale = sum(
         pure_epsilon(event(m, weights[m])) * min(counts[m], _advanced(counts[m], delta))
-        if m != "gaussian"
+        if REGISTRY[m].parameter == "eps"
         else 2 * weights[m] * math.sqrt(2 * counts[m] * math.log(1.25 / delta)) for m in group)
     low = min(top, max(floor, target / per_scale))
     def grown(s):  # past the crossing if eps is about linear in s; at most doubled
@@ -563,14 +532,9 @@ def too_small_to_learn(mechanism: str, eps: float, *, num_classes: int = 2, k: f
     Returns:
         A sentence naming the signal and the threshold, or None.
     """
-    if mechanism not in TOO_SMALL_SIGNAL:
+    if mechanism not in REGISTRY:
         return None
-    have = signal(mechanism, eps, num_classes=num_classes, k=k)
-    if have > TOO_SMALL_SIGNAL[mechanism]:
-        return None
-    return (f"{mechanism} at a per-release eps of {eps:.3g} carries a signal of {have:.3g}, at "
-            f"or below {TOO_SMALL_SIGNAL[mechanism]:.3g}, where training on digits stayed "
-            f"within 5 points of chance (bench/learnability.py).")
+    return REGISTRY[mechanism].too_small_to_learn(eps, num_classes=num_classes, k=k)
 
 
 def _warn_too_small(result, num_classes, k, sampled=False):
