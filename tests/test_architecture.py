@@ -52,7 +52,6 @@ KNOWN_PRIVATE_IMPORTS = {
      "_as_numpy_features"),
     ("federated.vertical_parties.leader", "federated.vertical_parties.party", "_make_optimizer"),
     ("federated.vertical_parties.leader", "federated.vertical_parties.party", "_num_rows"),
-    ("privacy.run_plan", "privacy.planning", "_event"),
 }
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 # the units and secrets, defined with the mechanisms that release about them
-from keras_fedpriv.mechanisms.registry import (
+from keras_fedpriv.mechanisms.units import (
     CLIENT,
     CLIENT_DATA,
     EXAMPLE,

@@ -14,8 +14,8 @@ The module imports nothing but the standard library (the events import
 dp-accounting and the mechanisms when they are built), so the command line's
 ``--help`` reads it without importing TensorFlow.
 
-The secrets (`LABELS`, `FEATURES`, `CLIENT_DATA`) and units (`EXAMPLE`,
-`CLIENT`) are defined here and re-exported by `keras_fedpriv.mechanisms.ledger`.
+The secrets (`LABELS`, `FEATURES`, `CLIENT_DATA`), units (`EXAMPLE`, `CLIENT`) and release
+patterns come from `keras_fedpriv.mechanisms.units` and are re-exported here.
 
 Example:
     >>> from keras_fedpriv.mechanisms.registry import mechanism
@@ -32,38 +32,26 @@ import dataclasses
 import math
 from typing import Any, Callable
 
+# the secrets, units and release patterns (a module of their own, which the ledger reads too)
+from keras_fedpriv.mechanisms.units import (
+    CLIENT,
+    CLIENT_DATA,
+    EVERY_EXAMPLE,
+    EXAMPLE,
+    FEATURES,
+    LABELS,
+    PATTERNS,
+    PER_CLIENT,
+    PER_EXAMPLE,
+    SECRETS,
+    UNIT_PATTERNS,
+    UNITS,
+)
+
 __all__ = ["CLIENT", "CLIENT_DATA", "EVERY_EXAMPLE", "EXAMPLE", "FEATURES", "LABELS",
            "MECHANISMS", "PATTERNS", "PER_CLIENT", "PER_EXAMPLE", "SECRETS", "UNITS",
            "Mechanism", "mechanism", "names"]
 
-#: The unit a release is about: one training example (named by its example id)
-#: or one horizontal-FL client (named by its index).
-EXAMPLE = "example"
-CLIENT = "client"
-UNITS = (EXAMPLE, CLIENT)
-
-#: What a release is about: a leader's labels, a follower's features (its
-#: embedding), or a horizontal-FL client's data (its update, its step size,
-#: its inference outputs).
-LABELS = "labels"
-FEATURES = "features"
-CLIENT_DATA = "client data"
-SECRETS = (LABELS, FEATURES, CLIENT_DATA)
-
-PER_EXAMPLE = "per_example"
-EVERY_EXAMPLE = "every_example"
-PER_CLIENT = "per_client"
-#: The release patterns a plan can assume, and what ``releases`` counts under each.
-PATTERNS = {
-    PER_EXAMPLE: "per-example releases with example ids: `releases` is how often the busiest "
-                 "example is released (epochs plus inference passes; 1 for labels randomized "
-                 "once)",
-    EVERY_EXAMPLE: "releases without example ids, each counted for every example: `releases` "
-                   "is the number of calls (batches per epoch x epochs, plus inference batches)",
-    PER_CLIENT: "per-client releases: `releases` is the rounds the busiest client takes part in",
-}
-#: The patterns a mechanism about each unit may be planned with (the first is the default).
-_UNIT_PATTERNS = {EXAMPLE: (PER_EXAMPLE, EVERY_EXAMPLE), CLIENT: (PER_CLIENT,)}
 
 
 # ------------------------------------------------------------------ events, built on demand
@@ -166,7 +154,7 @@ class Mechanism:
     @property
     def patterns(self) -> tuple[str, ...]:
         """The release patterns a plan of it may assume (the first is the default)."""
-        return _UNIT_PATTERNS[self.unit]
+        return UNIT_PATTERNS[self.unit]
 
     @property
     def default_pattern(self) -> str:
