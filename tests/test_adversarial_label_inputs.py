@@ -20,7 +20,7 @@ from keras_fedpriv.federated import VerticalModel, with_example_ids
 from keras_fedpriv.privacy import privacy_report
 
 from ledger_cases import DELTA
-from traced import traced_call
+from traced import traced_call, traced_calls
 
 pytestmark = [pytest.mark.jax]
 
@@ -79,16 +79,12 @@ def _prior_data(prior, y=None, cut=False):
     return ds
 
 
-def _graph_fns(layer):
-    """The layer with a prior in a traced graph (unknown batch size) and under XLA."""
+def _graph_fn(layer):
+    """The layer with a prior in a traced graph of unknown batch size."""
     sig = [tf.TensorSpec([None, K]), tf.TensorSpec([None], tf.int64),
            tf.TensorSpec([None, K])]
-
-    def call(y, ids, prior):
-        return layer(y, example_ids=ids, prior=prior, training=True)
-
-    return tf.function(call, input_signature=sig), tf.function(call, input_signature=sig,
-                                                               jit_compile=True)
+    return tf.function(lambda y, ids, prior: layer(y, example_ids=ids, prior=prior,
+                                                   training=True), input_signature=sig)
 
 
 def _assert_refused_everywhere(prior, eager_error, graph_error):
@@ -105,18 +101,19 @@ def _assert_refused_everywhere(prior, eager_error, graph_error):
     # tracing; a bad row cannot raise, so the output does not depend on the labels and the
     # host is told. Two layers of one seed draw the same fresh noise in their first call;
     # eps 50: a valid call would return the labels themselves.
-    outputs = []
-    for labels in (y, np.roll(y, 1, axis=0)):
-        high = kf.LabelDPLayer(eps=50.0, seed=0)
-        if len(prior) != N:
+    both_labels = (y, np.roll(y, 1, axis=0))
+    if len(prior) != N:
+        for labels in both_labels:
             with pytest.raises(ValueError, match=eager_error):
-                traced_call(high, labels, example_ids=ids, prior=prior)
-            continue
-        outputs.append(traced_call(high, labels, example_ids=ids, prior=prior))
-        with pytest.raises(ValueError, match="invalid labels or prior") as info:
-            high.check_input_errors()
-        assert str(PRIOR_VALUE) not in str(info.value)
-    if outputs:
+                traced_call(kf.LabelDPLayer(eps=50.0, seed=0), labels, example_ids=ids,
+                            prior=prior)
+    else:  # the two layers in one compiled function (one compile), each on its own labels
+        highs = [kf.LabelDPLayer(eps=50.0, seed=0) for _ in both_labels]
+        outputs = traced_calls(highs, both_labels, example_ids=ids, prior=prior)
+        for high in highs:
+            with pytest.raises(ValueError, match="invalid labels or prior") as info:
+                high.check_input_errors()
+            assert str(PRIOR_VALUE) not in str(info.value)
         np.testing.assert_array_equal(outputs[0], outputs[1])
     if BACKEND == "tensorflow":
         _assert_refused_in_tf_graphs(prior, graph_error)
@@ -126,7 +123,7 @@ def _assert_refused_in_tf_graphs(prior, graph_error):
     """TensorFlow graphs of unknown batch size: a graph assert, a tf.data map, and XLA (no
     assert runs: a label-independent output, counted for the host)."""
     y, ids = _onehot(), np.arange(N)
-    graph, _ = _graph_fns(kf.LabelDPLayer(eps=1.0, seed=0))
+    graph = _graph_fn(kf.LabelDPLayer(eps=1.0, seed=0))
     with pytest.raises(tf.errors.InvalidArgumentError, match=graph_error) as info:
         graph(y, ids, prior)
     assert str(PRIOR_VALUE) not in str(info.value)
@@ -135,10 +132,15 @@ def _assert_refused_in_tf_graphs(prior, graph_error):
                              tf.constant(prior)))
     with pytest.raises(tf.errors.InvalidArgumentError, match=graph_error):
         list(ds)
-    outputs = []
-    for labels in (y, np.roll(y, 1, axis=0)):
-        high = kf.LabelDPLayer(eps=50.0, seed=0)
-        outputs.append(_graph_fns(high)[1](labels, ids, prior).numpy())
+    # Two fresh layers of one seed in one XLA function (one compile), each on its own labels.
+    highs = [kf.LabelDPLayer(eps=50.0, seed=0) for _ in range(2)]
+    sig = [tf.TensorSpec([None, K]), tf.TensorSpec([None, K]), tf.TensorSpec([None], tf.int64),
+           tf.TensorSpec([None, K])]
+    both = tf.function(lambda y0, y1, i, p: [high(labels, example_ids=i, prior=p, training=True)
+                                             for high, labels in zip(highs, (y0, y1))],
+                       input_signature=sig, jit_compile=True)
+    outputs = [out.numpy() for out in both(y, np.roll(y, 1, axis=0), ids, prior)]
+    for high in highs:
         with pytest.raises(ValueError, match="invalid labels or prior"):
             high.check_input_errors()
     np.testing.assert_array_equal(outputs[0], outputs[1])

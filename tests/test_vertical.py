@@ -137,8 +137,9 @@ def test_keras_round_trip_predicts_the_same_and_keeps_training(data, tmp_path):
     keras.utils.set_random_seed(7)
     model = compile_model(two_party(embedding_dp=kf.EmbeddingDPLayer(eps=None, ste="hardtanh"),
                                 label_dp=kf.LabelDPLayer(3.0, seed=5)))
-    x = with_example_ids(data["train"])
-    model.fit(x, data["y"], epochs=1, batch_size=64, verbose=0)
+    n = len(data["y"]) // 64 * 64  # full batches: one trace per fit
+    x = with_example_ids({k: v[:n] for k, v in data["train"].items()})
+    model.fit(x, data["y"][:n], epochs=1, batch_size=64, verbose=0)
     path = os.path.join(tmp_path, "vertical.keras")
     model.save(path)
     back = keras.models.load_model(path)
@@ -149,12 +150,13 @@ def test_keras_round_trip_predicts_the_same_and_keeps_training(data, tmp_path):
     assert type(layer) is kf.EmbeddingDPLayer and (layer.eps, layer.ste) == (None, "hardtanh")
     assert type(back.label_dp) is kf.LabelDPLayer
     assert (back.label_dp.eps, back.label_dp.seed) == (3.0, 5)
-    np.testing.assert_array_equal(back.predict(data["test"], verbose=0),
-                                  model.predict(data["test"], verbose=0))
+    rows = len(data["y_test"])  # one batch: one trace per predict
+    np.testing.assert_array_equal(back.predict(data["test"], batch_size=rows, verbose=0),
+                                  model.predict(data["test"], batch_size=rows, verbose=0))
     # Training goes on where it stopped (optimizer state restored).
     assert int(back.optimizer.iterations) == int(model.optimizer.iterations) > 0
     before = [w.copy() for w in back.get_weights()]
-    history = back.fit(x, data["y"], epochs=1, batch_size=64, verbose=0)
+    history = back.fit(x, data["y"][:n], epochs=1, batch_size=64, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
     assert any(np.abs(a - b).max() > 0 for a, b in zip(back.get_weights(), before))
 
@@ -343,13 +345,14 @@ def test_bad_arguments_raise_clear_errors():
 def test_ids_just_below_an_id_capacity_are_counted_exactly_by_a_compiled_fit(data):
     """Protections built with ``id_capacity`` count the ids just below it exactly in ``fit``
     (XLA on TensorFlow, jit on JAX): no fold, no bound in the report."""
-    n = len(data["y"])
+    n = len(data["y"]) // 64 * 64  # full batches of 64: one XLA compilation
     capacity = 5000 + n
     embedding = kf.EmbeddingDPLayer(2.0, seed=1, id_capacity=capacity)
     labels = kf.LabelDPLayer(1.0, seed=2, per_batch=True, id_capacity=capacity)
     model = compile_model(two_party(embedding_dp=embedding, label_dp=labels), jit_compile=True)
-    model.fit(with_example_ids(data["train"], start=capacity - n), data["y"], epochs=1,
-              batch_size=64, verbose=0)
+    x = {k: v[:n] for k, v in data["train"].items()}
+    model.fit(with_example_ids(x, start=capacity - n), data["y"][:n], epochs=1, batch_size=64,
+              verbose=0)
     for layer in (model.protections["party_a"], model.label_dp):
         assert layer.id_capacity == capacity
         ids, counts = layer._release_id_counts_nonzero()

@@ -1,4 +1,4 @@
-"""Calling a layer inside a traced, compiled function on either Keras backend."""
+"""Calling layers inside a traced, compiled function on either Keras backend."""
 
 import keras
 import numpy as np
@@ -12,18 +12,34 @@ def traced_call(layer, labels, jit_compile=True, **named):
     compiled; ``jit_compile`` is unused), whose new state is written back to the layer's
     variables, as Keras' ``fit`` does.
     """
+    return traced_calls([layer], [labels], jit_compile=jit_compile, **named)[0]
+
+
+def traced_calls(layers, labels, jit_compile=True, **named):
+    """``[layer(y, training=True, **named) for layer, y in zip(layers, labels)]`` in one
+    traced function, as NumPy arrays: each layer is called as by `traced_call` (on its own
+    variables), for the price of one trace and one compile.
+    """
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
-        run = tf.function(lambda y, kw: layer(y, training=True, **kw), jit_compile=jit_compile)
-        return np.asarray(run(labels, named))
+        run = tf.function(lambda ys, kw: [layer(y, training=True, **kw)
+                                          for layer, y in zip(layers, ys)],
+                          jit_compile=jit_compile)
+        return [np.asarray(out) for out in run(list(labels), named)]
     import jax
 
-    if not layer.built:
-        layer.build(np.shape(labels))
-    variables = layer.non_trainable_variables
-    run = jax.jit(lambda state, y, kw: layer.stateless_call([], state, y, training=True, **kw))
-    out, state = run([v.value for v in variables], labels, named)
-    for variable, value in zip(variables, state):
-        variable.assign(value)
-    return np.asarray(out)
+    for layer, y in zip(layers, labels):
+        if not layer.built:
+            layer.build(np.shape(y))
+    variables = [layer.non_trainable_variables for layer in layers]
+
+    def call(states, ys, kw):
+        return [layer.stateless_call([], state, y, training=True, **kw)
+                for layer, state, y in zip(layers, states, ys)]
+
+    results = jax.jit(call)([[v.value for v in vs] for vs in variables], list(labels), named)
+    for vs, (_, state) in zip(variables, results):
+        for variable, value in zip(vs, state):
+            variable.assign(value)
+    return [np.asarray(out) for out, _ in results]
