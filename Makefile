@@ -23,15 +23,17 @@ demo: $(STAMP)
 #   Tests that run Flower's Simulation Engine (Ray) run one after another on one worker, and the
 #   tests of a module stay on one worker (tests/conftest.py). TEST_WORKERS=auto: one per core;
 #   TEST_WORKERS=0: this process only.
-# - JAX (KERAS_BACKEND=jax): the backend-neutral test modules (marked `jax`) again, in one
-#   process at a lower priority, filling the CPU time the TensorFlow pass leaves while its
-#   Flower tests wait. Its output goes to $(JAX_LOG) and is printed after the TensorFlow pass.
+# - JAX (KERAS_BACKEND=jax): the backend-neutral test modules (marked `jax`) again, on
+#   JAX_WORKERS processes (2: when the TensorFlow pass ends first, the rest of this one still
+#   uses both cores) at a lower priority, filling the CPU time the TensorFlow pass leaves while
+#   its Flower tests wait. Its output goes to $(JAX_LOG), printed after the TensorFlow pass.
 #   It runs the core of them (tests/conftest.py JAX_CORE: the backend, the mechanisms, the
 #   layers, the adversarial tests of their inputs, restores and ledger, a step of each
 #   protocol), to save CI time;
 #   JAX_PASS=0 skips it; `make test-jax` runs every `jax` module, in the foreground.
 # `make test` fails if either pass fails.
 TEST_WORKERS ?= 4
+JAX_WORKERS ?= 2
 JAX_PASS ?= 1
 JAX_LOG := build/test-jax.log
 PYTEST_TF := TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q -n $(TEST_WORKERS) \
@@ -41,7 +43,8 @@ PYTEST_JAX := env KERAS_BACKEND=jax TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q -n
 test: $(STAMP)
 	@if [ "$(JAX_PASS)" = 0 ]; then $(PYTEST_TF); exit $$?; fi; \
 	mkdir -p $(dir $(JAX_LOG)); \
-	KERAS_FEDPRIV_JAX_TESTS=core nice -n 10 $(PYTEST_JAX) >$(JAX_LOG) 2>&1 & jax=$$!; \
+	KERAS_FEDPRIV_JAX_TESTS=core nice -n 10 $(PYTEST_JAX) -n $(JAX_WORKERS) --dist loadgroup \
+		>$(JAX_LOG) 2>&1 & jax=$$!; \
 	$(PYTEST_TF); tf=$$?; \
 	wait $$jax; status=$$?; \
 	echo; echo "==== JAX pass (KERAS_BACKEND=jax, tests marked jax): $(JAX_LOG)"; \
