@@ -26,7 +26,7 @@ SERIALIZABLE_MODULES = (
     "keras_fedpriv.optimizers",
     "keras_fedpriv.federated.magrr",
     "keras_fedpriv.federated.laplace_eval",
-    "keras_fedpriv.federated.vertical",
+    "keras_fedpriv.federated.vertical.model",
     "keras_fedpriv.wide_deep",
 )
 

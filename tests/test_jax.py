@@ -107,7 +107,7 @@ def test_example_ids_beyond_int32_are_refused_before_keras_wraps_them():
     """JAX (no int64) would turn id 5 + 2**32 into 5: two examples would share their
     id-keyed noise (under binary randomized response, y1 XOR y2 would show)."""
     import keras_fedpriv as kf
-    from keras_fedpriv.federated.vertical_parties.party import _as_ids
+    from keras_fedpriv.federated.vertical.party import _as_ids
     from tests.vertical_stubs import compile_model, two_party, two_party_data
 
     data = two_party_data()

@@ -1,4 +1,4 @@
-"""The pieces every vertical party runs (keras_fedpriv/federated/vertical_parties/party.py).
+"""The pieces every vertical party runs (keras_fedpriv/federated/vertical/party.py).
 
 Backend-neutral (runs again under ``KERAS_BACKEND=jax``)."""
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import keras_fedpriv as kf
-from keras_fedpriv.federated.vertical_parties import party as P
+from keras_fedpriv.federated.vertical import party as P
 
 pytestmark = [pytest.mark.jax]
 

@@ -500,7 +500,7 @@ def local_training(model: Any, batch_size: int, x_spec: Any, y_spec: Any,
 
 
 # -- vertical --
-# VerticalModel's steps and the parties' gradients (keras_fedpriv/federated/vertical.py,
+# VerticalModel's steps and the parties' gradients (keras_fedpriv/federated/vertical/model.py,
 # vertical_parties/): a tape per party.
 
 

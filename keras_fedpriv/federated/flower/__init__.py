@@ -1,8 +1,9 @@
 """Run keras-fedpriv's protocols on Flower (``pip install -e ".[flower]"`` in the clone's root).
 
 Flower (`flwr`) carries the messages between processes and machines; the
-parties' code is the same as in one process (`HorizontalClient`,
-`HorizontalServer` in `keras_fedpriv.federated.horizontal_parties`). Builders
+parties' code and the round loops are the same as in one process
+(`keras_fedpriv.federated.horizontal`, `keras_fedpriv.federated.vertical`):
+these modules only carry the loops' requests and replies as Flower messages. Builders
 return ready Flower apps that run on both of Flower's engines, the Simulation
 Engine (``flwr run`` on Flower's ``local`` connection, or the deprecated
 `flwr.simulation.run_simulation` from Python)

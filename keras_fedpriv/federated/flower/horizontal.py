@@ -5,7 +5,7 @@ The apps are thin: the client half (`HorizontalClient`) and the server half
 given the same seeds and data both runtimes compute the same global model.
 
 What crosses the wire each round (the record names, config keys, encoders and
-parsers are in `keras_fedpriv.federated.flower.horizontal_wire`): the server
+parsers are in `keras_fedpriv.federated.horizontal.wire`): the server
 sends the global weights (and BatchNormalization statistics, MagRR's
 announcement); a client answers with exactly the upload scheme's `to_wire`
 arrays (for SignDS a sign and h indices, nothing else) and, only where the
@@ -43,7 +43,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from keras_fedpriv.federated.flower import horizontal_wire as wire
+from keras_fedpriv.federated.horizontal import wire
 from keras_fedpriv.federated.flower.common import (  # noqa: F401 - message_nbytes is public here
     party_budget,
     check_renamed,
@@ -59,7 +59,7 @@ from keras_fedpriv.federated.flower.strategy import (  # noqa: F401 - FlowerRunR
 from keras_fedpriv.federated.flower.central_dp import refuse_dp_mods
 from keras_fedpriv.federated.flower.party_store import durable_state_mod
 from keras_fedpriv.federated.flower.recent_runs import RecentRuns
-from keras_fedpriv.federated.horizontal_parties import (
+from keras_fedpriv.federated.horizontal.parties import (
     ClientDataError,
     HorizontalClient,
     LocalTrainer,

@@ -40,14 +40,14 @@ from flwr.serverapp.strategy.dp_adaptive_clipping import DifferentialPrivacyAdap
 from flwr.serverapp.strategy.dp_fixed_clipping import DifferentialPrivacyFixedClippingBase
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
-from keras_fedpriv.federated.flower import horizontal_wire as wire
+from keras_fedpriv.federated.horizontal import wire
 from keras_fedpriv.federated.flower.common import (
     first_line,
     wait_for_nodes,
     message_nbytes,
 )
-from keras_fedpriv.federated.horizontal_loop import EvaluateReport, HorizontalLoop, TrainReply
-from keras_fedpriv.federated.horizontal_parties import HorizontalServer
+from keras_fedpriv.federated.horizontal.loop import EvaluateReport, HorizontalLoop, TrainReply
+from keras_fedpriv.federated.horizontal.parties import HorizontalServer
 from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.federated.uploads import as_upload
 from keras_fedpriv.mechanisms.ledger import (

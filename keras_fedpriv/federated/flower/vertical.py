@@ -8,7 +8,7 @@ with its protected embeddings of the new batches; the leader checks the
 answers, steps once per batch, and keeps the new cut gradients for the next
 message. With K > 1 a follower's embeddings are up to K - 1 steps stale
 (docs/vertical.md). The apps are thin: the loop is
-`keras_fedpriv.federated.vertical_parties.loop.run_leader` and the
+`keras_fedpriv.federated.vertical.loop.run_leader` and the
 follower's side `serve_request`, exactly what `VerticalDriver` runs in one
 process, so given the same seeds, data and K both runtimes compute the same
 model.
@@ -90,15 +90,14 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
         "\"flwr[simulation]>=1.41,<1.42\".") from err
 
 from keras_fedpriv.federated.flower.common import (  # noqa: E402
-    arrays_record,
     call_with_context,
-    checked_arrays,
     first_line,
     message_nbytes,
     party_budget,
     wait_for_nodes,
 )
 from keras_fedpriv.federated.flower.party_store import durable_state_mod  # noqa: E402
+from keras_fedpriv.federated.records import arrays_record, checked_arrays  # noqa: E402
 from keras_fedpriv.federated.flower.recent_runs import RecentRuns  # noqa: E402
 from keras_fedpriv.federated.flower.vertical_roster import (  # noqa: E402
     PIN_KEY,
@@ -108,7 +107,7 @@ from keras_fedpriv.federated.flower.vertical_roster import (  # noqa: E402
 )
 from keras_fedpriv.privacy.budget import BudgetExhausted, PrivacyBudget  # noqa: E402
 from keras_fedpriv.privacy.report import privacy_ledger  # noqa: E402
-from keras_fedpriv.federated.vertical_parties.loop import (  # noqa: E402
+from keras_fedpriv.federated.vertical.loop import (  # noqa: E402
     MAX_BATCHES_PER_MESSAGE,
     FeatureTable,
     FollowerRequest,
@@ -119,12 +118,12 @@ from keras_fedpriv.federated.vertical_parties.loop import (  # noqa: E402
     serve_request,
     validate_batches_per_message,
 )
-from keras_fedpriv.federated.vertical_parties import (  # noqa: E402
+from keras_fedpriv.federated.vertical.parties import (  # noqa: E402
     MalformedMessage,
     VerticalFollower,
     VerticalLeader,
 )
-from keras_fedpriv.federated.vertical_parties.party import validate_party_name  # noqa: E402
+from keras_fedpriv.federated.vertical.party import validate_party_name  # noqa: E402
 from keras_fedpriv.layers.local_state import local_state  # noqa: E402
 from keras_fedpriv.mechanisms.validation import (  # noqa: E402
     validate_positive_int,

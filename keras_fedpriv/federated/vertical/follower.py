@@ -9,7 +9,7 @@ import numpy as np
 from keras import tree
 
 from keras_fedpriv import backend
-from keras_fedpriv.federated.vertical_parties.party import (
+from keras_fedpriv.federated.vertical.party import (
     PartyBottom,
     _Counter,
     _Pending,
@@ -21,7 +21,7 @@ from keras_fedpriv.federated.vertical_parties.party import (
     follower_unprotected_ledger,
     logger,
 )
-from keras_fedpriv.federated.vertical_parties.wire import (
+from keras_fedpriv.federated.vertical.wire import (
     MalformedMessage,
     decode_gradient,
     encode_embedding,
@@ -75,7 +75,7 @@ class VerticalFollower(PartyBottom):
         self._fns: dict[Any, Any] = {}
         #: the number of the newest leader message served (0: none numbered), and of the
         #: message whose batches await their gradients (0: none, or unnumbered); the leader
-        #: numbers its messages from 1 (`keras_fedpriv.federated.vertical_parties.loop`)
+        #: numbers its messages from 1 (`keras_fedpriv.federated.vertical.loop`)
         self.last_message = 0
         self.pending_message = 0
 

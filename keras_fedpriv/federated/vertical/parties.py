@@ -2,8 +2,8 @@
 
 Neither half knows how messages travel. `VerticalModel` runs the same pieces
 inside one Keras ``train_step``; the loop that drives the standalone halves
-is `keras_fedpriv.federated.vertical_parties.loop` (`run_leader`,
-`serve_request`), which `keras_fedpriv.federated.vertical_driver` runs in one
+is `keras_fedpriv.federated.vertical.loop` (`run_leader`,
+`serve_request`), which `keras_fedpriv.federated.vertical.driver` runs in one
 process and `keras_fedpriv.federated.flower.vertical` as Flower apps.
 
 * `PartyBottom`: one party's bottom model and, for a follower, its
@@ -44,15 +44,15 @@ from typing import Any, Mapping, Sequence
 
 import keras
 
-from keras_fedpriv.federated.vertical_parties.follower import VerticalFollower
-from keras_fedpriv.federated.vertical_parties.leader import VerticalLeader
-from keras_fedpriv.federated.vertical_parties.party import (
+from keras_fedpriv.federated.vertical.follower import VerticalFollower
+from keras_fedpriv.federated.vertical.leader import VerticalLeader
+from keras_fedpriv.federated.vertical.party import (
     PartyBottom,
     _Counter,
     _optimizer_copy,
     derive_party_seed,
 )
-from keras_fedpriv.federated.vertical_parties.wire import (
+from keras_fedpriv.federated.vertical.wire import (
     EmbeddingSpec,
     MalformedMessage,
     decode_embedding,

@@ -26,7 +26,7 @@ from keras import ops, tree
 from keras_fedpriv import backend
 from keras_fedpriv.backend import private
 from keras_fedpriv.federated.messages import EXAMPLE_IDS_KEY
-from keras_fedpriv.federated.vertical_parties.wire import EmbeddingSpec
+from keras_fedpriv.federated.vertical.wire import EmbeddingSpec
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
 from keras_fedpriv.layers.input_checks import InputErrorFlagMixin, host_example_ids
 from keras_fedpriv.layers.release_counter import replay_scope

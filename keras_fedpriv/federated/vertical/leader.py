@@ -11,7 +11,7 @@ from keras import tree
 from keras_fedpriv import backend
 from keras_fedpriv.backend import private
 from keras_fedpriv.federated.messages import EXAMPLE_IDS_KEY
-from keras_fedpriv.federated.vertical_parties.party import (
+from keras_fedpriv.federated.vertical.party import (
     PartyBottom,
     _Counter,
     _as_ids,
@@ -27,7 +27,7 @@ from keras_fedpriv.federated.vertical_parties.party import (
     validate_class_weight,
     validate_party_name,
 )
-from keras_fedpriv.federated.vertical_parties.wire import (
+from keras_fedpriv.federated.vertical.wire import (
     EmbeddingSpec,
     MalformedMessage,
     decode_embedding,

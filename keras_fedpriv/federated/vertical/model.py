@@ -26,8 +26,8 @@ from keras_fedpriv.federated.messages import (
     StepMessages,
     is_tf_dataset,
 )
-from keras_fedpriv.federated.vertical_parties import VerticalLeader, VerticalParties, split_parties
-from keras_fedpriv.federated.vertical_parties.party import (
+from keras_fedpriv.federated.vertical.parties import VerticalLeader, VerticalParties, split_parties
+from keras_fedpriv.federated.vertical.party import (
     PartyBottom,
     _Counter,
     add_all,
@@ -43,7 +43,7 @@ from keras_fedpriv.federated.vertical_parties.party import (
     validate_class_weight,
     validate_party_name,
 )
-from keras_fedpriv.federated.vertical_parties.wire import up_bytes
+from keras_fedpriv.federated.vertical.wire import up_bytes
 from keras_fedpriv.layers.input_checks import (
     InputErrorFlagMixin,
     find_repeat,
@@ -127,7 +127,7 @@ class VerticalModel(keras.Model):
     ``"example_ids"`` (int64, shape (batch,), see `with_example_ids`).
 
     Steps 1-3 are the graph pieces of the party halves
-    (`keras_fedpriv.federated.vertical_parties`): `split_parties` hands out
+    (`keras_fedpriv.federated.vertical.parties`): `split_parties` hands out
     a `VerticalFollower` per follower and the `VerticalLeader`, sharing this
     model's layers, for running each party on its own (in one process with
     `VerticalDriver`, or as Flower apps).

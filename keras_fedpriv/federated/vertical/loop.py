@@ -17,7 +17,7 @@ any K: the ledgers count the same.
 * `serve_request` is a follower's side of one request (every runtime);
 * `run_leader` is the leader's loop, given an ``exchange`` function that
   carries one round of requests to the followers and brings their answers
-  back (`keras_fedpriv.federated.vertical_driver.VerticalDriver` calls the
+  back (`keras_fedpriv.federated.vertical.driver.VerticalDriver` calls the
   followers in one process; `keras_fedpriv.federated.flower.vertical` sends
   Flower messages).
 
@@ -42,9 +42,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from keras import tree
 
-from keras_fedpriv.federated.vertical_parties.follower import VerticalFollower
-from keras_fedpriv.federated.vertical_parties.leader import VerticalLeader
-from keras_fedpriv.federated.vertical_parties.wire import (
+from keras_fedpriv.federated.vertical.follower import VerticalFollower
+from keras_fedpriv.federated.vertical.leader import VerticalLeader
+from keras_fedpriv.federated.vertical.wire import (
     MalformedMessage,
     encode_gradient,
     pack_batches,
