@@ -17,6 +17,9 @@ processes):
 * `vertical_client_app` / `vertical_server_app`: vertical FL, the leader
   as the ``ServerApp`` and each follower a ``ClientApp``
   (`keras_fedpriv.federated.flower.vertical`).
+* `VerticalStrategy`: the vertical leader as one class, the mirror of
+  `HorizontalStrategy`, for a user's own ``ServerApp``
+  (``strategy.start(grid, data, run_config=...)``).
 * `relay_client_app` and `serve_worker`: a party's long-lived worker
   process, which keeps TensorFlow and the models loaded across messages, and
   the thin ClientApp that hands each message to it
@@ -52,6 +55,7 @@ _EXPORTS = {
     "serve_worker": "keras_fedpriv.federated.flower.worker",
     "vertical_client_app": "keras_fedpriv.federated.flower.vertical",
     "vertical_server_app": "keras_fedpriv.federated.flower.vertical",
+    "VerticalStrategy": "keras_fedpriv.federated.flower.vertical_strategy",
 }
 lazy_exports(__name__, _EXPORTS, ())
 
