@@ -30,36 +30,32 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-try:
-    from flwr.app import ConfigRecord, Message, RecordDict
-    from flwr.serverapp import Grid
-except ImportError as err:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        "keras_fedpriv.federated.flower.vertical_strategy needs Flower: pip install -e "
-        "\".[flower]\" in the root of your keras-fedpriv clone, or pip install "
-        "\"flwr[simulation]>=1.41,<1.42\".") from err
+# (without Flower, the package keras_fedpriv.federated.flower refuses to import first, saying
+# how to install it)
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
 
-from keras_fedpriv.federated.flower.common import (  # noqa: E402
+from keras_fedpriv.federated.flower.common import (
     first_line,
     message_nbytes,
     wait_for_nodes,
 )
-from keras_fedpriv.federated.flower.vertical_roster import (  # noqa: E402
+from keras_fedpriv.federated.flower.vertical_roster import (
     PIN_KEY,
     FollowerGone,
     FollowerRoster,
 )
-from keras_fedpriv.federated.records import arrays_record, checked_arrays  # noqa: E402
-from keras_fedpriv.federated.vertical import wire  # noqa: E402
-from keras_fedpriv.federated.vertical.leader import VerticalLeader  # noqa: E402
-from keras_fedpriv.federated.vertical.loop import (  # noqa: E402
+from keras_fedpriv.federated.records import arrays_record, checked_arrays
+from keras_fedpriv.federated.vertical import wire
+from keras_fedpriv.federated.vertical.leader import VerticalLeader
+from keras_fedpriv.federated.vertical.loop import (
     FollowerRequest,
     UntrainedEpoch,
     VerticalRunResult,
     run_leader,
     validate_batches_per_message,
 )
-from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed  # noqa: E402
+from keras_fedpriv.mechanisms.validation import validate_positive_int, validate_seed
 
 __all__ = ["VerticalRunSettings", "VerticalStrategy", "positive_seconds", "write_result"]
 

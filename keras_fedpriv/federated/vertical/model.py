@@ -29,7 +29,7 @@ from keras_fedpriv.federated.messages import (
 from keras_fedpriv.federated.vertical.parties import VerticalLeader, VerticalParties, split_parties
 from keras_fedpriv.federated.vertical.party import (
     PartyBottom,
-    _Counter,
+    SentCounter,
     add_all,
     copy_protection,
     counter_variable,
@@ -329,11 +329,11 @@ class VerticalModel(keras.Model):
                                         owner="VerticalModel")
             else:
                 halves[p] = PartyBottom(p, self.bottoms[p], self.protections.get(p), sends=True,
-                                        counter=_Counter(self.unprotected_releases,
+                                        counter=SentCounter(self.unprotected_releases,
                                                          self._followers.index(p)),
                                         owner="VerticalModel")
         for half in halves.values():
-            half._build_spec()
+            half.build_spec()
         # Plain Python objects holding this model's layers: kept out of Keras' tracking.
         object.__setattr__(self, "_halves", halves)
         self._input_specs = {p: halves[p].input_spec for p in self._parties}
@@ -341,7 +341,7 @@ class VerticalModel(keras.Model):
         leader = VerticalLeader(
             self.top, {p: halves[p].spec for p in self._followers}, label_dp=self.label_dp,
             labels_privatized=self.labels_privatized,
-            _counter=_Counter(self.unprotected_releases, len(self._followers)),
+            _counter=SentCounter(self.unprotected_releases, len(self._followers)),
             _owner="VerticalModel", _own_bottom=halves.get(self._leader), _standalone=False)
         object.__setattr__(self, "_leader_half", leader)
         self.built = True
