@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from keras_fedpriv.federated.vertical.driver import VerticalDriver
-from keras_fedpriv.federated.vertical.parties import MalformedMessage
+from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.federated.vertical.loop import (
     FeatureTable,
     FollowerRequest,

@@ -29,7 +29,7 @@ from keras_fedpriv.federated.flower.vertical import (  # noqa: E402
     vertical_server_app,
 )
 from keras_fedpriv.federated.flower.vertical_roster import FollowerGone  # noqa: E402
-from keras_fedpriv.federated.vertical.parties import MalformedMessage  # noqa: E402
+from keras_fedpriv.federated.malformed import MalformedMessage  # noqa: E402
 from keras_fedpriv.federated.vertical.loop import (  # noqa: E402
     FeatureTable,
     FollowerRequest,

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from keras_fedpriv.federated.vertical.driver import FeatureTable, FollowerRequest, serve_request
-from keras_fedpriv.federated.vertical.parties import MalformedMessage, VerticalFollower
+from keras_fedpriv.federated.malformed import MalformedMessage
+from keras_fedpriv.federated.vertical.follower import VerticalFollower
 from vertical_stubs import COLUMNS, model_fn, vertical_data
 
 pytestmark = [pytest.mark.jax]

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from keras_fedpriv.federated.vertical.parties import MalformedMessage, VerticalLeader
+from keras_fedpriv.federated.malformed import MalformedMessage
+from keras_fedpriv.federated.vertical.leader import VerticalLeader
 from vertical_stubs import model_fn, vertical_data
 
 pytestmark = [pytest.mark.jax]

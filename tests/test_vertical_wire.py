@@ -4,7 +4,7 @@ floats, and what is refused."""
 import numpy as np
 import pytest
 
-from keras_fedpriv.federated.vertical.parties import (
+from keras_fedpriv.federated.vertical.wire import (
     EmbeddingSpec,
     MalformedMessage,
     decode_embedding,
@@ -55,7 +55,7 @@ def test_packed_bits_round_trip_and_what_is_refused():
 
 
 def test_several_batches_pack_into_one_message_and_unpack_checked():
-    from keras_fedpriv.federated.vertical.parties import pack_batches, unpack_batches
+    from keras_fedpriv.federated.vertical.wire import pack_batches, unpack_batches
 
     messages = [encode_embedding(np.ones((n, 12), np.float32), SPEC_BITS) for n in (3, 1)]
     packed = pack_batches(messages)

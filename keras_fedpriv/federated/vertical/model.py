@@ -26,7 +26,8 @@ from keras_fedpriv.federated.messages import (
     StepMessages,
     is_tf_dataset,
 )
-from keras_fedpriv.federated.vertical.parties import VerticalLeader, VerticalParties, split_parties
+from keras_fedpriv.federated.vertical.leader import VerticalLeader
+from keras_fedpriv.federated.vertical.parties import VerticalParties, split_parties
 from keras_fedpriv.federated.vertical.party import (
     PartyBottom,
     SentCounter,

@@ -46,27 +46,9 @@ import keras
 
 from keras_fedpriv.federated.vertical.follower import VerticalFollower
 from keras_fedpriv.federated.vertical.leader import VerticalLeader
-from keras_fedpriv.federated.vertical.party import (
-    PartyBottom,
-    SentCounter,
-    derive_party_seed,
-    optimizer_copy,
-)
-from keras_fedpriv.federated.vertical.wire import (
-    EmbeddingSpec,
-    MalformedMessage,
-    decode_embedding,
-    decode_gradient,
-    encode_embedding,
-    encode_gradient,
-    pack_batches,
-    unpack_batches,
-)
+from keras_fedpriv.federated.vertical.party import PartyBottom, SentCounter, optimizer_copy
 
-__all__ = ["EmbeddingSpec", "MalformedMessage", "PartyBottom", "VerticalFollower",
-           "VerticalLeader", "VerticalParties", "decode_embedding", "decode_gradient",
-           "derive_party_seed", "encode_embedding", "encode_gradient", "pack_batches",
-           "split_parties", "unpack_batches"]
+__all__ = ["VerticalParties", "split_parties"]
 
 
 @dataclasses.dataclass
