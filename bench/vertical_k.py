@@ -34,7 +34,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"
 import _report  # noqa: E402
 from flower_vertical import task  # noqa: E402
 
-from keras_fedpriv.federated.vertical_driver import VerticalDriver  # noqa: E402
+from keras_fedpriv.federated.vertical.driver import VerticalDriver  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
 

@@ -45,7 +45,7 @@ _KERAS_OBJECTS = (
     "keras_fedpriv.optimizers.signds_optimizer",
     "keras_fedpriv.federated.laplace_eval",
     "keras_fedpriv.federated.magrr",
-    "keras_fedpriv.federated.vertical",
+    "keras_fedpriv.federated.vertical.model",
     "keras_fedpriv.wide_deep",
 )
 lazy_exports(__name__, _EXPORTS, _SUBMODULES, keras_objects=_KERAS_OBJECTS)

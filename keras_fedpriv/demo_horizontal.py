@@ -22,7 +22,7 @@ import numpy as np
 
 from keras_fedpriv.federated.magrr import MagRR
 from keras_fedpriv.datasets import digits_clients, digits_mlp
-from keras_fedpriv.federated.horizontal import HorizontalFL
+from keras_fedpriv.federated.horizontal.driver import HorizontalFL
 from keras_fedpriv.federated.uploads import GaussianUpload, SignDSUpload
 from keras_fedpriv.mechanisms.gaussian import gaussian_epsilon
 from keras_fedpriv.optimizers.signds import SignDSEncoder

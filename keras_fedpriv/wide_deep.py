@@ -211,7 +211,7 @@ def wide_deep_vertical(data: Any, *, label_dp: Any = None,
     Example:
         >>> model = wide_deep_vertical(data, embedding_dp=EmbeddingDPLayer(eps=4.0), seed=0)
     """
-    from keras_fedpriv.federated.vertical import VerticalModel
+    from keras_fedpriv.federated.vertical.model import VerticalModel
 
     bottoms, top = wide_deep_parts(data, vae=vae, **parts)
     return VerticalModel(bottoms, top, leader=LEADER, embedding_dp=embedding_dp,

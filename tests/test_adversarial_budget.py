@@ -105,7 +105,7 @@ def bn_model_fn():
 
 
 def _train_message(flower, model, rnd):
-    from keras_fedpriv.federated.horizontal_parties import batch_norm_statistics
+    from keras_fedpriv.federated.horizontal.parties import batch_norm_statistics
 
     content = flower.RecordDict({
         "weights": flower.ArrayRecord(numpy_ndarrays=[v.numpy()
@@ -200,7 +200,7 @@ def test_case4_a_vertical_follower_restarted_within_a_run_sends_no_more_than_the
                                                                                    tmp_path):
     """Case 4, vertical: per record, the cap allows each example to be embedded twice."""
     import keras_fedpriv as kf
-    from keras_fedpriv.federated.flower_vertical import vertical_client_app
+    from keras_fedpriv.federated.flower.vertical import vertical_client_app
 
     features = RNG.normal(size=(16, 3)).astype("float32")
     cap = _cap_allowing(kf.EmbeddingDPLayer(eps=1.0).dp_event(4), 2)

@@ -182,7 +182,7 @@ def test_an_empty_pin_pins_nothing_and_the_declared_override_reaches_the_leader(
 
     from flwr.common.config import get_fused_config_from_dir, parse_config_args
 
-    from keras_fedpriv.federated.flower.vertical import _pins
+    from keras_fedpriv.federated.flower.vertical_strategy import _pins
 
     leader = model_fn().split_parties().leader
     assert _pins({"f1": ""}, {"party-node.f2": " "}, leader) == {}

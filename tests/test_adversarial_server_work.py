@@ -21,8 +21,8 @@ from keras_fedpriv.callbacks import LaplaceEvaluation  # noqa: E402
 from keras_fedpriv.federated import HorizontalFL, partition  # noqa: E402
 from keras_fedpriv.federated import laplace_eval as laplace_eval_module  # noqa: E402
 from keras_fedpriv.federated.flower import HorizontalStrategy  # noqa: E402
-from keras_fedpriv.federated.flower.common import arrays_record  # noqa: E402
-from keras_fedpriv.federated.flower.horizontal_wire import parse_report  # noqa: E402
+from keras_fedpriv.federated.records import arrays_record  # noqa: E402
+from keras_fedpriv.federated.horizontal.wire import parse_report  # noqa: E402
 from keras_fedpriv.federated.malformed import MalformedMessage  # noqa: E402
 
 from flower_stubs import model_fn  # noqa: E402

@@ -12,9 +12,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_fedpriv.federated.vertical_driver import VerticalDriver
-from keras_fedpriv.federated.vertical_parties import MalformedMessage
-from keras_fedpriv.federated.vertical_parties.loop import (
+from keras_fedpriv.federated.vertical.driver import VerticalDriver
+from keras_fedpriv.federated.malformed import MalformedMessage
+from keras_fedpriv.federated.vertical.loop import (
     FeatureTable,
     FollowerRequest,
     serve_request,

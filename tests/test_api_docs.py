@@ -62,8 +62,8 @@ def test_api_reference_builds_every_public_module(site):
 def test_every_public_module_is_linked_from_the_root_and_its_parent(site):
     modules = public_modules()
     assert {"keras_fedpriv.tuning", "keras_fedpriv.federated.flower",
-            "keras_fedpriv.federated.flower_vertical",
-            "keras_fedpriv.federated.vertical_parties"} <= set(modules)
+            "keras_fedpriv.federated.horizontal.loop",
+            "keras_fedpriv.federated.vertical.parties"} <= set(modules)
     root = _root_page(site)
     assert root == _page("keras_fedpriv")
     from_root = _links(site, root)

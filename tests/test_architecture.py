@@ -23,10 +23,7 @@ pytestmark = [pytest.mark.jax]
 PACKAGE = architecture.PACKAGE
 
 #: Imports that point up a floor today, each to be removed (issue 28): importer -> imported.
-KNOWN_UPWARD = {
-    # the 0.1 compatibility alias of the vertical Flower apps, to be dropped
-    (f"{PACKAGE}.federated.flower_vertical", f"{PACKAGE}.federated.flower.vertical"),
-}
+KNOWN_UPWARD = set()
 
 #: Import circles today (each sorted), to be untangled (issue 28).
 KNOWN_CIRCLES = []
@@ -34,25 +31,7 @@ KNOWN_CIRCLES = []
 #: ``_``-prefixed names that one package module imports from another today (importer,
 #: defining module, name): each should become public within the package or move to where it
 #: is used (issue 28). The list only shrinks.
-KNOWN_PRIVATE_IMPORTS = {
-    ("federated.vertical", "federated.vertical_parties.party", "_Counter"),
-    ("federated.vertical_parties", "federated.vertical_parties.party", "_Counter"),
-    ("federated.vertical_parties", "federated.vertical_parties.party", "_optimizer_copy"),
-    ("federated.vertical_parties.follower", "federated.vertical_parties.party", "_Counter"),
-    ("federated.vertical_parties.follower", "federated.vertical_parties.party", "_Pending"),
-    ("federated.vertical_parties.follower", "federated.vertical_parties.party", "_as_ids"),
-    ("federated.vertical_parties.follower", "federated.vertical_parties.party",
-     "_as_numpy_features"),
-    ("federated.vertical_parties.follower", "federated.vertical_parties.party",
-     "_make_optimizer"),
-    ("federated.vertical_parties.follower", "federated.vertical_parties.party", "_num_rows"),
-    ("federated.vertical_parties.leader", "federated.vertical_parties.party", "_Counter"),
-    ("federated.vertical_parties.leader", "federated.vertical_parties.party", "_as_ids"),
-    ("federated.vertical_parties.leader", "federated.vertical_parties.party",
-     "_as_numpy_features"),
-    ("federated.vertical_parties.leader", "federated.vertical_parties.party", "_make_optimizer"),
-    ("federated.vertical_parties.leader", "federated.vertical_parties.party", "_num_rows"),
-}
+KNOWN_PRIVATE_IMPORTS = set()
 
 
 #: ``_``-prefixed methods that a module calls on another module's objects today (caller,
@@ -61,15 +40,12 @@ KNOWN_PRIVATE_IMPORTS = {
 #: defines it. Each should become public or move to where it is used. The list only shrinks.
 KNOWN_PRIVATE_METHODS = {
     # the backends drive VerticalModel's train and test steps
-    ("backend.jax", "federated.vertical", "_protocol_train_step"),
-    ("backend.jax", "federated.vertical", "_test_logs"),
-    ("backend.tensorflow", "federated.vertical", "_protocol_train_step"),
-    ("backend.tensorflow", "federated.vertical", "_test_logs"),
-    # a party's input spec, built by the model, the parties and the leader
-    ("federated.vertical", "federated.vertical_parties.party", "_build_spec"),
-    ("federated.vertical_parties", "federated.vertical_parties.party", "_build_spec"),
-    ("federated.vertical_parties.leader", "federated.vertical_parties.party", "_build_spec"),
+    ("backend.jax", "federated.vertical.model", "_protocol_train_step"),
+    ("backend.jax", "federated.vertical.model", "_test_logs"),
+    ("backend.tensorflow", "federated.vertical.model", "_protocol_train_step"),
+    ("backend.tensorflow", "federated.vertical.model", "_test_logs"),
 }
+
 
 @pytest.fixture(scope="module")
 def graph():

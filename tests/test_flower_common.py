@@ -1,4 +1,4 @@
-"""What the Flower apps share (keras_fedpriv/federated/flower/common.py): sizes, records, checks."""
+"""What the Flower apps share (keras_fedpriv/federated/flower/common.py): sizes, error lines, waits."""
 
 import types
 
@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, Metadata, RecordDict  # noqa: E402
+from flwr.app import Message, Metadata, RecordDict  # noqa: E402
 
 from keras_fedpriv.federated.flower import common  # noqa: E402
-from keras_fedpriv.federated.malformed import MalformedMessage  # noqa: E402
+from keras_fedpriv.federated.records import arrays_record  # noqa: E402
 
 pytestmark = pytest.mark.flower
 
@@ -19,28 +19,13 @@ def _message(arrays):
     metadata = Metadata(run_id=1, message_id="", src_node_id=0, dst_node_id=1,
                         reply_to_message_id="", group_id="1", created_at=0.0, ttl=60.0,
                         message_type="train")
-    return Message(RecordDict({"upload": common.arrays_record(arrays)}), metadata=metadata)
+    return Message(RecordDict({"upload": arrays_record(arrays)}), metadata=metadata)
 
 
 def test_message_size_grows_with_the_arrays_it_carries():
     small = common.message_nbytes(_message({"x": np.zeros(10, np.float32)}))
     big = common.message_nbytes(_message({"x": np.zeros(1010, np.float32)}))
     assert 40 <= small < big and big - small == pytest.approx(4000, abs=16)
-
-
-def test_a_record_round_trips_and_is_checked_before_use():
-    arrays = {"sign": np.array([1], np.int8), "indices": np.arange(5, dtype=np.int32)[::2]}
-    record = common.arrays_record(arrays)
-    got = common.checked_arrays(record, "upload", max_bytes=1000)
-    assert set(got) == set(arrays)
-    for key in arrays:
-        np.testing.assert_array_equal(got[key], arrays[key])
-        assert got[key].dtype == arrays[key].dtype
-    with pytest.raises(MalformedMessage, match="more than the 8 bytes"):
-        common.checked_arrays(record, "upload", max_bytes=8)
-    with pytest.raises(MalformedMessage, match="'upload' must be an ArrayRecord; got ConfigRecord"):
-        common.checked_arrays(ConfigRecord({"a": 1}), "upload", max_bytes=1000)
-    assert isinstance(record, ArrayRecord)
 
 
 def test_an_error_reply_is_reduced_to_its_own_first_line():

@@ -208,7 +208,7 @@ class _Context:
 def test_a_clients_state_is_reloaded_on_every_message_so_no_worker_replays_noise():
     """Ray hands a node's messages to any free worker: a stale cached copy must not replay."""
     from keras_fedpriv.federated.flower.horizontal import _load_state, _save_state
-    from keras_fedpriv.federated.horizontal_parties import HorizontalClient
+    from keras_fedpriv.federated.horizontal.parties import HorizontalClient
 
     context = _Context()
     data = (np.zeros((4, 2), np.float32), np.zeros(4, np.int32))
@@ -233,8 +233,8 @@ def test_a_long_lived_client_process_keeps_only_a_few_recent_runs(monkeypatch):
     from flwr.app import Context, Message, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
-    from keras_fedpriv.federated.flower import horizontal_wire as wire
-    from keras_fedpriv.federated.horizontal_loop import TrainRequest
+    from keras_fedpriv.federated.horizontal import wire
+    from keras_fedpriv.federated.horizontal.loop import TrainRequest
     from keras_fedpriv.federated.flower.horizontal import _caches
     from keras_fedpriv.federated.flower.recent_runs import DEFAULT_KEEP_RUNS
 
@@ -278,7 +278,7 @@ def test_a_long_lived_client_process_keeps_only_a_few_recent_runs(monkeypatch):
 
 
 def _server():
-    from keras_fedpriv.federated.horizontal_parties import HorizontalServer
+    from keras_fedpriv.federated.horizontal.parties import HorizontalServer
 
     return HorizontalServer(model_fn(), SignDSUpload(SignDSEncoder(k=0.2, eps=10.0)))
 
@@ -302,7 +302,7 @@ def _good_content(server):
     (lambda c: c.__delitem__("config"), "exactly the records"),
 ])
 def test_the_server_parses_a_malicious_reply_without_deserializing_or_crashing(tamper, match):
-    from keras_fedpriv.federated.flower.horizontal_wire import parse_train_reply
+    from keras_fedpriv.federated.horizontal.wire import parse_train_reply
 
     server = _server()
     content = _good_content(server)
@@ -359,7 +359,7 @@ def test_the_example_client_takes_its_scheme_from_its_own_node_config_not_the_ru
 def test_the_server_drops_a_malformed_laplace_report(report, match):
     from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-    from keras_fedpriv.federated.flower.horizontal_wire import parse_report as _parse_report
+    from keras_fedpriv.federated.horizontal.wire import parse_report as _parse_report
 
     good = RecordDict({"report": ArrayRecord({"report": Array(np.zeros((3, 10)))}),
                        "config": ConfigRecord({"client-id": 0})})

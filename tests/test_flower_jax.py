@@ -22,7 +22,7 @@ pytest.importorskip("flwr")
 
 from keras_fedpriv.federated import partition  # noqa: E402
 from keras_fedpriv.federated.flower.vertical import vertical_client_app  # noqa: E402
-from keras_fedpriv.federated.vertical_driver import VerticalDriver  # noqa: E402
+from keras_fedpriv.federated.vertical.driver import VerticalDriver  # noqa: E402
 from keras_fedpriv.layers.release_counter import FRESH_IDS  # noqa: E402
 
 import vertical_grid  # noqa: E402

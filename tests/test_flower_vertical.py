@@ -30,8 +30,8 @@ from keras_fedpriv.federated.flower.vertical import (  # noqa: E402
     vertical_client_app,
     vertical_server_app,
 )
-from keras_fedpriv.federated.vertical_driver import VerticalDriver  # noqa: E402
-from keras_fedpriv.federated.vertical_parties.loop import UntrainedEpoch  # noqa: E402
+from keras_fedpriv.federated.vertical.driver import VerticalDriver  # noqa: E402
+from keras_fedpriv.federated.vertical.loop import UntrainedEpoch  # noqa: E402
 from keras_fedpriv.privacy import privacy_report  # noqa: E402
 
 from flower_stubs import (  # noqa: E402

@@ -29,8 +29,8 @@ from keras_fedpriv.federated.flower.vertical import (  # noqa: E402
     vertical_server_app,
 )
 from keras_fedpriv.federated.flower.vertical_roster import FollowerGone  # noqa: E402
-from keras_fedpriv.federated.vertical_parties import MalformedMessage  # noqa: E402
-from keras_fedpriv.federated.vertical_parties.loop import (  # noqa: E402
+from keras_fedpriv.federated.malformed import MalformedMessage  # noqa: E402
+from keras_fedpriv.federated.vertical.loop import (  # noqa: E402
     FeatureTable,
     FollowerRequest,
     UntrainedEpoch,

@@ -1,10 +1,11 @@
-"""A follower's half of vertical FL (keras_fedpriv/federated/vertical_parties/follower.py)."""
+"""A follower's half of vertical FL (keras_fedpriv/federated/vertical/follower.py)."""
 
 import numpy as np
 import pytest
 
-from keras_fedpriv.federated.vertical_driver import FeatureTable, FollowerRequest, serve_request
-from keras_fedpriv.federated.vertical_parties import MalformedMessage, VerticalFollower
+from keras_fedpriv.federated.vertical.driver import FeatureTable, FollowerRequest, serve_request
+from keras_fedpriv.federated.malformed import MalformedMessage
+from keras_fedpriv.federated.vertical.follower import VerticalFollower
 from vertical_stubs import COLUMNS, model_fn, vertical_data
 
 pytestmark = [pytest.mark.jax]

@@ -30,7 +30,7 @@ from flwr.app import (  # noqa: E402
 from keras_fedpriv.callbacks import LaplaceEvaluation  # noqa: E402
 from keras_fedpriv.federated import HorizontalFL  # noqa: E402
 from keras_fedpriv.federated.flower import HorizontalStrategy, horizontal_client_app  # noqa: E402
-from keras_fedpriv.federated.horizontal_parties import ClientDataError  # noqa: E402
+from keras_fedpriv.federated.horizontal.parties import ClientDataError  # noqa: E402
 
 from flower_stubs import model_fn  # noqa: E402
 

@@ -6,8 +6,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_fedpriv.federated.horizontal_loop import HorizontalLoop, TrainReply
-from keras_fedpriv.federated.horizontal_parties import ClientResult, HorizontalServer
+from keras_fedpriv.federated.horizontal.loop import HorizontalLoop, TrainReply
+from keras_fedpriv.federated.horizontal.parties import ClientResult, HorizontalServer
 from keras_fedpriv.federated.uploads import as_upload
 from keras_fedpriv.mechanisms.ledger import CLIENT, ReleaseKind, non_private_event
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from keras_fedpriv.callbacks import MagRR
-from keras_fedpriv.federated.horizontal_parties import HorizontalServer, LocalTrainer, shuffle_order
+from keras_fedpriv.federated.horizontal.parties import HorizontalServer, LocalTrainer, shuffle_order
 from keras_fedpriv.federated.uploads import GaussianUpload, MalformedUpload
 from keras_fedpriv.mechanisms.random import secret_generator
 from keras_fedpriv.optimizers import SignDSEncoder

@@ -1,4 +1,4 @@
-"""The horizontal-FL wire format (keras_fedpriv/federated/flower/horizontal_wire.py): what
+"""The horizontal-FL wire format (keras_fedpriv/federated/horizontal/wire.py): what
 each message holds, encoded and parsed back, and what is refused."""
 
 import numpy as np
@@ -8,9 +8,9 @@ pytest.importorskip("flwr")
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict  # noqa: E402
 
-from keras_fedpriv.federated.flower import horizontal_wire as wire  # noqa: E402
-from keras_fedpriv.federated.horizontal_loop import EvaluateRequest, TrainRequest  # noqa: E402
-from keras_fedpriv.federated.horizontal_parties import HorizontalServer  # noqa: E402
+from keras_fedpriv.federated.horizontal import wire  # noqa: E402
+from keras_fedpriv.federated.horizontal.loop import EvaluateRequest, TrainRequest  # noqa: E402
+from keras_fedpriv.federated.horizontal.parties import HorizontalServer  # noqa: E402
 from keras_fedpriv.federated.malformed import MalformedMessage  # noqa: E402
 from keras_fedpriv.optimizers import SignDSEncoder  # noqa: E402
 from keras_fedpriv.federated.uploads import SignDSUpload  # noqa: E402

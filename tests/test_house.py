@@ -141,15 +141,38 @@ CROSS_CUTTING = {
 def _module_stems():
     paths = [p for p in PACKAGE.rglob("*.py") if not p.name.startswith("_")]
     packages = [p for p in PACKAGE.rglob("*") if p.is_dir() and (p / "__init__.py").exists()]
-    return {p.stem for p in paths} | {p.name for p in packages}
+    return ({p.stem for p in paths} | {f"{p.parent.name}_{p.stem}" for p in paths}
+            | {p.name for p in packages})
+
+
+#: module names that several modules share, each tested by a module named after it alone
+SHARED_STEM_TESTS = {
+    "mechanisms/signds.py": "test_signds.py",
+    "optimizers/signds.py": "test_signds_optimizer.py",
+}
+
+
+def _test_names(path, shared):
+    """The names a module's test module may have: tests/test_<package>_<module>.py, and
+    tests/test_<module>.py (test_flower_<module>.py for the Flower apps) unless another module
+    has the same name (``loop``, ``wire``, ``driver`` of both protocols)."""
+    names = {f"test_{path.parent.name}_{path.stem}.py"}
+    if path.stem not in shared:
+        names |= {f"test_{path.stem}.py", f"test_flower_{path.stem}.py"}
+    own = SHARED_STEM_TESTS.get(path.relative_to(PACKAGE).as_posix())
+    return names | {own} if own else names
 
 
 def test_every_module_has_its_own_test_module():
     """tests/test_<module>.py (test_flower_<module>.py for the Flower apps) for every module."""
     tests = {p.name for p in (ROOT / "tests").glob("test_*.py")}
-    homeless = [path.relative_to(PACKAGE).as_posix() for path in sorted(PACKAGE.rglob("*.py"))
-                if not path.name.startswith("_")  # __init__, __main__ and private helpers
-                and not {f"test_{path.stem}.py", f"test_flower_{path.stem}.py"} & tests]
+    modules = [p for p in sorted(PACKAGE.rglob("*.py"))
+               if not p.name.startswith("_")]  # __init__, __main__ and private helpers
+    seen, shared = set(), set()
+    for path in modules:
+        (shared if path.stem in seen else seen).add(path.stem)
+    homeless = [path.relative_to(PACKAGE).as_posix() for path in modules
+                if not _test_names(path, shared) & tests]
     assert homeless == []
 
 

@@ -107,7 +107,7 @@ def test_example_ids_beyond_int32_are_refused_before_keras_wraps_them():
     """JAX (no int64) would turn id 5 + 2**32 into 5: two examples would share their
     id-keyed noise (under binary randomized response, y1 XOR y2 would show)."""
     import keras_fedpriv as kf
-    from keras_fedpriv.federated.vertical_parties.party import _as_ids
+    from keras_fedpriv.federated.vertical.party import as_example_ids
     from tests.vertical_stubs import compile_model, two_party, two_party_data
 
     data = two_party_data()
@@ -119,5 +119,5 @@ def test_example_ids_beyond_int32_are_refused_before_keras_wraps_them():
         with pytest.raises(ValueError, match="`example_ids` must fit in int32.*position 1"):
             call()
     with pytest.raises(ValueError, match="must fit in int32"):
-        _as_ids(x["example_ids"], 2, "Follower.embed")
-    np.testing.assert_array_equal(_as_ids(np.array([5, 6], np.int64), 2, "f"), [5, 6])
+        as_example_ids(x["example_ids"], 2, "Follower.embed")
+    np.testing.assert_array_equal(as_example_ids(np.array([5, 6], np.int64), 2, "f"), [5, 6])

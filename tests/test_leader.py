@@ -1,9 +1,10 @@
-"""The leader's half of vertical FL (keras_fedpriv/federated/vertical_parties/leader.py)."""
+"""The leader's half of vertical FL (keras_fedpriv/federated/vertical/leader.py)."""
 
 import numpy as np
 import pytest
 
-from keras_fedpriv.federated.vertical_parties import MalformedMessage, VerticalLeader
+from keras_fedpriv.federated.malformed import MalformedMessage
+from keras_fedpriv.federated.vertical.leader import VerticalLeader
 from vertical_stubs import model_fn, vertical_data
 
 pytestmark = [pytest.mark.jax]

@@ -6,7 +6,7 @@ import pytest
 
 from keras_fedpriv.federated import MalformedUpload, SignDSUpload
 from keras_fedpriv.federated.malformed import MalformedMessage
-from keras_fedpriv.federated.vertical_parties import EmbeddingSpec, decode_embedding
+from keras_fedpriv.federated.vertical.wire import EmbeddingSpec, decode_embedding
 from keras_fedpriv.optimizers import SignDSEncoder
 
 pytestmark = [pytest.mark.jax]

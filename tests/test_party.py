@@ -1,4 +1,4 @@
-"""The pieces every vertical party runs (keras_fedpriv/federated/vertical_parties/party.py).
+"""The pieces every vertical party runs (keras_fedpriv/federated/vertical/party.py).
 
 Backend-neutral (runs again under ``KERAS_BACKEND=jax``)."""
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import keras_fedpriv as kf
-from keras_fedpriv.federated.vertical_parties import party as P
+from keras_fedpriv.federated.vertical import party as P
 
 pytestmark = [pytest.mark.jax]
 
@@ -117,7 +117,7 @@ def test_a_protected_follower_sends_the_protections_output():
     assert set(np.unique(np.asarray(sent))) <= {0.0, 1.0} and follower.unprotected_count() == 0
     ids, counts = follower.protection._release_id_counts_nonzero()
     assert ids.tolist() == [0, 1, 2, 3] and counts.tolist() == [1, 1, 1, 1]
-    assert follower._build_spec().shape == (None, 2) and follower.spec.bits
+    assert follower.build_spec().shape == (None, 2) and follower.spec.bits
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

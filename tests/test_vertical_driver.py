@@ -1,4 +1,4 @@
-"""Leader-driven vertical FL over the party halves (keras_fedpriv/federated/vertical_driver.py).
+"""Leader-driven vertical FL over the party halves (keras_fedpriv/federated/vertical/driver.py).
 
 The driver of the halves and `VerticalModel.fit` run the same pieces: given the same seeds,
 data and batch order they train the same model and record the same releases."""
@@ -12,7 +12,7 @@ import pytest
 
 import keras_fedpriv as kf
 from keras_fedpriv.federated import with_example_ids
-from keras_fedpriv.federated.vertical_driver import FeatureTable, VerticalDriver, epoch_order
+from keras_fedpriv.federated.vertical.driver import FeatureTable, VerticalDriver, epoch_order
 from keras_fedpriv.privacy import privacy_report
 from vertical_stubs import COLUMNS, follower_data, model_fn, vertical_data
 

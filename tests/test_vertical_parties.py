@@ -1,4 +1,4 @@
-"""split_parties (keras_fedpriv/federated/vertical_parties): a VerticalModel cut into its parties'
+"""split_parties (keras_fedpriv/federated/vertical/parties.py): a VerticalModel cut into its parties'
 halves."""
 
 import keras
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from keras_fedpriv.federated import VerticalModel
-from keras_fedpriv.federated.vertical_parties import EmbeddingSpec, split_parties
+from keras_fedpriv.federated.vertical.parties import split_parties
+from keras_fedpriv.federated.vertical.wire import EmbeddingSpec
 from vertical_stubs import COLUMNS, model_fn, vertical_data
 
 pytestmark = [pytest.mark.jax]

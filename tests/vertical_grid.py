@@ -20,9 +20,9 @@ from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 
 import keras_fedpriv as kf
 from keras_fedpriv.federated import VerticalModel
-from keras_fedpriv.federated.flower.common import arrays_record
+from keras_fedpriv.federated.records import arrays_record
 from keras_fedpriv.federated.flower.vertical import vertical_server_app
-from keras_fedpriv.federated.vertical_parties.loop import (
+from keras_fedpriv.federated.vertical.loop import (
     FeatureTable,
     FollowerRequest,
     serve_request,

@@ -585,7 +585,7 @@ def local_training(model: Any, batch_size: int, x_spec: Any, y_spec: Any,
 
 
 # -- vertical --
-# VerticalModel's steps (keras_fedpriv/federated/vertical.py): Keras' JAX trainer passes
+# VerticalModel's steps (keras_fedpriv/federated/vertical/model.py): Keras' JAX trainer passes
 # and takes back the state (trainable, non-trainable, optimizer, metrics variables); each
 # party's gradients come from the vjp of its own forward pass with its cut gradient.
 

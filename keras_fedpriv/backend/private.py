@@ -82,7 +82,7 @@ def seed_generator_class() -> type:
     return keras.random.SeedGenerator
 
 
-# -- vertical (federated/vertical.py, federated/vertical_parties/) --
+# -- vertical (federated/vertical/) --
 
 def model_compute_loss(model: Any, **kwargs: Any) -> Any:
     """``model.compute_loss(**kwargs)`` the way Keras' own steps call it

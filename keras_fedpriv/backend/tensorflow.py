@@ -500,8 +500,8 @@ def local_training(model: Any, batch_size: int, x_spec: Any, y_spec: Any,
 
 
 # -- vertical --
-# VerticalModel's steps and the parties' gradients (keras_fedpriv/federated/vertical.py,
-# vertical_parties/): a tape per party.
+# VerticalModel's steps and the parties' gradients (keras_fedpriv/federated/vertical/: model.py
+# and the party halves): a tape per party.
 
 
 def vjp(fn: Callable[[Any], tuple[list[Any], Any]], variables: list[Any],

@@ -1,8 +1,9 @@
 """Run keras-fedpriv's protocols on Flower (``pip install -e ".[flower]"`` in the clone's root).
 
 Flower (`flwr`) carries the messages between processes and machines; the
-parties' code is the same as in one process (`HorizontalClient`,
-`HorizontalServer` in `keras_fedpriv.federated.horizontal_parties`). Builders
+parties' code and the round loops are the same as in one process
+(`keras_fedpriv.federated.horizontal`, `keras_fedpriv.federated.vertical`):
+these modules only carry the loops' requests and replies as Flower messages. Builders
 return ready Flower apps that run on both of Flower's engines, the Simulation
 Engine (``flwr run`` on Flower's ``local`` connection, or the deprecated
 `flwr.simulation.run_simulation` from Python)
@@ -16,6 +17,9 @@ processes):
 * `vertical_client_app` / `vertical_server_app`: vertical FL, the leader
   as the ``ServerApp`` and each follower a ``ClientApp``
   (`keras_fedpriv.federated.flower.vertical`).
+* `VerticalStrategy`: the vertical leader as one class, the mirror of
+  `HorizontalStrategy`, for a user's own ``ServerApp``
+  (``strategy.start(grid, data, run_config=...)``).
 * `relay_client_app` and `serve_worker`: a party's long-lived worker
   process, which keeps TensorFlow and the models loaded across messages, and
   the thin ClientApp that hands each message to it
@@ -51,6 +55,7 @@ _EXPORTS = {
     "serve_worker": "keras_fedpriv.federated.flower.worker",
     "vertical_client_app": "keras_fedpriv.federated.flower.vertical",
     "vertical_server_app": "keras_fedpriv.federated.flower.vertical",
+    "VerticalStrategy": "keras_fedpriv.federated.flower.vertical_strategy",
 }
 lazy_exports(__name__, _EXPORTS, ())
 

@@ -12,15 +12,13 @@ import re
 import time
 from typing import Any, Callable, Mapping
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Context, Message
 from flwr.serverapp import Grid
 
-from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.privacy.budget import PrivacyBudget
 
-__all__ = ["RENAMED", "arrays_record", "call_with_context", "check_renamed", "checked_arrays",
-           "first_line", "message_nbytes", "party_budget", "wait_for_nodes"]
+__all__ = ["RENAMED", "call_with_context", "check_renamed", "first_line", "message_nbytes",
+           "party_budget", "wait_for_nodes"]
 
 logger = logging.getLogger("keras_fedpriv.flower")
 
@@ -69,11 +67,6 @@ def call_with_context(fn: Callable[..., Any], *args: Any, context: Context) -> A
     return fn(*args, context=context) if takes else fn(*args)
 
 
-def arrays_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    """Named numpy arrays as a Flower ArrayRecord."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
-
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -105,21 +98,6 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float, what: str = "clients"
             raise TimeoutError(f"only {len(nodes)} of the {count} {what} needed connected "
                                f"within {timeout:g} s.")
         time.sleep(0.5)
-
-
-def checked_arrays(record: Any, what: str, max_bytes: int) -> dict[str, np.ndarray]:
-    """A received ArrayRecord's arrays, checked before anything is deserialized."""
-    if not isinstance(record, ArrayRecord):
-        raise MalformedMessage(f"{what!r} must be an ArrayRecord; got {type(record).__name__}.")
-    total = 0
-    for key, array in record.items():
-        if getattr(array, "stype", None) != "numpy.ndarray":
-            raise MalformedMessage(f"{what!r} array {key!r} is not a numpy array.")
-        total += len(array.data)
-        if total > max_bytes:
-            raise MalformedMessage(f"{what!r} holds more than the {max_bytes} bytes the protocol "
-                                  "sends.")
-    return {str(k): a.numpy() for k, a in record.items()}
 
 
 def party_budget(context: Context, max_epsilon: float | None, delta: float,

@@ -5,7 +5,7 @@ The apps are thin: the client half (`HorizontalClient`) and the server half
 given the same seeds and data both runtimes compute the same global model.
 
 What crosses the wire each round (the record names, config keys, encoders and
-parsers are in `keras_fedpriv.federated.flower.horizontal_wire`): the server
+parsers are in `keras_fedpriv.federated.horizontal.wire`): the server
 sends the global weights (and BatchNormalization statistics, MagRR's
 announcement); a client answers with exactly the upload scheme's `to_wire`
 arrays (for SignDS a sign and h indices, nothing else) and, only where the
@@ -43,7 +43,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from keras_fedpriv.federated.flower import horizontal_wire as wire
+from keras_fedpriv.federated.horizontal import wire
 from keras_fedpriv.federated.flower.common import (  # noqa: F401 - message_nbytes is public here
     party_budget,
     check_renamed,
@@ -59,7 +59,7 @@ from keras_fedpriv.federated.flower.strategy import (  # noqa: F401 - FlowerRunR
 from keras_fedpriv.federated.flower.central_dp import refuse_dp_mods
 from keras_fedpriv.federated.flower.party_store import durable_state_mod
 from keras_fedpriv.federated.flower.recent_runs import RecentRuns
-from keras_fedpriv.federated.horizontal_parties import (
+from keras_fedpriv.federated.horizontal.parties import (
     ClientDataError,
     HorizontalClient,
     LocalTrainer,
@@ -285,10 +285,49 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         raise ValueError(f"`batch_norm` must be 'average' or 'local'; got {batch_norm!r}.")
     if max_epsilon is not None:
         PrivacyBudget(max_epsilon, budget_delta)  # checks the arguments now
+    service = _ClientService(model_fn, data_fn, upload_fn, batch_size=batch_size, seed=seed,
+                             batch_norm=batch_norm, eps_rr=eps_rr,
+                             laplace_eval_fn=laplace_eval_fn, client_id_fn=client_id_fn,
+                             max_local_epochs=max_local_epochs, max_epsilon=max_epsilon,
+                             budget_delta=budget_delta, budget_path=budget_path)
     app = ClientApp(mods=[durable_state_mod(state_dir), *mods])
+    app.query()(service.query)
+    app.evaluate()(service.evaluate)
+    app.train()(service.train)
+    return app
 
-    def spend(context: Context, party: HorizontalClient, before: ReleaseLedger | None = None,
-              clear: bool = False) -> ReleaseLedger | None:
+
+class _ClientService:
+    """One horizontal client's answers to the server's messages: what `horizontal_client_app`
+    registers. The settings are this object's (the app's arguments, already checked); the
+    client lives in this process's caches (`_caches`) and, as its truth, in the node's
+    ``context.state`` (`_load_state`, `_save_state`)."""
+
+    def __init__(self, model_fn: Callable[[], keras.Model],
+                 data_fn: Callable[[Context], tuple[Any, Any]], upload_fn: Callable[[], Any], *,
+                 batch_size: int, seed: int | None, batch_norm: str,
+                 eps_rr: float | Callable[[Context], float | None] | None,
+                 laplace_eval_fn: Callable[[Context], Any] | None,
+                 client_id_fn: Callable[[Context], int], max_local_epochs: int,
+                 max_epsilon: float | None, budget_delta: float,
+                 budget_path: str | Callable[[Context], str] | None) -> None:
+        self.model_fn = model_fn
+        self.data_fn = data_fn
+        self.upload_fn = upload_fn
+        self.batch_size = batch_size
+        self.seed = seed
+        self.batch_norm = batch_norm
+        self.eps_rr = eps_rr
+        self.laplace_eval_fn = laplace_eval_fn
+        self.client_id_fn = client_id_fn
+        self.max_local_epochs = max_local_epochs
+        self.max_epsilon = max_epsilon
+        self.budget_delta = budget_delta
+        self.budget_path = budget_path
+
+    # -- the budget ---------------------------------------------------------------------------
+    def spend(self, context: Context, party: HorizontalClient,
+              before: ReleaseLedger | None = None, clear: bool = False) -> ReleaseLedger | None:
         """Reserve in the client's budget what its reply carries; return its ledger so far.
 
         With ``before`` None, a check before any noise is drawn (already over: refuse
@@ -296,7 +335,7 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
         recorded in one step under the budget file's lock. ``clear``: the reply also
         carries BatchNormalization statistics and the data size without DP (inf).
         """
-        cap = party_budget(context, max_epsilon, budget_delta, budget_path)
+        cap = party_budget(context, self.max_epsilon, self.budget_delta, self.budget_path)
         if cap is None:
             return None
         now = privacy_ledger(party.privacy_protections())
@@ -315,8 +354,10 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             raise
         return now
 
-    def client(context: Context) -> HorizontalClient:
-        trainers, clients = _caches(context.run_id)
+    # -- the client -----------------------------------------------------------------------------
+    def client(self, context: Context) -> HorizontalClient:
+        """This node's client: the process's copy brought up to the node state, or a new one."""
+        clients = _caches(context.run_id)[1]
         key = (context.run_id, context.node_id)
         if key in clients:
             party = clients[key]
@@ -328,7 +369,14 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                 # failed before its state was saved: nothing of it was sent); load_state_dict
                 # never rewinds a live object, so the client is rebuilt from the node state
                 clients.pop(key, None)
-        x, y = data_fn(context)
+        party = self.build(context)
+        _load_state(context, party)
+        clients[key] = party
+        return party
+
+    def data(self, context: Context) -> tuple[np.ndarray, np.ndarray]:
+        """The client's ``(x, y)`` from ``data_fn``, checked for rows, floats as float32."""
+        x, y = self.data_fn(context)
         x, y = np.asarray(x), np.asarray(y)
         if len(x) != len(y) or len(x) == 0:
             raise ClientDataError(f"{_who(context)}: x and y must have the same non-zero number "
@@ -337,44 +385,53 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             x = x.astype(np.float32, copy=False)
         if y.dtype.kind == "f":
             y = y.astype(np.float32, copy=False)
+        return x, y
+
+    def trainer(self, context: Context, x: np.ndarray, y: np.ndarray) -> LocalTrainer:
+        """The process's model and compiled training function for this run (built once)."""
+        trainers = _caches()[0]
         # by name: an unpickled copy of model_fn is another object for every message
-        tkey = (context.run_id, getattr(model_fn, "__module__", ""),
-                getattr(model_fn, "__qualname__", repr(model_fn)))
+        tkey = (context.run_id, getattr(self.model_fn, "__module__", ""),
+                getattr(self.model_fn, "__qualname__", repr(self.model_fn)))
         if tkey not in trainers:
-            model = model_fn()
+            model = self.model_fn()
             if not model.built:
                 model(x[:1])
-            trainers[tkey] = (model, LocalTrainer(model, batch_size, (x.shape[1:], x.dtype),
+            trainers[tkey] = (model, LocalTrainer(model, self.batch_size,
+                                                   (x.shape[1:], x.dtype),
                                                    (y.shape[1:], y.dtype)))
-        trainer = trainers[tkey][1]
+        return trainers[tkey][1]
+
+    def build(self, context: Context) -> HorizontalClient:
+        """A new client from the user's functions (its state is loaded by `client`)."""
+        x, y = self.data(context)
+        trainer = self.trainer(context, x, y)
         check_client_data(trainer.model, x, y, _who(context))
         magrr = None
-        eps = eps_rr(context) if callable(eps_rr) else eps_rr
+        eps = self.eps_rr(context) if callable(self.eps_rr) else self.eps_rr
         if eps is not None:
             from keras_fedpriv.federated.magrr import MagRR
 
-            magrr = MagRR(eps_rr=eps, seed=seed)
-        upload = as_upload(call_with_context(upload_fn, context=context))
-        party = HorizontalClient(trainer, (x, y), upload,
-                                 client_id_fn(context), seed=seed, batch_norm=batch_norm,
-                                 magrr=magrr, laplace=(None if laplace_eval_fn is None
-                                                       else laplace_eval_fn(context)))
-        _load_state(context, party)
-        clients[key] = party
-        return party
+            magrr = MagRR(eps_rr=eps, seed=self.seed)
+        upload = as_upload(call_with_context(self.upload_fn, context=context))
+        laplace = None if self.laplace_eval_fn is None else self.laplace_eval_fn(context)
+        return HorizontalClient(trainer, (x, y), upload, self.client_id_fn(context),
+                                seed=self.seed, batch_norm=self.batch_norm, magrr=magrr,
+                                laplace=laplace)
 
-    @app.query()
-    def query(msg: Message, context: Context) -> Message:
+    # -- the messages ---------------------------------------------------------------------------
+    def query(self, msg: Message, context: Context) -> Message:
+        """The ``"query"``: the client's id."""
         try:
-            party = client(context)
+            party = self.client(context)
         except Exception as err:  # noqa: BLE001 - the reason stays on the client
             return _client_error(msg, "query", context, err)
         return Message(wire.query_reply_content(party.client_id), reply_to=msg)
 
-    @app.evaluate()
-    def evaluate(msg: Message, context: Context) -> Message:
+    def evaluate(self, msg: Message, context: Context) -> Message:
+        """An ``"evaluate"``: the model's outputs plus Laplace noise, a report of fixed size."""
         try:
-            party = client(context)
+            party = self.client(context)
             if party.laplace is None:
                 raise ValueError("this client runs no LaplaceEvaluation (laplace_eval_fn).")
             model = party.trainer.model
@@ -383,13 +440,13 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
                 v.assign(w)
             for v, w in zip(party.trainer.bn_variables, order.batch_norm):
                 v.assign(w)
-            before = spend(context, party)
+            before = self.spend(context, party)
             # a report of a fixed size: the server's max-rows, or this client's own cap when
             # the server names none (a report's shape must not tell the client's data size)
             rows = order.max_rows if order.max_rows is not None else party.laplace.max_report_rows
             outputs = party.laplace.client_outputs(model, party.x, max_rows=rows)
             noisy, _ = party.laplace.report_outputs(outputs, party.client_id)
-            spend(context, party, before)
+            self.spend(context, party, before)
             _save_state(context, party)
         except BudgetExhausted:
             return _client_error(msg, "evaluate", context, budget=True)
@@ -397,35 +454,33 @@ def horizontal_client_app(model_fn: Callable[[], keras.Model],
             return _client_error(msg, "evaluate", context, err)
         return Message(wire.report_content(party.client_id, noisy), reply_to=msg)
 
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
+    def train(self, msg: Message, context: Context) -> Message:
+        """A ``"train"``: local training, then the upload; an error reply names no data."""
         try:
-            return _train(msg, context)
+            return self._train(msg, context)
         except BudgetExhausted:
             return _client_error(msg, "train", context, budget=True)
         except Exception as err:  # noqa: BLE001 - the reason stays on the client
             return _client_error(msg, "train", context, err)
 
-    def _train(msg: Message, context: Context) -> Message:
-        party = client(context)
+    def _train(self, msg: Message, context: Context) -> Message:
+        party = self.client(context)
         order = wire.read_train(msg)
         bn = order.batch_norm
         epochs = validate_positive_int(order.local_epochs, "local-epochs")
-        if epochs > max_local_epochs:
+        if epochs > self.max_local_epochs:
             raise ValueError(f"the server asked for {epochs} local epochs; this client accepts "
-                             f"at most max_local_epochs={max_local_epochs}.")
+                             f"at most max_local_epochs={self.max_local_epochs}.")
         rnd = validate_positive_int(order.round, "round", minimum=0)
-        clear = bool(bn) and batch_norm == "average"  # the reply carries BN statistics
-        before = spend(context, party, clear=clear)  # already over: refuse before training
+        clear = bool(bn) and self.batch_norm == "average"  # the reply carries BN statistics
+        before = self.spend(context, party, clear=clear)  # already over: refuse before training
         result = party.fit(order.weights, rnd, epochs, bn, magrr_cut=order.magrr_cut)
-        spend(context, party, before, clear=clear)
+        self.spend(context, party, before, clear=clear)
         _save_state(context, party)
         content = wire.train_reply_content(
             party.client_id, party.upload.to_wire(result.upload), result.magrr_report,
             result.batch_norm if clear else None, party.num_examples)
         return Message(content, reply_to=msg)
-
-    return app
 
 
 def horizontal_server_app(model_fn: Callable[[], keras.Model],

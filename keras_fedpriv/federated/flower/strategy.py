@@ -36,15 +36,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from keras_fedpriv.federated.flower import horizontal_wire as wire
 from keras_fedpriv.federated.flower.central_dp import CentralDP, refuse_flower_dp
+from keras_fedpriv.federated.horizontal import wire
 from keras_fedpriv.federated.flower.common import (
     first_line,
     wait_for_nodes,
     message_nbytes,
 )
-from keras_fedpriv.federated.horizontal_loop import EvaluateReport, HorizontalLoop, TrainReply
-from keras_fedpriv.federated.horizontal_parties import HorizontalServer
+from keras_fedpriv.federated.horizontal.loop import EvaluateReport, HorizontalLoop, TrainReply
+from keras_fedpriv.federated.horizontal.parties import HorizontalServer
 from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.federated.uploads import as_upload
 from keras_fedpriv.mechanisms.ledger import (

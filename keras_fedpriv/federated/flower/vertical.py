@@ -8,7 +8,7 @@ with its protected embeddings of the new batches; the leader checks the
 answers, steps once per batch, and keeps the new cut gradients for the next
 message. With K > 1 a follower's embeddings are up to K - 1 steps stale
 (docs/vertical.md). The apps are thin: the loop is
-`keras_fedpriv.federated.vertical_parties.loop.run_leader` and the
+`keras_fedpriv.federated.vertical.loop.run_leader` and the
 follower's side `serve_request`, exactly what `VerticalDriver` runs in one
 process, so given the same seeds, data and K both runtimes compute the same
 model.
@@ -71,10 +71,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import re
 import secrets
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -90,46 +87,38 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
         "\"flwr[simulation]>=1.41,<1.42\".") from err
 
 from keras_fedpriv.federated.flower.common import (  # noqa: E402
-    arrays_record,
     call_with_context,
-    checked_arrays,
-    first_line,
-    message_nbytes,
     party_budget,
-    wait_for_nodes,
 )
 from keras_fedpriv.federated.flower.party_store import durable_state_mod  # noqa: E402
 from keras_fedpriv.federated.flower.recent_runs import RecentRuns  # noqa: E402
-from keras_fedpriv.federated.flower.vertical_roster import (  # noqa: E402
-    PIN_KEY,
-    TOKEN_BYTES,
-    FollowerGone,
-    FollowerRoster,
+from keras_fedpriv.federated.flower.vertical_roster import TOKEN_BYTES  # noqa: E402
+from keras_fedpriv.federated.flower.vertical_strategy import (  # noqa: E402
+    VerticalStrategy,
+    positive_seconds,
+    write_result,
 )
-from keras_fedpriv.privacy.budget import BudgetExhausted, PrivacyBudget  # noqa: E402
-from keras_fedpriv.privacy.report import privacy_ledger  # noqa: E402
-from keras_fedpriv.federated.vertical_parties.loop import (  # noqa: E402
+from keras_fedpriv.federated.records import arrays_record  # noqa: E402
+from keras_fedpriv.federated.vertical import wire  # noqa: E402
+from keras_fedpriv.federated.vertical.follower import VerticalFollower  # noqa: E402
+from keras_fedpriv.federated.vertical.leader import VerticalLeader  # noqa: E402
+from keras_fedpriv.federated.vertical.loop import (  # noqa: E402
     MAX_BATCHES_PER_MESSAGE,
     FeatureTable,
     FollowerRequest,
-    UntrainedEpoch,
     VerticalRunResult,
     failure_reason,
-    run_leader,
     serve_request,
     validate_batches_per_message,
 )
-from keras_fedpriv.federated.vertical_parties import (  # noqa: E402
-    MalformedMessage,
-    VerticalFollower,
-    VerticalLeader,
-)
-from keras_fedpriv.federated.vertical_parties.party import validate_party_name  # noqa: E402
+from keras_fedpriv.federated.vertical.party import validate_party_name  # noqa: E402
 from keras_fedpriv.layers.local_state import local_state  # noqa: E402
 from keras_fedpriv.mechanisms.validation import (  # noqa: E402
     validate_positive_int,
     validate_seed,
 )
+from keras_fedpriv.privacy.budget import BudgetExhausted, PrivacyBudget  # noqa: E402
+from keras_fedpriv.privacy.report import privacy_ledger  # noqa: E402
 
 __all__ = ["vertical_client_app", "vertical_server_app"]
 
@@ -261,47 +250,74 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
         PrivacyBudget(max_epsilon, budget_delta)  # checks the arguments now
     max_batches_per_message = validate_batches_per_message(max_batches_per_message,
                                                            "max_batches_per_message")
+    service = _FollowerService(follower_fn, data_fn, parties=parties, party_fn=party_fn,
+                              on_finish=on_finish, max_epsilon=max_epsilon,
+                              budget_delta=budget_delta, budget_path=budget_path,
+                              max_batches_per_message=max_batches_per_message)
+    app = ClientApp(mods=[service.audit, durable_state_mod(state_dir, party=service.party_name)])
+    app.query()(service.hello)
+    app.train()(service.train)
+    app.evaluate()(service.evaluate)
+    app.query("finish")(service.finish)
+    return app
 
-    def audit(msg: Message, context: Context, call_next: Any) -> Message:
-        """Log what a served message used of the follower's randomness, once its state is
-        written (the durable state's mod runs inside this one): a restarted follower's lines
-        show its random counters going on, never back."""
-        reply = call_next(msg, context)
-        cached = _followers().get((context.run_id, context.node_id))
-        if cached is not None and cached.sent is not None:
-            message, before, after, batches = cached.sent
-            cached.sent = None
-            logger.info("follower %r (node %s) %s message %d (%d batches embedded): random "
-                        "counter %d -> %d", cached.follower.name, context.node_id,
-                        "refused" if batches < 0 else "answered", message, max(batches, 0),
-                        before, after)
-        return reply
 
-    def party_name(context: Context) -> str:
-        return party_fn(context) if party_fn is not None else _party_of(context, parties)
+class _FollowerService:
+    """One follower's answers to the vertical messages: what `vertical_client_app` registers.
 
-    app = ClientApp(mods=[audit, durable_state_mod(state_dir, party=party_name)])
+    The settings are this object's; the follower itself lives in the
+    process's cache (`_followers`, one per run and node) and in the node's
+    ``context.state``, whichever is newer (`load`). The arguments are those
+    of `vertical_client_app` (already checked there).
+    """
 
-    def max_batches(context: Context) -> int:
+    def __init__(self, follower_fn: Callable[..., VerticalFollower], data_fn: Callable[..., Any],
+                 *, parties: Sequence[str] | None = None,
+                 party_fn: Callable[[Context], str] | None = None,
+                 on_finish: Callable[..., None] | None = None,
+                 max_epsilon: float | None = None, budget_delta: float = 1e-5,
+                 budget_path: str | Callable[[Context], str] | None = None,
+                 max_batches_per_message: int = MAX_BATCHES_PER_MESSAGE) -> None:
+        self.follower_fn = follower_fn
+        self.data_fn = data_fn
+        self.parties = parties
+        self.party_fn = party_fn
+        self.on_finish = on_finish
+        self.max_epsilon = max_epsilon
+        self.budget_delta = budget_delta
+        self.budget_path = budget_path
+        self.max_batches_per_message = max_batches_per_message
+
+    # -- settings of the node ---------------------------------------------------------------
+    def party_name(self, context: Context) -> str:
+        """The node's party: ``party_fn(context)``, else the node config's."""
+        if self.party_fn is not None:
+            return self.party_fn(context)
+        return _party_of(context, self.parties)
+
+    def max_batches(self, context: Context) -> int:
+        """The most batches one message may ask for: the code's and the node config's smaller."""
         node = context.node_config.get("max-batches-per-message")
         if node is None:
-            return max_batches_per_message
-        return min(max_batches_per_message,
+            return self.max_batches_per_message
+        return min(self.max_batches_per_message,
                    validate_batches_per_message(int(node), "max-batches-per-message"))
 
-    def build(context: Context) -> _Cached:
-        party = party_name(context)
-        follower = call_with_context(follower_fn, party, context=context)
+    # -- the follower and its node state ----------------------------------------------------
+    def build(self, context: Context) -> _Cached:
+        """A new follower and its feature table, from the user's functions."""
+        party = self.party_name(context)
+        follower = call_with_context(self.follower_fn, party, context=context)
         if not isinstance(follower, VerticalFollower) or follower.name != party:
             raise TypeError(f"follower_fn({party!r}) must return the VerticalFollower named "
                             f"{party!r}; got {type(follower).__name__}.")
-        data = call_with_context(data_fn, party, context=context)
+        data = call_with_context(self.data_fn, party, context=context)
         table = (data if isinstance(data, FeatureTable) else
                  FeatureTable(data[1], data[0]) if isinstance(data, tuple) else
                  FeatureTable(data))
         return _Cached(follower, table, 0)
 
-    def load(context: Context) -> _Cached:
+    def load(self, context: Context) -> _Cached:
         """This process's follower for the node, made the newest of itself and the node state.
 
         The node state wins when it is newer (another process moved on); the
@@ -317,13 +333,13 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
         cache = _followers(context.run_id)
         cached = cache.get(key)
         if cached is None:
-            cached = cache[key] = build(context)
+            cached = cache[key] = self.build(context)
         if cached.version > version:
             logger.warning("follower %r (node %s): the node state (version %d) is behind this "
                            "process's follower (version %d); the follower's is kept and written "
                            "back", cached.follower.name, context.node_id, version,
                            cached.version)
-            write(context, cached)
+            self.write(context, cached)
         elif cached.version < version:
             if _STATE in context.state:
                 cached.follower.load_state_dict(_arrays(context.state[_STATE]))
@@ -332,31 +348,72 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
             cached.token = token if isinstance(token, bytes) else b""
         return cached
 
+    @staticmethod
     def write(context: Context, cached: _Cached) -> None:
+        """Put the follower's state and version into the node state."""
         context.state[_STATE] = arrays_record(cached.follower.state_dict())
         context.state[_META] = ConfigRecord({"version": cached.version, "token": cached.token})
 
-    def save(context: Context, cached: _Cached) -> None:
+    def save(self, context: Context, cached: _Cached) -> None:
+        """A new version of the follower's state, in the node state."""
         cached.version += 1
-        write(context, cached)
+        self.write(context, cached)
 
-    def serve(msg: Message, context: Context, training: bool) -> Message:
-        cached = load(context)
-        content = msg.content
-        config = content["config"] if "config" in content else {}
+    # -- the messages -----------------------------------------------------------------------
+    def audit(self, msg: Message, context: Context, call_next: Any) -> Message:
+        """Log what a served message used of the follower's randomness, once its state is
+        written (the durable state's mod runs inside this one): a restarted follower's lines
+        show its random counters going on, never back."""
+        reply = call_next(msg, context)
+        cached = _followers().get((context.run_id, context.node_id))
+        if cached is not None and cached.sent is not None:
+            message, before, after, batches = cached.sent
+            cached.sent = None
+            logger.info("follower %r (node %s) %s message %d (%d batches embedded): random "
+                        "counter %d -> %d", cached.follower.name, context.node_id,
+                        "refused" if batches < 0 else "answered", message, max(batches, 0),
+                        before, after)
+        return reply
+
+    def hello(self, msg: Message, context: Context) -> Message:
+        """The ``"query"``: the follower's party, spec and rejoin token."""
+        cached = self.load(context)
+        if not cached.token:  # drawn once per run, kept in the node state (never logged)
+            cached.token = secrets.token_bytes(TOKEN_BYTES)
+            self.save(context, cached)
+        follower = cached.follower
+        return Message(RecordDict({wire.CONFIG: ConfigRecord(
+            {"party": follower.name, "spec": json.dumps(follower.spec.to_config()),
+             "rejoin-token": cached.token})}), reply_to=msg)
+
+    def train(self, msg: Message, context: Context) -> Message:
+        """A ``"train"`` message: gradients to apply, training batches to embed."""
+        return self.serve(msg, context, True)
+
+    def evaluate(self, msg: Message, context: Context) -> Message:
+        """An ``"evaluate"`` message: inference batches to embed."""
+        return self.serve(msg, context, False)
+
+    def finish(self, msg: Message, context: Context) -> Message:
+        """The ``"query.finish"``: the run is over (``on_finish`` runs)."""
+        cached = self.load(context)
+        if self.on_finish is not None:
+            call_with_context(self.on_finish, cached.follower, context=context)
+        return Message(RecordDict({wire.CONFIG: ConfigRecord({"party": cached.follower.name})}),
+                       reply_to=msg)
+
+    def serve(self, msg: Message, context: Context, training: bool) -> Message:
+        """Serve one request; the reply is the embeddings, or an error with its reason only."""
+        cached = self.load(context)
         counter = random_counter(cached.follower)
         batches = 0
         try:
-            limit = max_batches(context)
-            request = FollowerRequest.from_arrays(
-                _arrays(content["ids"]) if "ids" in content else None,
-                _arrays(content["gradient"]) if "gradient" in content else None,
-                training=training, max_batches=limit, epoch=int(config.get("epoch", 0)),
-                step=int(config.get("step", 0)), message=int(config.get("message", 0)),
-                answers=int(config.get("answers", 0)))
-            cap = party_budget(context, max_epsilon, budget_delta, budget_path, per_record=True)
+            limit = self.max_batches(context)
+            request = _read_request(msg.content, training, limit)
+            cap = party_budget(context, self.max_epsilon, self.budget_delta, self.budget_path,
+                               per_record=True)
             before = None if cap is None else privacy_ledger(cached.follower)
-            reply = RecordDict({"embedding": arrays_record(
+            reply = RecordDict({wire.EMBEDDING: arrays_record(
                 serve_request(cached.follower, request, cached.table, limit))})
             batches = len(request.example_ids or [])
             if cap is not None:
@@ -370,7 +427,7 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
             logger.warning("follower %r (node %s) refused a request: its privacy budget is "
                            "spent", cached.follower.name, context.node_id)
             _followers().pop((context.run_id, context.node_id), None)
-            return Message(RecordDict({"error": ConfigRecord(
+            return Message(RecordDict({wire.ERROR: ConfigRecord(
                 {"reason": "BudgetExhausted: the follower's privacy budget is spent"})}),
                 reply_to=msg)
         except Exception as error:
@@ -380,71 +437,20 @@ def vertical_client_app(follower_fn: Callable[..., VerticalFollower],
             logger.warning("follower %r (node %s) failed to serve a request: %s",
                            cached.follower.name, context.node_id, reason)
             logger.debug("follower %r: the error", cached.follower.name, exc_info=True)
-            reply = RecordDict({"error": ConfigRecord({"reason": reason})})
-        save(context, cached)
+            reply = RecordDict({wire.ERROR: ConfigRecord({"reason": reason})})
+        self.save(context, cached)
         cached.sent = (cached.follower.last_message, counter, random_counter(cached.follower),
-                       batches if "embedding" in reply else -1)
+                       batches if wire.EMBEDDING in reply else -1)
         return Message(reply, reply_to=msg)
 
-    @app.query()
-    def hello(msg: Message, context: Context) -> Message:
-        cached = load(context)
-        if not cached.token:  # drawn once per run, kept in the node state (never logged)
-            cached.token = secrets.token_bytes(TOKEN_BYTES)
-            save(context, cached)
-        follower = cached.follower
-        return Message(RecordDict({"config": ConfigRecord(
-            {"party": follower.name, "spec": json.dumps(follower.spec.to_config()),
-             "rejoin-token": cached.token})}), reply_to=msg)
 
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        return serve(msg, context, True)
-
-    @app.evaluate()
-    def evaluate(msg: Message, context: Context) -> Message:
-        return serve(msg, context, False)
-
-    @app.query("finish")
-    def finish(msg: Message, context: Context) -> Message:
-        cached = load(context)
-        if on_finish is not None:
-            call_with_context(on_finish, cached.follower, context=context)
-        return Message(RecordDict({"config": ConfigRecord({"party": cached.follower.name})}),
-                       reply_to=msg)
-
-    return app
-
-
-def _pins(party_nodes: Mapping[str, Any] | None, run_config: Mapping[str, Any],
-          leader: VerticalLeader) -> dict[str, int]:
-    """Party -> node id: ``party_nodes`` and the run config's ``party-node.<party>`` keys.
-
-    An empty string (the placeholder an app's pyproject declares, so that
-    ``flwr run --run-config`` may set the key) pins nothing.
-    """
-    pins: dict[str, int] = {}
-    given = [(f"`party_nodes`[{p!r}]", p, n) for p, n in dict(party_nodes or {}).items()]
-    given += [(f"run config {k!r}", k[len(PIN_KEY):], v) for k, v in run_config.items()
-              if str(k).startswith(PIN_KEY)]
-    for where, party, value in given:
-        if isinstance(value, str) and not value.strip():
-            continue
-        if party not in leader.follower_specs:
-            raise ValueError(f"{where} pins {party!r}, which is not a follower of this leader "
-                             f"(followers: {sorted(leader.follower_specs)}).")
-        node = value
-        if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
-            node = int(value.strip())
-        if isinstance(node, bool) or not isinstance(node, (int, np.integer)) or \
-                not 1 <= node < 2**64:
-            raise ValueError(f"{where} must be a Flower node id (an integer in [1, 2**64), or "
-                             f"its decimal string; \"\" pins nothing); got {value!r}.")
-        if pins.get(party, int(node)) != int(node):
-            raise ValueError(f"{where} pins {party!r} to node {int(node)}, but it is already "
-                             f"pinned to node {pins[party]}.")
-        pins[party] = int(node)
-    return pins
+def _read_request(content: RecordDict, training: bool, max_batches: int) -> FollowerRequest:
+    """The `FollowerRequest` of a received message's records (checked by `FollowerRequest`)."""
+    config = content[wire.CONFIG] if wire.CONFIG in content else {}
+    return FollowerRequest.from_arrays(
+        _arrays(content[wire.IDS]) if wire.IDS in content else None,
+        _arrays(content[wire.GRADIENT]) if wire.GRADIENT in content else None,
+        training=training, max_batches=max_batches, **wire.read_request_numbers(config))
 
 
 def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Callable[..., Any],
@@ -538,157 +544,39 @@ def vertical_server_app(leader_fn: Callable[..., VerticalLeader], data_fn: Calla
     Returns:
         A `flwr.serverapp.ServerApp`.
     """
-    epochs = validate_positive_int(epochs, "epochs")
-    batch_size = validate_positive_int(batch_size, "batch_size")
-    batches_per_message = validate_batches_per_message(batches_per_message)
-    validation_batch_size = validate_positive_int(validation_batch_size, "validation_batch_size")
-    seed = validate_seed(seed)
-    if not isinstance(shuffle, bool):
-        raise TypeError(f"`shuffle` must be a bool; got {shuffle!r}.")
-    follower_deadline = _positive_seconds(follower_deadline, "follower_deadline")
-    poll_interval = _positive_seconds(poll_interval, "poll_interval")
+    settings = dict(epochs=epochs, batch_size=batch_size,
+                    batches_per_message=batches_per_message, seed=seed, shuffle=shuffle,
+                    validation_batch_size=validation_batch_size, round_timeout=round_timeout,
+                    connect_timeout=connect_timeout, party_nodes=party_nodes,
+                    on_epoch_end=on_epoch_end, follower_deadline=follower_deadline,
+                    poll_interval=poll_interval)
+    _check_settings(**settings)
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run = context.run_config
-        n_epochs = validate_positive_int(int(run.get("num-epochs", epochs)), "num-epochs")
-        size = validate_positive_int(int(run.get("batch-size", batch_size)), "batch-size")
-        k = validate_batches_per_message(int(run.get("batches-per-message",
-                                                     batches_per_message)),
-                                         "batches-per-message")
-        wait = float(run.get("round-timeout", round_timeout))
-        if not wait > 0:
-            raise ValueError(f"`round-timeout` must be > 0 seconds; got {wait!r}.")
-        gone = _positive_seconds(run.get("follower-deadline", follower_deadline),
-                                 "follower-deadline")
-        leader = call_with_context(leader_fn, context=context)
-        if not isinstance(leader, VerticalLeader):
-            raise TypeError(f"leader_fn must return a VerticalLeader; got "
-                            f"{type(leader).__name__}.")
-        ids, x, y = call_with_context(data_fn, context=context)
-        validation = None
-        if validation_fn is not None:
-            v_ids, v_x, v_y = call_with_context(validation_fn, context=context)
-            validation = (v_ids, v_y, v_x)
-        pins = _pins(party_nodes, run, leader)
-        # a pinned follower's own node must be there: another node never stands in for it
-        nodes = wait_for_nodes(grid, len(leader.follower_specs), connect_timeout,
-                               what="followers", required={
-                                   n: "follower " + ", ".join(repr(p) for p, m in
-                                                             sorted(pins.items()) if m == n)
-                                   for n in set(pins.values())})
-        roster = FollowerRoster(grid, leader.follower_specs, pins, wait, gone, poll_interval)
-        roster.introduce(nodes)
-        traffic = {"up": 0, "down": 0}
-
-        def exchange(requests):
-            roster.recover()  # a missing follower first comes back (or the run stops)
-            messages = {p: _request_message(request, roster.node_of[p])
-                        for p, request in requests.items()}
-            traffic["down"] += sum(message_nbytes(m) for m in messages.values())
-            replies = roster.send(messages)
-            out: dict[str, Any] = {}
-            for p, request in requests.items():
-                reply = replies.get(p)
-                if reply is None:
-                    out[p] = f"no reply within {wait:g} s"
-                    continue
-                if reply.has_error():
-                    out[p] = f"error reply: {first_line(reply.error.reason)}"
-                    continue
-                traffic["up"] += message_nbytes(reply)
-                out[p] = _embedding_reply(reply, request, leader.follower_specs[p])
-            return out
-
-        marks = {"up": 0, "down": 0, "time": time.perf_counter()}
-        extra: dict[str, list[float]] = {"wire_bytes_up": [], "wire_bytes_down": [],
-                                         "epoch_time_s": []}
-
-        def clock(epoch, logs):
-            now = time.perf_counter()
-            extra["wire_bytes_up"].append(float(traffic["up"] - marks["up"]))
-            extra["wire_bytes_down"].append(float(traffic["down"] - marks["down"]))
-            extra["epoch_time_s"].append(now - marks["time"])
-            marks.update(up=traffic["up"], down=traffic["down"], time=now)
-            if on_epoch_end is not None:
-                on_epoch_end(epoch, {**logs, **{key: v[-1] for key, v in extra.items()}})
-
-        try:
-            result = run_leader(leader, exchange, ids, y, x, epochs=n_epochs, batch_size=size,
-                                batches_per_message=k, seed=seed, shuffle=shuffle,
-                                validation_data=validation,
-                                validation_batch_size=validation_batch_size,
-                                on_epoch_end=clock, stop_when_untrained=True,
-                                describe=roster.name, retry=roster.recover)
-        except (UntrainedEpoch, FollowerGone) as error:
-            logger.error("the run stops: %s", error)
-            raise
-        result.history.update(extra)
-        replies = roster.send({p: Message(RecordDict({"config": ConfigRecord({})}),
-                                          dst_node_id=n, message_type="query.finish")
-                               for p, n in roster.node_of.items()})
-        for p in sorted(roster.node_of):
-            if p not in replies or replies[p].has_error():
-                logger.warning("%s failed to finish: %s", roster.name(p),
-                               "no reply" if p not in replies
-                               else first_line(replies[p].error.reason))
-        if run.get("result-path"):
-            _write_result(str(run["result-path"]), result)
+        strategy = VerticalStrategy(call_with_context(leader_fn, context=context), **settings)
+        data = call_with_context(data_fn, context=context)
+        validation = (None if validation_fn is None
+                      else call_with_context(validation_fn, context=context))
+        result = strategy.start(grid, data, validation_data=validation,
+                                run_config=context.run_config)
+        if context.run_config.get("result-path"):
+            write_result(str(context.run_config["result-path"]), result)
         if on_finish is not None:
             on_finish(result)
 
     return app
 
 
-def _positive_seconds(value: Any, name: str) -> float:
-    """``value`` as a finite number of seconds > 0 (a ValueError naming ``name`` if not)."""
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = float("nan")
-    if isinstance(value, bool) or not 0 < seconds < float("inf"):
-        raise ValueError(f"`{name}` must be a number of seconds > 0; got {value!r}.")
-    return seconds
-
-
-def _request_message(request: FollowerRequest, node: int) -> Message:
-    """The Flower message of one `FollowerRequest` to ``node``."""
-    content = RecordDict({"config": ConfigRecord({
-        "epoch": request.epoch, "step": request.step, "message": request.message,
-        "answers": request.answers})})
-    ids, gradients = request.to_arrays()
-    if ids is not None:
-        content["ids"] = arrays_record(ids)
-    if gradients is not None:
-        content["gradient"] = arrays_record(gradients)
-    return Message(content, dst_node_id=node,
-                   message_type="train" if request.training else "evaluate")
-
-
-def _embedding_reply(reply: Message, request: FollowerRequest, spec: Any) -> Any:
-    """A follower's reply content: its embedding arrays (checked in size), or why not."""
-    if "error" in reply.content:
-        return f"error reply: {first_line(reply.content['error'].get('reason', ''))}"
-    if "embedding" not in reply.content:
-        return "the reply has no 'embedding' record"
-    rows = sum(len(i) for i in request.example_ids or [])
-    # checked before anything is deserialized: numpy arrays only, and no more bytes than a
-    # float64 embedding of the rows asked for
-    batches = max(len(request.example_ids or []), 1)
-    limit = 8 * max(rows, 1) * spec.coordinates + 4096 * batches
-    try:
-        return checked_arrays(reply.content["embedding"], "embedding", limit)
-    except MalformedMessage as error:
-        return f"malformed reply: {error}"
-    except Exception as error:  # an Array that does not decode
-        return f"the reply's arrays do not decode ({type(error).__name__})"
-
-
-def _write_result(folder: str, result: VerticalRunResult) -> None:
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "history.json"), "w") as f:
-        json.dump({"history": result.history, "rejected": result.rejected, "wire": result.wire},
-                  f)
-    np.savez(os.path.join(folder, "leader.npz"),
-             *[np.asarray(v.numpy()) for v in result.leader.trainable_variables])
+def _check_settings(**settings: Any) -> None:
+    """Refuse a `vertical_server_app` setting now, when the app is built, not at the run."""
+    validate_positive_int(settings["epochs"], "epochs")
+    validate_positive_int(settings["batch_size"], "batch_size")
+    validate_batches_per_message(settings["batches_per_message"])
+    validate_positive_int(settings["validation_batch_size"], "validation_batch_size")
+    validate_seed(settings["seed"])
+    if not isinstance(settings["shuffle"], bool):
+        raise TypeError(f"`shuffle` must be a bool; got {settings['shuffle']!r}.")
+    positive_seconds(settings["follower_deadline"], "follower_deadline")
+    positive_seconds(settings["poll_interval"], "poll_interval")

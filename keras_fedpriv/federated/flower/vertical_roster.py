@@ -41,7 +41,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from keras_fedpriv.federated.flower.common import first_line
-from keras_fedpriv.federated.vertical_parties import EmbeddingSpec, MalformedMessage
+from keras_fedpriv.federated.vertical.wire import EmbeddingSpec, MalformedMessage
 
 __all__ = ["TOKEN_BYTES", "FollowerGone", "FollowerRoster", "introduction", "matched_replies"]
 

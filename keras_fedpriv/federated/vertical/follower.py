@@ -9,19 +9,19 @@ import numpy as np
 from keras import tree
 
 from keras_fedpriv import backend
-from keras_fedpriv.federated.vertical_parties.party import (
+from keras_fedpriv.federated.vertical.party import (
     PartyBottom,
-    _Counter,
-    _Pending,
-    _as_ids,
-    _as_numpy_features,
-    _make_optimizer,
-    _num_rows,
+    PendingBatch,
+    SentCounter,
+    as_example_ids,
+    as_numpy_features,
     batch_signature,
     follower_unprotected_ledger,
     logger,
+    make_optimizer,
+    num_rows,
 )
-from keras_fedpriv.federated.vertical_parties.wire import (
+from keras_fedpriv.federated.vertical.wire import (
     MalformedMessage,
     decode_gradient,
     encode_embedding,
@@ -64,18 +64,18 @@ class VerticalFollower(PartyBottom):
     def __init__(self, name: str, bottom: keras.layers.Layer,
                  protection: keras.layers.Layer | None = None,
                  optimizer: str | keras.optimizers.Optimizer | None = "adam", *,
-                 _counter: _Counter | None = None, _owner: str | None = None) -> None:
+                 _counter: SentCounter | None = None, _owner: str | None = None) -> None:
         super().__init__(name, bottom, protection, sends=True, counter=_counter,
                          owner=_owner or "VerticalFollower")
-        self._build_spec()
-        self.optimizer = _make_optimizer(optimizer, self._owner)
+        self.build_spec()
+        self.optimizer = make_optimizer(optimizer, self._owner)
         if self.trainable_variables:
             self.optimizer.build(self.trainable_variables)
-        self._queue: list[_Pending] = []  # training batches awaiting their gradients, oldest first
+        self._queue: list[PendingBatch] = []  # training batches awaiting their gradients, oldest first
         self._fns: dict[Any, Any] = {}
         #: the number of the newest leader message served (0: none numbered), and of the
         #: message whose batches await their gradients (0: none, or unnumbered); the leader
-        #: numbers its messages from 1 (`keras_fedpriv.federated.vertical_parties.loop`)
+        #: numbers its messages from 1 (`keras_fedpriv.federated.vertical.loop`)
         self.last_message = 0
         self.pending_message = 0
 
@@ -173,12 +173,12 @@ class VerticalFollower(PartyBottom):
             raise TypeError(f"{self._owner}.embed: `training` must be a bool; got {training!r}.")
         if not isinstance(queue, bool):
             raise TypeError(f"{self._owner}.embed: `queue` must be a bool; got {queue!r}.")
-        x = _as_numpy_features(self.input_spec, x, self._owner, self.name)
-        rows = _num_rows(x)
+        x = as_numpy_features(self.input_spec, x, self._owner, self.name)
+        rows = num_rows(x)
         if rows is None:
             raise ValueError(f"{self._owner}.embed: the feature arrays of party {self.name!r} "
                              "have different numbers of rows.")
-        ids = _as_ids(example_ids, rows, f"{self._owner}.embed")
+        ids = as_example_ids(example_ids, rows, f"{self._owner}.embed")
         if self._queue and training and not queue:
             logger.debug("follower %r: %d batch(es) awaiting a gradient were dropped",
                          self.name, len(self._queue))
@@ -192,7 +192,7 @@ class VerticalFollower(PartyBottom):
         sent = np.asarray(sent)
         message = encode_embedding(sent, self.spec)
         if training:
-            self._queue.append(_Pending(x, ids, sent, before))
+            self._queue.append(PendingBatch(x, ids, sent, before))
         return message
 
     def discard(self) -> None:
@@ -397,7 +397,7 @@ class VerticalFollower(PartyBottom):
                     weight_sets[s] = [np.asarray(state[f"pending_weights/{s}/{i}"])
                                       for i in range(len(self.trainable_variables))]
                 weights = weight_sets[s]
-            queue.append(_Pending(tree.pack_sequence_as(self.input_spec, flat),
+            queue.append(PendingBatch(tree.pack_sequence_as(self.input_spec, flat),
                                   None if ids is None else np.asarray(ids, np.int64),
                                   np.asarray(state[f"{head}sent"]), before, weights))
         return queue

@@ -27,11 +27,16 @@ import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-from keras_fedpriv.federated.flower.common import checked_arrays, arrays_record
-from keras_fedpriv.federated.horizontal_loop import EvaluateRequest, TrainRequest
-from keras_fedpriv.federated.horizontal_parties import ClientResult, HorizontalServer
+try:
+    from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+except ImportError as err:  # pragma: no cover - depends on the installed extras
+    raise ImportError("keras_fedpriv.federated.horizontal.wire needs Flower (the `flower` extra: "
+                      "pip install -e \".[flower]\").") from err
+
+from keras_fedpriv.federated.records import arrays_record, checked_arrays
+from keras_fedpriv.federated.horizontal.loop import EvaluateRequest, TrainRequest
+from keras_fedpriv.federated.horizontal.parties import ClientResult, HorizontalServer
 from keras_fedpriv.federated.laplace_eval import MAX_REPORT_ROWS
 from keras_fedpriv.federated.uploads import MalformedUpload
 

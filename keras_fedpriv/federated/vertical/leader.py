@@ -11,23 +11,23 @@ from keras import tree
 from keras_fedpriv import backend
 from keras_fedpriv.backend import private
 from keras_fedpriv.federated.messages import EXAMPLE_IDS_KEY
-from keras_fedpriv.federated.vertical_parties.party import (
+from keras_fedpriv.federated.vertical.party import (
     PartyBottom,
-    _Counter,
-    _as_ids,
-    _as_numpy_features,
-    _make_optimizer,
-    _num_rows,
+    SentCounter,
+    as_example_ids,
+    as_numpy_features,
     backend_variables,
     batch_signature,
     label_assert_message,
     leader_loss,
     leader_unprotected_ledger,
+    make_optimizer,
+    num_rows,
     rows_of,
     validate_class_weight,
     validate_party_name,
 )
-from keras_fedpriv.federated.vertical_parties.wire import (
+from keras_fedpriv.federated.vertical.wire import (
     EmbeddingSpec,
     MalformedMessage,
     decode_embedding,
@@ -86,7 +86,7 @@ class VerticalLeader:
                  loss: Any = None, optimizer: Any = "adam", metrics: Sequence[Any] | None = None,
                  class_weight: Mapping[int, float] | None = None,
                  label_free_sample_weight: bool = False,
-                 _counter: _Counter | None = None, _owner: str | None = None,
+                 _counter: SentCounter | None = None, _owner: str | None = None,
                  _own_bottom: PartyBottom | None = None, _standalone: bool = True) -> None:
         owner = _owner or "VerticalLeader"
         self._owner = owner
@@ -121,7 +121,7 @@ class VerticalLeader:
         self.class_weight = (None if class_weight is None
                              else validate_class_weight(dict(class_weight), owner))
         self.follower_specs = {p: followers[p] for p in sorted(followers)}
-        self._counter = _counter if _counter is not None else _Counter()
+        self._counter = _counter if _counter is not None else SentCounter()
         if _own_bottom is not None:
             self.own = _own_bottom
         elif bottom is not None:
@@ -129,7 +129,7 @@ class VerticalLeader:
                 raise ValueError(f"{owner}: `name` (the leader's party name) is required with "
                                  "`bottom`.")
             self.own = PartyBottom(name, bottom, None, sends=False, owner=owner)
-            self.own._build_spec()
+            self.own.build_spec()
         else:
             self.own = None
         self.name = self.own.name if self.own is not None else name
@@ -145,7 +145,7 @@ class VerticalLeader:
             self.check_label_classes(self.declared_label_classes(), "label_dp")
         self._standalone = _standalone
         if _standalone:
-            self.optimizer = _make_optimizer(optimizer, owner)
+            self.optimizer = make_optimizer(optimizer, owner)
             if loss is None:
                 raise ValueError(f"{owner}: `loss` is required (e.g. 'binary_crossentropy').")
             self._compiled_loss = private.compile_loss(loss)
@@ -460,8 +460,8 @@ class VerticalLeader:
             if x is None:
                 raise ValueError(f"{self._owner}.{what}: `x` (the leader's own features) is "
                                  "required: the leader has a bottom model.")
-            x = _as_numpy_features(self.own.input_spec, x, self._owner, self.own.name)
-            if _num_rows(x) != rows:
+            x = as_numpy_features(self.own.input_spec, x, self._owner, self.own.name)
+            if num_rows(x) != rows:
                 raise ValueError(f"{self._owner}.{what}: `x` must have {rows} rows, one per "
                                  "example of the batch.")
         elif x is not None:
@@ -496,7 +496,7 @@ class VerticalLeader:
             raise ValueError(f"{self._owner}.step: `y` must hold one label per example of the "
                              "batch.")
         received, x = self._inputs(received, rows, x, "step")
-        ids = _as_ids(example_ids, rows, f"{self._owner}.step")
+        ids = as_example_ids(example_ids, rows, f"{self._owner}.step")
         self.validate_labels(y)
         if sample_weight is not None:
             sample_weight = np.asarray(sample_weight, np.float32)

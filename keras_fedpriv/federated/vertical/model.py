@@ -26,10 +26,11 @@ from keras_fedpriv.federated.messages import (
     StepMessages,
     is_tf_dataset,
 )
-from keras_fedpriv.federated.vertical_parties import VerticalLeader, VerticalParties, split_parties
-from keras_fedpriv.federated.vertical_parties.party import (
+from keras_fedpriv.federated.vertical.leader import VerticalLeader
+from keras_fedpriv.federated.vertical.parties import VerticalParties, split_parties
+from keras_fedpriv.federated.vertical.party import (
     PartyBottom,
-    _Counter,
+    SentCounter,
     add_all,
     copy_protection,
     counter_variable,
@@ -43,7 +44,7 @@ from keras_fedpriv.federated.vertical_parties.party import (
     validate_class_weight,
     validate_party_name,
 )
-from keras_fedpriv.federated.vertical_parties.wire import up_bytes
+from keras_fedpriv.federated.vertical.wire import up_bytes
 from keras_fedpriv.layers.input_checks import (
     InputErrorFlagMixin,
     find_repeat,
@@ -127,7 +128,7 @@ class VerticalModel(keras.Model):
     ``"example_ids"`` (int64, shape (batch,), see `with_example_ids`).
 
     Steps 1-3 are the graph pieces of the party halves
-    (`keras_fedpriv.federated.vertical_parties`): `split_parties` hands out
+    (`keras_fedpriv.federated.vertical.parties`): `split_parties` hands out
     a `VerticalFollower` per follower and the `VerticalLeader`, sharing this
     model's layers, for running each party on its own (in one process with
     `VerticalDriver`, or as Flower apps).
@@ -329,11 +330,11 @@ class VerticalModel(keras.Model):
                                         owner="VerticalModel")
             else:
                 halves[p] = PartyBottom(p, self.bottoms[p], self.protections.get(p), sends=True,
-                                        counter=_Counter(self.unprotected_releases,
+                                        counter=SentCounter(self.unprotected_releases,
                                                          self._followers.index(p)),
                                         owner="VerticalModel")
         for half in halves.values():
-            half._build_spec()
+            half.build_spec()
         # Plain Python objects holding this model's layers: kept out of Keras' tracking.
         object.__setattr__(self, "_halves", halves)
         self._input_specs = {p: halves[p].input_spec for p in self._parties}
@@ -341,7 +342,7 @@ class VerticalModel(keras.Model):
         leader = VerticalLeader(
             self.top, {p: halves[p].spec for p in self._followers}, label_dp=self.label_dp,
             labels_privatized=self.labels_privatized,
-            _counter=_Counter(self.unprotected_releases, len(self._followers)),
+            _counter=SentCounter(self.unprotected_releases, len(self._followers)),
             _owner="VerticalModel", _own_bottom=halves.get(self._leader), _standalone=False)
         object.__setattr__(self, "_leader_half", leader)
         self.built = True

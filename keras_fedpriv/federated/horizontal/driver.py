@@ -29,14 +29,14 @@ import keras
 import numpy as np
 from numpy.typing import ArrayLike
 
-from keras_fedpriv.federated.horizontal_parties import (
+from keras_fedpriv.federated.horizontal.parties import (
     HorizontalClient,
     HorizontalServer,
     LocalTrainer,
     batch_norm_statistics,
     check_client_data,
 )
-from keras_fedpriv.federated.horizontal_loop import HorizontalLoop, TrainReply, TrainRequest
+from keras_fedpriv.federated.horizontal.loop import HorizontalLoop, TrainReply, TrainRequest
 from keras_fedpriv.federated.laplace_eval import LaplaceEvaluation
 from keras_fedpriv.federated.magrr import MagRR
 from keras_fedpriv.federated.uploads import SignDSUpload, as_upload

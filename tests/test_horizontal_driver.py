@@ -1,4 +1,4 @@
-"""HorizontalFL (keras_fedpriv/federated/horizontal.py): FedAvg, SignDS, Gaussian and MagRR rounds,
+"""HorizontalFL (keras_fedpriv/federated/horizontal/driver.py): FedAvg, SignDS, Gaussian and MagRR rounds,
 callbacks, BatchNormalization."""
 
 import warnings

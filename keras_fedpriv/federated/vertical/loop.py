@@ -17,7 +17,7 @@ any K: the ledgers count the same.
 * `serve_request` is a follower's side of one request (every runtime);
 * `run_leader` is the leader's loop, given an ``exchange`` function that
   carries one round of requests to the followers and brings their answers
-  back (`keras_fedpriv.federated.vertical_driver.VerticalDriver` calls the
+  back (`keras_fedpriv.federated.vertical.driver.VerticalDriver` calls the
   followers in one process; `keras_fedpriv.federated.flower.vertical` sends
   Flower messages).
 
@@ -42,9 +42,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from keras import tree
 
-from keras_fedpriv.federated.vertical_parties.follower import VerticalFollower
-from keras_fedpriv.federated.vertical_parties.leader import VerticalLeader
-from keras_fedpriv.federated.vertical_parties.wire import (
+from keras_fedpriv.federated.vertical.follower import VerticalFollower
+from keras_fedpriv.federated.vertical.leader import VerticalLeader
+from keras_fedpriv.federated.vertical.wire import (
     MalformedMessage,
     encode_gradient,
     pack_batches,
@@ -483,146 +483,202 @@ def run_leader(leader: VerticalLeader, exchange: Exchange, example_ids: Any, y: 
     ids = ids.astype(np.int64)
     if x is not None and {np.shape(a)[0] for a in tree.flatten(x)} != {len(y)}:
         raise ValueError("run_leader: `x` must have one row per label.")
-    followers = list(leader.follower_specs)
     name = describe if describe is not None else (lambda p: f"follower {p!r}")
-    history: dict[str, list[float]] = {}
-    rejected: list[tuple[int, int, str, str]] = []
-    wire: dict[str, dict[str, Any]] = {}
-    pending: dict[str, list[dict[str, np.ndarray]]] | None = None
-    numbers = {"sent": 0, "pending": 0}  # the last message's number; that of `pending`'s batches
+    run = _LeaderRun(leader, exchange, name=name, retry=retry, batch_size=batch_size,
+                     batches_per_message=k, validation_batch_size=validation_batch_size)
+    return run.run(ids, y, x, epochs=epochs, seed=seed, shuffle=shuffle,
+                   validation_data=validation_data, on_epoch_end=on_epoch_end,
+                   stop_when_untrained=stop_when_untrained)
 
-    def number(requests):
+
+class _LeaderRun:
+    """One run of `run_leader`: its state in one place, one method per part of the loop.
+
+    State: the ``history``, ``rejected`` replies and ``wire`` of the result;
+    ``pending``, the cut gradients awaiting the next message (follower -> one
+    wire message per batch; None: none, the followers drop theirs); ``sent``,
+    the number of the last message, and ``pending_number``, that of the
+    message whose batches ``pending`` answers.
+    """
+
+    def __init__(self, leader: VerticalLeader, exchange: Exchange, *,
+                 name: Callable[[str], str], retry: Callable[[], bool] | None,
+                 batch_size: int, batches_per_message: int, validation_batch_size: int) -> None:
+        self.leader = leader
+        self.exchange = exchange
+        self.name = name
+        self.retry = retry
+        self.batch_size = batch_size
+        self.k = batches_per_message
+        self.validation_batch_size = validation_batch_size
+        self.followers = list(leader.follower_specs)
+        self.history: dict[str, list[float]] = {}
+        self.rejected: list[tuple[int, int, str, str]] = []
+        self.wire: dict[str, dict[str, Any]] = {}
+        self.pending: dict[str, list[dict[str, np.ndarray]]] | None = None
+        self.sent = 0
+        self.pending_number = 0
+
+    def run(self, ids: np.ndarray, y: np.ndarray, x: Any, *, epochs: int, seed: int | None,
+            shuffle: bool, validation_data: tuple[Any, Any, Any] | None,
+            on_epoch_end: Callable[[int, dict[str, float]], None] | None,
+            stop_when_untrained: bool) -> VerticalRunResult:
+        """Every epoch (trained, then scored), then the last gradients."""
+        for epoch in range(epochs):
+            order = epoch_order(seed, epoch, len(y), shuffle)
+            logs, steps, num_batches = self.train_epoch(epoch, order, ids, y, x)
+            if validation_data is not None and not steps:
+                # nothing trained: the model is the one last scored; no release is spent on it
+                logs.update(_unmeasured(self.leader))
+            elif validation_data is not None:
+                # the first validation request also carries the epoch's last gradients
+                logs.update(self.validate(validation_data, epoch))
+                self.pending = None
+            for key, v in logs.items():
+                self.history.setdefault(key, []).append(float(v))
+            logger.info("epoch %d: %s", epoch + 1, {key: round(v, 4) for key, v in logs.items()})
+            if on_epoch_end is not None:
+                on_epoch_end(epoch, logs)
+            if stop_when_untrained and not steps:
+                raise UntrainedEpoch(_untrained(epoch, num_batches, self.rejected, self.name))
+        self.send_last_gradients(epochs)
+        return VerticalRunResult(self.leader, self.history, self.rejected, self.wire)
+
+    # -- messages ---------------------------------------------------------------------------
+    def number(self, requests: dict[str, FollowerRequest]) -> dict[str, FollowerRequest]:
         """Number a round of requests (one more than the last), and name what they answer."""
-        numbers["sent"] += 1
+        self.sent += 1
         for request in requests.values():
-            request.message = numbers["sent"]
-            request.answers = numbers["pending"] if request.gradients is not None else 0
+            request.message = self.sent
+            request.answers = self.pending_number if request.gradients is not None else 0
         return requests
 
-    def ask(requests, epoch, step, rows, training):
-        """One round trip; the decoded embeddings per batch, or None (reasons logged)."""
-        replies = exchange(number(requests))
+    def ask(self, requests: dict[str, FollowerRequest], epoch: int, step: int,
+            rows: Sequence[int], training: bool) -> tuple[Mapping[str, Any], Any]:
+        """One round trip; the replies, and the decoded embeddings per batch or None (reasons
+        logged and kept in ``rejected``)."""
+        replies = self.exchange(self.number(requests))
         received, reasons = {}, {}
-        for p in followers:
+        for p in self.followers:
             reply = replies.get(p, "no reply")
             if isinstance(reply, str):
                 reasons[p] = reply
                 continue
             try:
                 batches = unpack_batches(reply, "the embedding message", count=len(rows))
-                received[p] = [leader.receive(p, b, n) for b, n in zip(batches, rows)]
+                received[p] = [self.leader.receive(p, b, n) for b, n in zip(batches, rows)]
             except MalformedMessage as error:
                 reasons[p] = f"malformed reply: {error}"
                 continue
-            if training and p not in wire:
+            if training and p not in self.wire:
                 first = batches[0]
-                wire[p] = {"keys": sorted(first),
-                           "dtype": str(next(iter(first.values())).dtype),
-                           "bytes_per_example": _nbytes(first) // max(rows[0], 1)}
+                self.wire[p] = {"keys": sorted(first),
+                                "dtype": str(next(iter(first.values())).dtype),
+                                "bytes_per_example": _nbytes(first) // max(rows[0], 1)}
         for p, reason in reasons.items():
             logger.warning("epoch %d %s: the reply of %s was not used: %s",
-                           epoch + 1, "validation" if step < 0 else f"step {step + 1}", name(p),
-                           reason)
-            rejected.append((epoch, step, p, reason))
+                           epoch + 1, "validation" if step < 0 else f"step {step + 1}",
+                           self.name(p), reason)
+            self.rejected.append((epoch, step, p, reason))
         return replies, (None if reasons else received)
 
-    def count_up(replies):
-        """Add the payload bytes of a round's embedding replies to the epoch's ``up``."""
-        for p in followers:
+    def _ask_counted(self, requests: dict[str, FollowerRequest], epoch: int, step: int,
+                     rows: Sequence[int], up: dict[str, int]) -> Any:
+        """`ask` for training batches, adding the replies' payload bytes to ``up``."""
+        replies, received = self.ask(requests, epoch, step, rows, True)
+        for p in self.followers:
             if isinstance(replies.get(p), Mapping):
                 up[p] += _nbytes(replies[p])
+        return received
 
-    for epoch in range(epochs):
-        order = epoch_order(seed, epoch, len(y), shuffle)
+    # -- training -----------------------------------------------------------------------------
+    def train_epoch(self, epoch: int, order: np.ndarray, ids: np.ndarray, y: np.ndarray,
+                    x: Any) -> tuple[dict[str, float], int, int]:
+        """One epoch's messages; its logs, the steps trained and the number of batches."""
         totals = {"loss": 0.0, "rows": 0, "steps": 0, "skipped": 0, "reasked": 0}
-        up = {p: 0 for p in followers}
-        down = {p: 0 for p in followers}
-        batches = _batches(len(y), batch_size)
-        for first in range(0, len(batches), k):
-            index = [order[a:b] for a, b in batches[first:first + k]]
-            group_ids = [ids[i] for i in index]
-            requests = {p: FollowerRequest(gradients=None if pending is None else pending[p],
-                                           example_ids=group_ids, training=True, epoch=epoch,
-                                           step=first) for p in followers}
-            rows = [len(i) for i in index]
-            replies, received = ask(requests, epoch, first, rows, True)
-            count_up(replies)
-            if received is None and retry is not None and retry():
-                totals["reasked"] += len(index)
-                # no gradients: those of the last message went with the unanswered one
-                again = {p: FollowerRequest(example_ids=group_ids, training=True, epoch=epoch,
-                                            step=first) for p in followers}
-                replies, received = ask(again, epoch, first, rows, True)
-                count_up(replies)
-            if received is None:
-                pending = None
-                totals["skipped"] += len(index)
-                continue
-            pending = {p: [] for p in followers}
-            numbers["pending"] = numbers["sent"]
-            for j, rows in enumerate(index):
-                cut, logs = leader.step({p: received[p][j] for p in followers}, y[rows],
-                                        group_ids[j], _take(x, rows))
-                for p in followers:  # sent with the next request (or the last one)
-                    pending[p].append(encode_gradient(cut[p], leader.follower_specs[p]))
-                    down[p] += _nbytes(pending[p][-1])
-                totals["loss"] += logs["loss"] * len(rows)
-                totals["rows"] += len(rows)
-                totals["steps"] += 1
+        up = {p: 0 for p in self.followers}
+        down = {p: 0 for p in self.followers}
+        batches = _batches(len(y), self.batch_size)
+        for first in range(0, len(batches), self.k):
+            index = [order[a:b] for a, b in batches[first:first + self.k]]
+            self.train_message(epoch, first, index, ids, y, x, totals, up, down)
         logs = {"loss": totals["loss"] / totals["rows"] if totals["rows"] else float("nan"),
                 "steps": float(totals["steps"]), "skipped": float(totals["skipped"]),
                 "reasked": float(totals["reasked"]),
                 "bytes_up": float(sum(up.values())), "bytes_down": float(sum(down.values()))}
-        for p in followers:
+        for p in self.followers:
             logs[f"bytes_up_{p}"] = float(up[p])
             logs[f"bytes_down_{p}"] = float(down[p])
-        if validation_data is not None and not totals["steps"]:
-            # nothing trained: the model is the one last scored; no release is spent on it
-            logs.update(_unmeasured(leader))
-        elif validation_data is not None:
-            # the first validation request also carries the epoch's last gradients
-            logs.update(_validate(leader, ask, followers, pending, validation_data,
-                                  validation_batch_size, k, epoch))
-            pending = None
-        for key, v in logs.items():
-            history.setdefault(key, []).append(float(v))
-        logger.info("epoch %d: %s", epoch + 1, {key: round(v, 4) for key, v in logs.items()})
-        if on_epoch_end is not None:
-            on_epoch_end(epoch, logs)
-        if stop_when_untrained and not totals["steps"]:
-            raise UntrainedEpoch(_untrained(epoch, len(batches), rejected, name))
-    if pending is not None:  # the last gradients: no batch asked, no embedding expected
-        replies = exchange(number({p: FollowerRequest(gradients=pending[p], epoch=epochs,
-                                                      step=0) for p in followers}))
-        for p in followers:
+        return logs, totals["steps"], len(batches)
+
+    def train_message(self, epoch: int, first: int, index: list[np.ndarray], ids: np.ndarray,
+                      y: np.ndarray, x: Any, totals: dict[str, Any], up: dict[str, int],
+                      down: dict[str, int]) -> None:
+        """One message of K batches: ask (once more after a lost reply, if ``retry`` says the
+        followers are back), then step once per batch and keep the cut gradients."""
+        group_ids = [ids[i] for i in index]
+        rows = [len(i) for i in index]
+        requests = {p: FollowerRequest(
+            gradients=None if self.pending is None else self.pending[p], example_ids=group_ids,
+            training=True, epoch=epoch, step=first) for p in self.followers}
+        received = self._ask_counted(requests, epoch, first, rows, up)
+        if received is None and self.retry is not None and self.retry():
+            totals["reasked"] += len(index)
+            # no gradients: those of the last message went with the unanswered one
+            again = {p: FollowerRequest(example_ids=group_ids, training=True, epoch=epoch,
+                                        step=first) for p in self.followers}
+            received = self._ask_counted(again, epoch, first, rows, up)
+        if received is None:
+            self.pending = None
+            totals["skipped"] += len(index)
+            return
+        self.pending = {p: [] for p in self.followers}
+        self.pending_number = self.sent
+        for j, batch in enumerate(index):
+            cut, logs = self.leader.step({p: received[p][j] for p in self.followers}, y[batch],
+                                         group_ids[j], _take(x, batch))
+            for p in self.followers:  # sent with the next request (or the last one)
+                self.pending[p].append(encode_gradient(cut[p], self.leader.follower_specs[p]))
+                down[p] += _nbytes(self.pending[p][-1])
+            totals["loss"] += logs["loss"] * len(batch)
+            totals["rows"] += len(batch)
+            totals["steps"] += 1
+
+    def send_last_gradients(self, epochs: int) -> None:
+        """The last gradients: no batch asked, no embedding expected."""
+        if self.pending is None:
+            return
+        replies = self.exchange(self.number({p: FollowerRequest(
+            gradients=self.pending[p], epoch=epochs, step=0) for p in self.followers}))
+        for p in self.followers:
             reply = replies.get(p, "no reply")
             if isinstance(reply, str) or reply:
                 reason = reply if isinstance(reply, str) else "an embedding nobody asked for"
-                logger.warning("the last gradients of %s: %s", name(p), reason)
-                rejected.append((epochs, 0, p, reason))
-    return VerticalRunResult(leader, history, rejected, wire)
+                logger.warning("the last gradients of %s: %s", self.name(p), reason)
+                self.rejected.append((epochs, 0, p, reason))
 
-
-def _validate(leader, ask, followers, pending, data, batch_size, k, epoch):
-    ids, y, x = data
-    ids = np.asarray(ids, np.int64)
-    y = np.asarray(y)
-    parts = {p: [] for p in followers}
-    batches = _batches(len(ids), batch_size)
-    for first in range(0, len(batches), k):
-        group = [ids[a:b] for a, b in batches[first:first + k]]
-        requests = {p: FollowerRequest(gradients=(pending[p] if pending is not None and first == 0
-                                                  else None),
-                                       example_ids=group, training=False, epoch=epoch,
-                                       step=first) for p in followers}
-        # the gradients ride only on the first request; `ask` numbers them
-        _, received = ask(requests, epoch, -1, [len(g) for g in group], False)
-        if received is None:
-            return _unmeasured(leader)
-        for p in followers:
-            parts[p].extend(received[p])
-    received = {p: np.concatenate(parts[p], axis=0) for p in followers}
-    return {f"val_{key}": v for key, v in leader.evaluate(received, y, x).items()}
+    # -- validation ---------------------------------------------------------------------------
+    def validate(self, data: tuple[Any, Any, Any], epoch: int) -> dict[str, float]:
+        """Score ``data`` from the followers' inference embeddings (NaN if a reply failed)."""
+        ids, y, x = data
+        ids = np.asarray(ids, np.int64)
+        y = np.asarray(y)
+        parts: dict[str, list[np.ndarray]] = {p: [] for p in self.followers}
+        batches = _batches(len(ids), self.validation_batch_size)
+        for first in range(0, len(batches), self.k):
+            group = [ids[a:b] for a, b in batches[first:first + self.k]]
+            requests = {p: FollowerRequest(
+                gradients=self.pending[p] if self.pending is not None and first == 0 else None,
+                example_ids=group, training=False, epoch=epoch, step=first)
+                for p in self.followers}
+            # the gradients ride only on the first request; `ask` numbers them
+            _, received = self.ask(requests, epoch, -1, [len(g) for g in group], False)
+            if received is None:
+                return _unmeasured(self.leader)
+            for p in self.followers:
+                parts[p].extend(received[p])
+        received = {p: np.concatenate(parts[p], axis=0) for p in self.followers}
+        return {f"val_{key}": v for key, v in self.leader.evaluate(received, y, x).items()}
 
 
 def _unmeasured(leader):

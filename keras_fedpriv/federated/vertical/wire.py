@@ -10,20 +10,36 @@ anything that is not what the sender's `EmbeddingSpec` promises is a
 One message may carry several batches (`pack_batches`): the arrays of batch
 ``i`` under the keys ``"<i>/<key>"``; `unpack_batches` checks that the
 batches are numbered ``0 .. n - 1`` and that ``n`` is what was asked for.
+
+A message's records (what any transport carries; the Flower adapter,
+`keras_fedpriv.federated.flower.vertical`, puts them in a ``RecordDict``):
+a request holds ``"ids"`` and ``"gradient"`` (`FollowerRequest.to_arrays`)
+and ``"config"``, the request's numbers (`request_numbers`); a reply holds
+``"embedding"``, read with its byte limit before anything in it is
+deserialized (`read_embedding_reply`), or ``"error"``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from keras_fedpriv.federated.malformed import MalformedMessage
 
-__all__ = ["EmbeddingSpec", "MalformedMessage", "decode_embedding", "decode_gradient",
-           "encode_embedding", "encode_gradient", "pack_batches", "unpack_batches", "up_bytes"]
+__all__ = ["CONFIG", "EMBEDDING", "ERROR", "GRADIENT", "IDS", "REQUEST_NUMBERS", "EmbeddingSpec",
+           "MalformedMessage", "decode_embedding", "decode_gradient", "embedding_reply_limit",
+           "encode_embedding", "encode_gradient", "pack_batches", "read_embedding_reply",
+           "read_request_numbers", "request_numbers", "unpack_batches", "up_bytes"]
+
+#: the records of a message: a request's example ids, cut gradients and numbers
+IDS, GRADIENT, CONFIG = "ids", "gradient", "config"
+#: the records of a reply: the follower's embeddings, or why it could not serve
+EMBEDDING, ERROR = "embedding", "error"
+#: a request's numbers besides its arrays (the fields of `FollowerRequest`)
+REQUEST_NUMBERS = ("epoch", "step", "message", "answers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,3 +249,78 @@ def unpack_batches(arrays: Mapping[str, Any], what: str, *, count: int | None = 
     if count is not None and n != count:
         raise MalformedMessage(f"{what} holds {n} batches; {count} were expected.")
     return [groups[i] for i in range(n)]
+
+
+def request_numbers(request: Any) -> dict[str, int]:
+    """The ``"config"`` record of a request: its epoch, step, message number and the number of
+    the message its gradients answer (`REQUEST_NUMBERS`).
+
+    Example:
+        >>> import types
+        >>> request_numbers(types.SimpleNamespace(epoch=0, step=4, message=3, answers=2))
+        {'epoch': 0, 'step': 4, 'message': 3, 'answers': 2}
+    """
+    return {name: int(getattr(request, name)) for name in REQUEST_NUMBERS}
+
+
+def read_request_numbers(config: Mapping[str, Any]) -> dict[str, int]:
+    """A received ``"config"`` record's request numbers (0 where absent), as ints.
+
+    Example:
+        >>> read_request_numbers({"epoch": 1, "message": 2})
+        {'epoch': 1, 'step': 0, 'message': 2, 'answers': 0}
+    """
+    return {name: int(config.get(name, 0)) for name in REQUEST_NUMBERS}
+
+
+def embedding_reply_limit(example_ids: Sequence[Any] | None, spec: EmbeddingSpec) -> int:
+    """The most bytes a follower's ``"embedding"`` record may hold for a request: a float64
+    embedding of every row asked for, plus 4096 bytes of framing per batch.
+
+    Args:
+        example_ids: the request's example ids, one array per batch (None: no batch).
+        spec: the follower's `EmbeddingSpec`.
+
+    Example:
+        >>> spec = EmbeddingSpec((4,), "float32", False)
+        >>> embedding_reply_limit([[0, 1], [2]], spec)
+        8288
+    """
+    batches = list(example_ids or [])
+    rows = sum(len(i) for i in batches)
+    return 8 * max(rows, 1) * spec.coordinates + 4096 * max(len(batches), 1)
+
+
+def read_embedding_reply(content: Mapping[str, Any], example_ids: Sequence[Any] | None,
+                         spec: EmbeddingSpec,
+                         read_arrays: Callable[[Any, str, int], dict[str, np.ndarray]]
+                         ) -> dict[str, np.ndarray] | str:
+    """A follower's reply: its embedding arrays, read within their byte limit, or why not.
+
+    Args:
+        content: the reply's records (record name -> record).
+        example_ids: the ids the request asked for, one array per batch.
+        spec: the follower's `EmbeddingSpec`.
+        read_arrays: ``read_arrays(record, name, max_bytes)``: the transport's
+            reader of a record, which refuses one of more than ``max_bytes``
+            bytes with a `MalformedMessage` before deserializing it (Flower's:
+            `keras_fedpriv.federated.records.checked_arrays`).
+
+    Returns:
+        The record's named arrays (each batch is decoded on its own after:
+        `unpack_batches`, `decode_embedding`), or the reason (a string) the
+        reply cannot be used; never the reply's data.
+
+    Example:
+        >>> spec = EmbeddingSpec((2,), "float32", False)
+        >>> read_embedding_reply({}, [[0]], spec, None)
+        "the reply has no 'embedding' record"
+    """
+    if EMBEDDING not in content:
+        return f"the reply has no {EMBEDDING!r} record"
+    try:
+        return read_arrays(content[EMBEDDING], EMBEDDING, embedding_reply_limit(example_ids, spec))
+    except MalformedMessage as error:
+        return f"malformed reply: {error}"
+    except Exception as error:  # an array that does not decode
+        return f"the reply's arrays do not decode ({type(error).__name__})"

@@ -1,10 +1,10 @@
-"""The vertical-FL wire format (keras_fedpriv/federated/vertical_parties/wire.py): packed bits,
+"""The vertical-FL wire format (keras_fedpriv/federated/vertical/wire.py): packed bits,
 floats, and what is refused."""
 
 import numpy as np
 import pytest
 
-from keras_fedpriv.federated.vertical_parties import (
+from keras_fedpriv.federated.vertical.wire import (
     EmbeddingSpec,
     MalformedMessage,
     decode_embedding,
@@ -55,7 +55,7 @@ def test_packed_bits_round_trip_and_what_is_refused():
 
 
 def test_several_batches_pack_into_one_message_and_unpack_checked():
-    from keras_fedpriv.federated.vertical_parties import pack_batches, unpack_batches
+    from keras_fedpriv.federated.vertical.wire import pack_batches, unpack_batches
 
     messages = [encode_embedding(np.ones((n, 12), np.float32), SPEC_BITS) for n in (3, 1)]
     packed = pack_batches(messages)
@@ -74,3 +74,44 @@ def test_several_batches_pack_into_one_message_and_unpack_checked():
             ([1], {}, "mapping")]:
         with pytest.raises(MalformedMessage, match=match):
             unpack_batches(arrays, "an embedding message", **kwargs)
+
+
+def test_a_reply_is_read_within_its_byte_limit_before_it_is_decoded():
+    """The limit: a float64 embedding of the rows asked for, plus 4096 bytes a batch; the
+    transport's reader gets it, and whatever it raises becomes a reason (never the data)."""
+    from keras_fedpriv.federated.vertical import wire
+
+    ids = [np.arange(3), np.arange(3, 5)]
+    assert wire.embedding_reply_limit(ids, SPEC_FLOAT) == 8 * 5 * 3 + 4096 * 2
+    assert wire.embedding_reply_limit(None, SPEC_FLOAT) == 8 * 3 + 4096
+    asked = []
+
+    def read(record, what, max_bytes):
+        asked.append((what, max_bytes))
+        if record == "too big":
+            raise MalformedMessage("too many bytes")
+        if record == "garbled":
+            raise OSError("secret 0.73")
+        return {"0/embedding": record}
+
+    assert wire.read_embedding_reply({"embedding": "ok"}, ids, SPEC_FLOAT, read) == \
+        {"0/embedding": "ok"}
+    assert asked == [("embedding", 8 * 5 * 3 + 4096 * 2)]
+    assert wire.read_embedding_reply({"embedding": "too big"}, ids, SPEC_FLOAT, read) == \
+        "malformed reply: too many bytes"
+    assert wire.read_embedding_reply({"embedding": "garbled"}, ids, SPEC_FLOAT, read) == \
+        "the reply's arrays do not decode (OSError)"
+    assert wire.read_embedding_reply({"error": {}}, ids, SPEC_FLOAT, read) == \
+        "the reply has no 'embedding' record"
+
+
+def test_a_requests_numbers_round_trip_and_absent_ones_are_zero():
+    import types
+
+    from keras_fedpriv.federated.vertical import wire
+
+    request = types.SimpleNamespace(epoch=2, step=8, message=5, answers=4)
+    config = wire.request_numbers(request)
+    assert config == {"epoch": 2, "step": 8, "message": 5, "answers": 4}
+    assert wire.read_request_numbers(config) == config
+    assert wire.read_request_numbers({}) == dict.fromkeys(wire.REQUEST_NUMBERS, 0)

@@ -1,6 +1,6 @@
 """Leader-driven vertical FL over the party halves, in one process (`VerticalDriver`).
 
-The loop is `keras_fedpriv.federated.vertical_parties.loop.run_leader`, the
+The loop is `keras_fedpriv.federated.vertical.loop.run_leader`, the
 one every runtime drives (the Flower apps of
 `keras_fedpriv.federated.flower.vertical` too); its pieces are re-exported
 here. `VerticalDriver` carries the requests to the followers in this
@@ -19,8 +19,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from keras_fedpriv.federated.vertical_parties import VerticalParties
-from keras_fedpriv.federated.vertical_parties.loop import (
+from keras_fedpriv.federated.vertical.parties import VerticalParties
+from keras_fedpriv.federated.vertical.loop import (
     MAX_BATCHES_PER_MESSAGE,
     FeatureTable,
     FollowerRequest,

@@ -1,11 +1,11 @@
-"""The loop of leader-driven vertical FL (keras_fedpriv/federated/vertical_parties/loop.py):
+"""The loop of leader-driven vertical FL (keras_fedpriv/federated/vertical/loop.py):
 several batches per message on the wire, and what a follower refuses."""
 
 import numpy as np
 import pytest
 
-from keras_fedpriv.federated.vertical_parties import MalformedMessage
-from keras_fedpriv.federated.vertical_parties.loop import (
+from keras_fedpriv.federated.vertical.parties import MalformedMessage
+from keras_fedpriv.federated.vertical.loop import (
     FeatureTable,
     FollowerRequest,
     serve_request,

@@ -26,7 +26,7 @@ from keras import ops, tree
 from keras_fedpriv import backend
 from keras_fedpriv.backend import private
 from keras_fedpriv.federated.messages import EXAMPLE_IDS_KEY
-from keras_fedpriv.federated.vertical_parties.wire import EmbeddingSpec
+from keras_fedpriv.federated.vertical.wire import EmbeddingSpec
 from keras_fedpriv.layers.embedding_dp import EmbeddingDPLayer
 from keras_fedpriv.layers.input_checks import InputErrorFlagMixin, host_example_ids
 from keras_fedpriv.layers.release_counter import replay_scope
@@ -41,11 +41,13 @@ from keras_fedpriv.mechanisms.ledger import (
 )
 
 
-__all__ = ["PartyBottom", "add_all", "batch_signature", "bottom_input_spec", "copy_protection",
+__all__ = ["PartyBottom", "PendingBatch", "SentCounter", "add_all", "as_example_ids",
+           "as_numpy_features", "batch_signature", "bottom_input_spec", "copy_protection",
            "counter_variable", "derive_party_seed", "follower_unprotected_ledger",
-           "is_bit_protection", "is_integer_tensor",
-           "label_assert_message", "leader_loss", "leader_unprotected_ledger", "rows_of",
-           "sum_losses", "takes_example_ids", "validate_class_weight", "validate_party_name"]
+           "is_bit_protection", "is_integer_tensor", "label_assert_message", "leader_loss",
+           "leader_unprotected_ledger", "make_optimizer", "num_rows", "optimizer_copy",
+           "rows_of", "sum_losses", "takes_example_ids", "validate_class_weight",
+           "validate_party_name"]
 
 logger = logging.getLogger("keras_fedpriv.vertical")
 
@@ -244,11 +246,16 @@ def backend_variables(counter: Any) -> list[Any]:
     return [state] if isinstance(state, keras.Variable) else []
 
 
-class _Counter:
+class SentCounter:
     """One slot of an integer counter variable: what a party sent without a DP mechanism.
 
     A `VerticalModel` holds one variable with a slot per follower and one for
     the leader; the halves it hands out count into their own slots.
+
+    Example:
+        >>> counter = SentCounter()  # a one-slot variable of its own  # doctest: +SKIP
+        >>> _ = counter.count(32); counter.value()  # doctest: +SKIP
+        1
     """
 
     def __init__(self, variable: Any = None, slot: int = 0) -> None:
@@ -259,12 +266,14 @@ class _Counter:
         self.slot = int(slot)
 
     def count(self, rows: Any) -> Any:
+        """Add one to the slot when ``rows`` > 0 (a message was sent); graph-safe."""
         size = int(self.variable.shape[0])
         dtype = keras.backend.standardize_dtype(self.variable.dtype)
         update = keras.ops.one_hot(self.slot, size, dtype=dtype)
         return self.variable.assign_add(update * keras.ops.cast(rows > 0, dtype))
 
     def value(self) -> int:
+        """The slot's count."""
         return int(self.variable.numpy()[self.slot])
 
 
@@ -292,11 +301,23 @@ def leader_unprotected_ledger(count: int) -> ReleaseLedger:
     return ledger
 
 
-def _optimizer_copy(optimizer):
+def optimizer_copy(optimizer: Any) -> Any:
+    """A new optimizer with ``optimizer``'s settings and fresh state (one per party half).
+
+    Example:
+        >>> optimizer_copy(keras.optimizers.Adam(0.01)).learning_rate  # doctest: +SKIP
+        0.01
+    """
     return keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
 
 
-def _make_optimizer(optimizer, owner):
+def make_optimizer(optimizer: Any, owner: str) -> Any:
+    """A Keras optimizer from ``optimizer`` (one, or its name); else an error naming ``owner``.
+
+    Example:
+        >>> type(make_optimizer("sgd", "VerticalLeader")).__name__  # doctest: +SKIP
+        'SGD'
+    """
     if optimizer is None:
         raise ValueError(f"{owner}: `optimizer` is required (a Keras optimizer or its name).")
     try:
@@ -322,7 +343,7 @@ class PartyBottom:
 
     def __init__(self, name: str, bottom: keras.layers.Layer,
                  protection: keras.layers.Layer | None = None, sends: bool = True,
-                 counter: _Counter | None = None, owner: str | None = None) -> None:
+                 counter: SentCounter | None = None, owner: str | None = None) -> None:
         owner = owner or type(self).__name__
         self._owner = owner
         self.name = validate_party_name(name, owner, "party names")
@@ -338,15 +359,16 @@ class PartyBottom:
         self.bottom = bottom
         self.protection = protection
         self.sends = bool(sends)
-        self._counter = counter if counter is not None else (_Counter() if sends else None)
+        self._counter = counter if counter is not None else (SentCounter() if sends else None)
         if not bottom.built:
             raise ValueError(f"{owner}: the bottom model of party {name!r} is not built. "
                              "Give it an input (keras.Input / functional model / Sequential "
                              "starting with keras.Input) or call bottom.build(shape) first.")
         self.input_spec = bottom_input_spec(name, bottom, owner)
 
-    def _build_spec(self):
-        """Trace the forward pass symbolically: the embedding's KerasTensor, checked."""
+    def build_spec(self) -> Any:
+        """Trace the forward pass symbolically: the embedding's KerasTensor, checked (the
+        halves and `VerticalModel` call it once their layers are built)."""
         spec = private.compute_output_spec(
             lambda f: self.forward(f, training=False, count=False)[1], self.input_spec)
         return self._check_spec(spec)
@@ -483,8 +505,12 @@ class PartyBottom:
 
 
 @dataclasses.dataclass
-class _Pending:
-    """A follower's batch awaiting its cut gradient."""
+class PendingBatch:
+    """A follower's batch awaiting its cut gradient (see `VerticalFollower.embed`).
+
+    Example:
+        >>> PendingBatch(x, None, sent, state_before={})  # doctest: +SKIP
+    """
 
     features: Any
     example_ids: np.ndarray | None
@@ -497,7 +523,13 @@ class _Pending:
     weights: list[np.ndarray] | None = None
 
 
-def _as_numpy_features(spec, x, owner, party):
+def as_numpy_features(spec: Any, x: Any, owner: str, party: str) -> Any:
+    """``x`` as numpy arrays of the dtypes of ``spec`` (a bottom's input spec), or a TypeError
+    naming ``owner`` and ``party`` (never a value).
+
+    Example:
+        >>> as_numpy_features(bottom_input_spec(bottom), [[1, 2]], "embed", "f1")  # doctest: +SKIP
+    """
     def convert(s, a):
         return np.asarray(a, dtype=keras.backend.standardize_dtype(s.dtype))
 
@@ -508,12 +540,25 @@ def _as_numpy_features(spec, x, owner, party):
                         f"model's inputs ({type(error).__name__}).") from None
 
 
-def _num_rows(x):
+def num_rows(x: Any) -> int | None:
+    """The number of rows every array of ``x`` has, or None if they differ.
+
+    Example:
+        >>> num_rows({"a": np.zeros((3, 2)), "b": np.zeros(3)})
+        3
+    """
     sizes = {int(np.shape(a)[0]) for a in tree.flatten(x)}
     return sizes.pop() if len(sizes) == 1 else None
 
 
-def _as_ids(example_ids, rows, owner):
+def as_example_ids(example_ids: Any, rows: int, owner: str) -> np.ndarray | None:
+    """``example_ids`` as int64 numpy, one per row of the batch (None stays None); a
+    ValueError naming ``owner`` otherwise.
+
+    Example:
+        >>> as_example_ids(np.array([5, 6]), 2, "VerticalFollower.embed").tolist()
+        [5, 6]
+    """
     if example_ids is None:
         return None
     if ops.is_tensor(example_ids):

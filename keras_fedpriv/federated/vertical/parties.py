@@ -2,8 +2,8 @@
 
 Neither half knows how messages travel. `VerticalModel` runs the same pieces
 inside one Keras ``train_step``; the loop that drives the standalone halves
-is `keras_fedpriv.federated.vertical_parties.loop` (`run_leader`,
-`serve_request`), which `keras_fedpriv.federated.vertical_driver` runs in one
+is `keras_fedpriv.federated.vertical.loop` (`run_leader`,
+`serve_request`), which `keras_fedpriv.federated.vertical.driver` runs in one
 process and `keras_fedpriv.federated.flower.vertical` as Flower apps.
 
 * `PartyBottom`: one party's bottom model and, for a follower, its
@@ -44,29 +44,11 @@ from typing import Any, Mapping, Sequence
 
 import keras
 
-from keras_fedpriv.federated.vertical_parties.follower import VerticalFollower
-from keras_fedpriv.federated.vertical_parties.leader import VerticalLeader
-from keras_fedpriv.federated.vertical_parties.party import (
-    PartyBottom,
-    _Counter,
-    _optimizer_copy,
-    derive_party_seed,
-)
-from keras_fedpriv.federated.vertical_parties.wire import (
-    EmbeddingSpec,
-    MalformedMessage,
-    decode_embedding,
-    decode_gradient,
-    encode_embedding,
-    encode_gradient,
-    pack_batches,
-    unpack_batches,
-)
+from keras_fedpriv.federated.vertical.follower import VerticalFollower
+from keras_fedpriv.federated.vertical.leader import VerticalLeader
+from keras_fedpriv.federated.vertical.party import PartyBottom, SentCounter, optimizer_copy
 
-__all__ = ["EmbeddingSpec", "MalformedMessage", "PartyBottom", "VerticalFollower",
-           "VerticalLeader", "VerticalParties", "decode_embedding", "decode_gradient",
-           "derive_party_seed", "encode_embedding", "encode_gradient", "pack_batches",
-           "split_parties", "unpack_batches"]
+__all__ = ["VerticalParties", "split_parties"]
 
 
 @dataclasses.dataclass
@@ -91,9 +73,9 @@ def _optimizer_factory(optimizer, model, owner):
         base = getattr(model, "optimizer", None)
         if base is None:
             raise ValueError(f"{owner}: the model is not compiled; pass `optimizer=`.")
-        return lambda: _optimizer_copy(base)
+        return lambda: optimizer_copy(base)
     if isinstance(optimizer, keras.optimizers.Optimizer):
-        return lambda: _optimizer_copy(optimizer)
+        return lambda: optimizer_copy(optimizer)
     if isinstance(optimizer, str):
         return lambda: keras.optimizers.get(optimizer)
     if callable(optimizer):
@@ -141,16 +123,16 @@ def split_parties(model: Any, *, optimizer: Any = None, loss: Any = None,
     for i, p in enumerate(model.followers):
         followers[p] = VerticalFollower(p, model.bottoms[p], model.protections.get(p),
                                         optimizer=make_optimizer(),
-                                        _counter=_Counter(variable, i))
+                                        _counter=SentCounter(variable, i))
     own = None
     if model.leader is not None:
         own = PartyBottom(model.leader, model.bottoms[model.leader], None, sends=False,
                           owner="VerticalLeader")
-        own._build_spec()
+        own.build_spec()
     leader = VerticalLeader(model.top, {p: f.spec for p, f in followers.items()},
                             label_dp=model.label_dp, labels_privatized=model.labels_privatized,
                             loss=loss, optimizer=make_optimizer(), metrics=metrics,
                             class_weight=class_weight,
                             label_free_sample_weight=label_free_sample_weight,
-                            _counter=_Counter(variable, len(model.followers)), _own_bottom=own)
+                            _counter=SentCounter(variable, len(model.followers)), _own_bottom=own)
     return VerticalParties(leader, followers)

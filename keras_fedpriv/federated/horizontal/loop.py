@@ -12,7 +12,7 @@ node). A round is
 2. the runtime carries the request to the clients and brings back one
    `TrainReply` per answer (the in-process driver calls the clients; the
    Flower driver sends messages and parses each reply with
-   `keras_fedpriv.federated.flower.horizontal_wire`);
+   `keras_fedpriv.federated.horizontal.wire`);
 3. `HorizontalLoop.finish_round`: drop what may not be used (error replies,
    replies from clients not asked, a second reply, malformed content, with a
    logged reason in ``rejected``), aggregate the good uploads in client-id
@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from keras_fedpriv.federated.horizontal_parties import ClientResult, HorizontalServer
+from keras_fedpriv.federated.horizontal.parties import ClientResult, HorizontalServer
 from keras_fedpriv.mechanisms.ledger import ReleaseKind, ReleaseLedger
 from keras_fedpriv.mechanisms.validation import validate_positive_int
 
