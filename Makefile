@@ -24,16 +24,17 @@ demo: $(STAMP)
 #   tests of a module stay on one worker (tests/conftest.py). TEST_WORKERS=auto: one per core;
 #   TEST_WORKERS=0: this process only.
 # - JAX (KERAS_BACKEND=jax): the backend-neutral test modules (marked `jax`) again, on
-#   JAX_WORKERS processes (2: when the TensorFlow pass ends first, the rest of this one still
-#   uses both cores) at a lower priority, filling the CPU time the TensorFlow pass leaves while
-#   its Flower tests wait. Its output goes to $(JAX_LOG), printed after the TensorFlow pass.
+#   one process (JAX_WORKERS=0; a fresh clone's run with JAX_WORKERS=2 took a minute longer,
+#   20m15s: the machine's 2 cores were already busy) at a lower priority, filling the CPU time the
+#   TensorFlow pass leaves while its Flower tests wait. Its output goes to $(JAX_LOG),
+#   printed after the TensorFlow pass.
 #   It runs the core of them (tests/conftest.py JAX_CORE: the backend, the mechanisms, the
 #   layers, the adversarial tests of their inputs, restores and ledger, a step of each
 #   protocol), to save CI time;
 #   JAX_PASS=0 skips it; `make test-jax` runs every `jax` module, in the foreground.
 # `make test` fails if either pass fails.
 TEST_WORKERS ?= 4
-JAX_WORKERS ?= 2
+JAX_WORKERS ?= 0
 JAX_PASS ?= 1
 JAX_LOG := build/test-jax.log
 PYTEST_TF := TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q -n $(TEST_WORKERS) \

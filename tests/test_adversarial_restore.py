@@ -254,6 +254,21 @@ def test_load_state_dict_refuses_a_state_behind_the_object():
         unseeded.load_state_dict(state)
 
 
+def test_load_state_dict_refuses_a_state_whose_ledger_is_behind():
+    """Counts that are not behind, with a ledger that holds fewer records than the object's:
+    loading it would rewind what the privacy report counts. Refused; nothing changes."""
+    upload = GaussianUpload(1.0, 1.0, seed=11)
+    empty_ledger = GaussianUpload(1.0, 1.0, seed=11).state_dict()["ledger"]
+    _gaussian_message(upload)
+    state = upload.state_dict()
+    state["ledger"] = empty_ledger
+    with pytest.raises(ValueError, match="its ledger holds fewer releases"):
+        upload.load_state_dict(state)
+    ledger = upload.privacy_ledger()
+    assert upload.num_releases == 1 and sum(ledger.total(k) for k in ledger.kinds) == 1
+    upload.load_state_dict(upload.state_dict())  # its own state still loads
+
+
 # --- vertical FL: the follower's state and the model's count of releases without DP ----------
 def test_a_follower_refuses_a_state_behind_its_releases():
     from vertical_stubs import COLUMNS, model_fn, vertical_data

@@ -207,6 +207,17 @@ def test_central_dp_is_a_decorator_the_strategy_is_given_once(in_a_run):
     assert release.releases == 3 and "CentralDP(noise_multiplier=1" in release.mechanism
 
 
+def test_central_dp_given_after_a_round_is_refused(in_a_run):
+    """Rounds aggregated in the clear before the decorator would be outside the central
+    figure: central DP is only taken before the strategy's first round."""
+    strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0)
+    list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid()))
+    with pytest.raises(ValueError, match=r"before the strategy's first round: .* asked "
+                                         r"clients in 1 round\(s\)"):
+        central_dp(strategy, noise_multiplier=1.0, clipping_norm=1.0)
+    assert strategy.central is None and not isinstance(strategy.server.upload, ClippedSum)
+
+
 def test_central_dp_and_the_strategy_do_not_import_each_other():
     import ast
     import importlib.util

@@ -133,3 +133,22 @@ def test_from_dict_refuses_a_state_that_would_count_less(tamper):
     tamper(state["kinds"][0])
     with pytest.raises(ValueError, match="ledger state"):
         ReleaseLedger.from_dict(state)
+
+
+def test_covers_holds_when_every_record_of_the_other_is_matched_or_exceeded():
+    """A restore's check: `covers` is False as soon as one unit, one kind or the anonymous
+    count of the other ledger is larger."""
+    small, big = ReleaseLedger(), ReleaseLedger()
+    small.record(LABELS, [1, 2])
+    big.record(LABELS, [1, 2, 3])
+    assert big.covers(small) and not small.covers(big)
+    assert ReleaseLedger().covers(ReleaseLedger()) and big.covers(ReleaseLedger())
+    more = ReleaseLedger().merge(big)
+    more.record(LABELS, [2])  # unit 2 twice
+    assert more.covers(big) and not big.covers(more)
+    other_kind = ReleaseLedger().merge(big)
+    other_kind.record(UPLOAD, [0])
+    assert not big.covers(other_kind)
+    anonymous = ReleaseLedger().merge(big)
+    anonymous.record(LABELS)  # a release about every example
+    assert not big.covers(anonymous) and anonymous.covers(big)

@@ -4,7 +4,7 @@ several batches per message on the wire, and what a follower refuses."""
 import numpy as np
 import pytest
 
-from keras_fedpriv.federated.vertical.parties import MalformedMessage
+from keras_fedpriv.federated.malformed import MalformedMessage
 from keras_fedpriv.federated.vertical.loop import (
     FeatureTable,
     FollowerRequest,

@@ -183,6 +183,27 @@ class ReleaseLedger:
                 self._approximate.add(col)
         return self
 
+    def covers(self, other: ReleaseLedger) -> bool:
+        """Whether this ledger holds at least every record of ``other``: each of its kinds,
+        with no fewer releases about every unit and about every unit at once (what a restore
+        must hold, so that it never rewinds a report).
+
+        Example: ``ReleaseLedger().covers(ReleaseLedger())`` is True.
+        """
+        for kind in other._kinds:
+            src = other._index[kind.key]
+            if kind.key not in self._index:
+                if other._everyone[src] or other._per_unit[kind.unit][src]:
+                    return False
+                continue
+            col = self._index[kind.key]
+            if self._everyone[col] < other._everyone[src]:
+                return False
+            mine = self._per_unit[kind.unit][col]
+            if any(mine.get(u, 0) < c for u, c in other._per_unit[kind.unit][src].items()):
+                return False
+        return True
+
     def only(self, protects: str) -> ReleaseLedger:
         """A copy holding only the releases about ``protects`` (one of `SECRETS`)."""
         if protects not in SECRETS:

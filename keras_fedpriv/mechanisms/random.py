@@ -191,7 +191,8 @@ class SeededReleases:
         Raises:
             TypeError: ``state`` is not a dict.
             ValueError: a missing or bad entry, a state behind this object's
-                releases, or no ``num_releases`` for a seeded copy rebuilt by
+                releases (its counts, or a ledger with fewer records than this
+                object's), or no ``num_releases`` for a seeded copy rebuilt by
                 `from_config`. Nothing is changed then.
         """
         if not isinstance(state, dict):
@@ -199,7 +200,7 @@ class SeededReleases:
                             f"got {type(state).__name__}.")
         own = self._parse_own_state(state)
         ledger = ReleaseLedger.from_dict(state["ledger"]) if "ledger" in state else None
-        self._load_num_releases(state)  # the last check, and the first change
+        self._load_num_releases(state, ledger)  # the last checks, and the first change
         for name, value in own.items():
             setattr(self, name, value)
         if ledger is not None:
@@ -268,8 +269,18 @@ class SeededReleases:
             state["fork"] = str(self._fork_id())  # a str: JSON readers may not keep 64-bit ints
         return state
 
-    def _load_num_releases(self, state):
-        """Restore ``num_releases`` from a state dict.
+    def _check_ledger(self, ledger):
+        """Raise unless ``ledger`` (a state's, or None) holds every record of this object's."""
+        if ledger is not None and not ledger.covers(self._ledger):
+            raise ValueError(
+                f"`state` is behind this {type(self).__name__}: its ledger holds fewer "
+                f"releases than this object's own. Loading it would rewind the releases its "
+                f"privacy report counts; load a state only into a new object, or one that has "
+                f"released no more than the state records.")
+
+    def _load_num_releases(self, state, ledger=None):
+        """Restore ``num_releases`` from a state dict, after checking that neither it nor the
+        state's ``ledger`` (a `ReleaseLedger`, or None) is behind this object.
 
         Without the key the counter is kept, except on a seeded copy rebuilt
         by ``from_config``, which has no position in its stream to keep.
@@ -285,6 +296,7 @@ class SeededReleases:
                     f"`state` must hold 'num_releases' for a {type(self).__name__} that has "
                     f"released ({self.num_releases} so far): without it, loading cannot check "
                     f"that the state is not behind (a rewound count); got keys {sorted(state)}.")
+            self._check_ledger(ledger)
             return
         num_releases = validate_positive_int(state["num_releases"], "state['num_releases']",
                                              minimum=0)
@@ -321,6 +333,7 @@ class SeededReleases:
         except (TypeError, ValueError):
             raise ValueError(f"`state['fork']` must be the fork id that state_dict wrote; got "
                              f"{type(fork).__name__}.") from None
+        self._check_ledger(ledger)
         self.num_releases = num_releases
         self.releases_by_unit = loaded
         self._fork = fork

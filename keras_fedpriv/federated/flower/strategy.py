@@ -310,8 +310,10 @@ class HorizontalStrategy(Strategy):
 
         Raises:
             TypeError: ``central`` is not a `CentralDP`.
-            ValueError: central DP is given already, or refused for this
-                strategy's upload, MagRR or BatchNormalization statistics.
+            ValueError: central DP is given already, or after this strategy has
+                asked clients (rounds it aggregated in the clear would be outside the
+                central figure), or refused for this strategy's upload, MagRR or
+                BatchNormalization statistics.
         """
         if not isinstance(central, CentralDP):
             raise TypeError(f"`central_dp` must be a CentralDP or None; got "
@@ -319,6 +321,11 @@ class HorizontalStrategy(Strategy):
         if self.central is not None:
             raise ValueError("this HorizontalStrategy already clips its uploads (central DP "
                              "was given twice).")
+        if self.asked:
+            raise ValueError(f"central DP must be given before the strategy's first round: "
+                             f"this HorizontalStrategy has already asked clients in "
+                             f"{len(self.asked)} round(s), whose aggregates were released "
+                             f"without its noise.")
         self.server.upload = central.decorate(
             self.upload, self.clients_per_round, magrr=self.magrr,
             clear_batch_norm=self.batch_norm == "average" and bool(self.server.bn_variables))

@@ -276,12 +276,15 @@ class VerticalStrategy:
         """
         run = self.settings(run_config)
         self._connect(grid, run)
+        # this run's own lists (a strategy may start again: the history of a run stays its own)
+        self.extra = {key: [] for key in WIRE_LOGS}
         ids, x, y = data
         validation = None
         if validation_data is not None:
             v_ids, v_x, v_y = validation_data
             validation = (v_ids, v_y, v_x)
-        self._marks["time"] = time.perf_counter()
+        self._marks.update(up=self.traffic["up"], down=self.traffic["down"],
+                           time=time.perf_counter())
         try:
             result = run_leader(self.leader, self.exchange, ids, y, x, epochs=run.epochs,
                                 batch_size=run.batch_size,
