@@ -170,13 +170,8 @@ def decode_embedding(arrays: Mapping[str, Any], spec: EmbeddingSpec, rows: int) 
                                    f"{spare} bits of every row must be 0).")
         bits = np.unpackbits(a, axis=1, count=spec.coordinates)
         return bits.reshape((rows,) + spec.shape).astype(spec.dtype)
-    a = _wire_array(arrays, "embedding", "an embedding message")
-    if a.dtype != np.dtype(spec.dtype) or a.shape != (rows,) + spec.shape:
-        raise MalformedMessage(f"embedding message 'embedding' must be {spec.dtype} of shape "
-                               f"{(rows,) + spec.shape}; got {a.dtype} {a.shape}.")
-    if not np.isfinite(a).all():
-        raise MalformedMessage("embedding message 'embedding' has non-finite values.")
-    return a
+    return _checked_floats(_wire_array(arrays, "embedding", "an embedding message"), spec,
+                           rows, "embedding message 'embedding'")
 
 
 def encode_gradient(gradient: Any, spec: EmbeddingSpec) -> dict[str, np.ndarray]:
@@ -186,12 +181,18 @@ def encode_gradient(gradient: Any, spec: EmbeddingSpec) -> dict[str, np.ndarray]
 
 def decode_gradient(arrays: Mapping[str, Any], spec: EmbeddingSpec, rows: int) -> np.ndarray:
     """A received cut gradient, checked (`MalformedMessage`: keys, dtype, shape, non-finite)."""
-    a = _wire_array(arrays, "gradient", "a gradient message")
+    return _checked_floats(_wire_array(arrays, "gradient", "a gradient message"), spec, rows,
+                           "gradient message")
+
+
+def _checked_floats(a: np.ndarray, spec: EmbeddingSpec, rows: int, what: str) -> np.ndarray:
+    """``a`` if it is ``spec.dtype`` of shape ``(rows,) + spec.shape`` and finite, else a
+    `MalformedMessage` naming ``what`` (never a value)."""
     if a.dtype != np.dtype(spec.dtype) or a.shape != (rows,) + spec.shape:
-        raise MalformedMessage(f"gradient message must be {spec.dtype} of shape "
+        raise MalformedMessage(f"{what} must be {spec.dtype} of shape "
                                f"{(rows,) + spec.shape}; got {a.dtype} {a.shape}.")
     if not np.isfinite(a).all():
-        raise MalformedMessage("gradient message has non-finite values.")
+        raise MalformedMessage(f"{what} has non-finite values.")
     return a
 
 
