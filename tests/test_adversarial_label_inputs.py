@@ -263,6 +263,8 @@ def test_case11c_priors_that_are_not_probabilities_are_refused(what):
         kf.privatize_labels(np.array([0.0, 1.0]), eps=1.0, prior=np.array([0.5, 1.5]), seed=0)
     if BACKEND != "tensorflow":  # fit with a prior needs the GradientTape train_step below
         return
+    if what in ("zero_row", "above_one"):  # the same comparisons as "unnormalized", "negative"
+        return  # in fit and under XLA (5 CPU-s a kind): the other three kinds check them there
     with pytest.raises(tf.errors.InvalidArgumentError, match="`prior` must hold class probab"):
         _prior_model(kf.LabelDPLayer(eps=1.0, seed=0)).fit(_prior_data(prior), epochs=1,
                                                            verbose=0, shuffle=False)

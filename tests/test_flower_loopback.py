@@ -5,7 +5,7 @@ a real SuperLink and 3 SuperNodes as processes on 127.0.0.1.
 Each test starts its own processes on free ports (`LoopbackDeployment`), bounds
 its time, and stops exactly the processes it started; a test checks that none
 is left. Every message makes Flower start a ClientApp process, so a round costs
-seconds here: the runs are two rounds long.
+seconds here: the runs are one to three rounds or epochs long.
 """
 
 import json
@@ -67,13 +67,13 @@ def _nodes(upload):
 def test_three_supernodes_train_fedavg_as_the_in_process_run(tmp_path):
     apps = load_test_app()
     with LoopbackDeployment(3, node_configs=_nodes("fedavg")) as deployment:
-        fedavg = deployment.run(APP, {"upload": "fedavg", "result-path": str(tmp_path / "f")},
-                                timeout=300)
+        # one round: every message starts a ClientApp process that imports TensorFlow (about
+        # 11 CPU-s each); the runs of several rounds, and a failed run's exit status, are
+        # checked with party workers (the docs' one-host recipe, tests/test_flower_faults_*)
+        fedavg = deployment.run(APP, {"upload": "fedavg", "num-server-rounds": 1,
+                                      "result-path": str(tmp_path / "f")}, timeout=300)
         assert fedavg.returncode == 0, fedavg.stdout[-3000:]
         assert "run status: finished:completed" in fedavg.stdout
-        # `flwr run` exits with 0 when the ServerApp fails; the status on the SuperLink does not
-        failed = deployment.run(APP, {"min-replies": 5}, timeout=120)
-        assert failed.returncode != 0 and "finished:failed" in failed.stdout
         pids = deployment.alive()  # with the descendants Flower started
     alive, listening = _gone(deployment, pids)
     assert alive == [] and listening == []
@@ -81,13 +81,13 @@ def test_three_supernodes_train_fedavg_as_the_in_process_run(tmp_path):
     history, weights = _result(tmp_path / "f")
     assert history["rejected"] == []
     h = history["history"]
-    assert h["replies"] == [3.0, 3.0]
+    assert h["replies"] == [3.0]
     # the same run in one process gives the same global model
     clients, val = apps.data()
     model = apps.model_fn()
     initial = model.evaluate(*val, verbose=0, return_dict=True)["accuracy"]
     fl = HorizontalFL(model, clients, upload="fedavg", seed=apps.SEED)
-    hist = fl.fit(rounds=2, clients_per_round=3, local_epochs=2, validation_data=val, verbose=0)
+    hist = fl.fit(rounds=1, clients_per_round=3, local_epochs=2, validation_data=val, verbose=0)
     for a, b in zip(model.get_weights(), weights):
         np.testing.assert_allclose(a, b, atol=1e-6)
     assert h["val_accuracy"][-1] == pytest.approx(hist.history["val_accuracy"][-1], abs=1e-6)
@@ -154,7 +154,7 @@ def _run_status(flwr, output, env):
 
 def test_the_one_host_recipe_in_the_docs_runs_as_written():
     """The commands of docs/flower.md's one-host recipe, line by line, with free ports and a
-    private temporary folder in place of its ports and /tmp paths; two runs in sequence."""
+    private temporary folder in place of its ports and /tmp paths."""
     folder = tempfile.mkdtemp(prefix="kfp-r-")
     subs = {"9092": str(free_port()), "9094": str(free_port()), "9095": str(free_port()),
             "/tmp/fl-party": f"{folder}/p"}
@@ -202,11 +202,10 @@ def test_the_one_host_recipe_in_the_docs_runs_as_written():
         for line in lines[4:6]:
             start(line)
         flwr = shutil.which("flwr", path=bindir)
-        runs, family = [], {}
-        for _ in range(2):  # the workers serve runs in sequence
-            done = subprocess.run(["bash", "-c", lines[6]], cwd=repo, env=env, timeout=300,
-                                  capture_output=True, text=True)
-            runs.append(_run_status(flwr, done.stdout + done.stderr, env))
+        # one run (that workers serve run after run is checked on the fault tests' deployments)
+        done = subprocess.run(["bash", "-c", lines[6]], cwd=repo, env=env, timeout=300,
+                              capture_output=True, text=True)
+        runs = [_run_status(flwr, done.stdout + done.stderr, env)]
         family = process_family([p.pid for p, _ in procs])
     finally:
         for proc, log in reversed(procs):  # SuperNodes, workers, SuperLink; each by its group
@@ -222,8 +221,8 @@ def test_the_one_host_recipe_in_the_docs_runs_as_written():
                 for i in range(len(procs))]
         shutil.rmtree(folder, ignore_errors=True)
     left = kill_family(family, wait=30)  # only processes still the ones recorded (no reused id)
-    assert [status for _, status in runs] == ["finished:completed"] * 2, logs[0][-3000:]
-    for i in (1, 2):  # each worker answered both runs, then stopped on SIGTERM
+    assert [status for _, status in runs] == ["finished:completed"], logs[0][-3000:]
+    for i in (1, 2):  # each worker answered the run, then stopped on SIGTERM
         assert procs[i][0].returncode == 0, logs[i][-3000:]
         for run_id, _ in runs:
             assert f"handled train (run {run_id})" in logs[i]
