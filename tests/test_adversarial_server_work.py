@@ -84,8 +84,10 @@ def test_case9_a_report_larger_than_asked_is_refused_before_it_is_parsed(in_a_ru
     strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=3, num_clients=3,
                                   seed=0, laplace_eval=laplace)
     grid = _Grid()
-    strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid)
-    asks = list(strategy.configure_evaluate(1, strategy.initial_arrays(), ConfigRecord(), grid))
+    with strategy.own_loop():
+        strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid)
+        asks = list(strategy.configure_evaluate(1, strategy.initial_arrays(), ConfigRecord(),
+                                                grid))
     good, one_over, huge = asks
     replies = [_report(good, 50), _report(one_over, cap + 1, 1), _report(huge, 10**5, 2)]
     parsed.clear()
@@ -160,7 +162,9 @@ def test_uploads_larger_than_asked_are_refused_before_they_are_parsed(in_a_run, 
     its byte size, and a reply of the right size is parsed."""
     strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, num_clients=3,
                                   seed=0)
-    asks = list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid()))
+    with strategy.own_loop():
+        asks = list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(),
+                                             _Grid()))
     dim = strategy.server.dim
 
     def reply(message, update):
@@ -189,8 +193,10 @@ def test_review_a_report_of_huge_finite_values_is_refused_and_cannot_stop_the_ro
     strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=3, num_clients=3,
                                   seed=0, laplace_eval=laplace)
     grid = _Grid()
-    strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid)
-    asks = list(strategy.configure_evaluate(1, strategy.initial_arrays(), ConfigRecord(), grid))
+    with strategy.own_loop():
+        strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid)
+        asks = list(strategy.configure_evaluate(1, strategy.initial_arrays(), ConfigRecord(),
+                                                grid))
     evil = np.full((50, K), 1e308)
     evil[np.arange(50), np.arange(50) % K] = -1e308
 

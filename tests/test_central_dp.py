@@ -155,8 +155,9 @@ def test_adaptive_clipping_is_refused_and_a_plain_strategy_still_runs(in_a_run):
                                                             clipped_count_stddev=1.0)
     with pytest.raises(ValueError, match="DifferentialPrivacyServerSideAdaptiveClipping"):
         wrapped.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid())
-    assert len(list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(),
-                                             _Grid()))) == 2
+    with strategy.own_loop():  # a user's own loop says so
+        assert len(list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(),
+                                                 _Grid()))) == 2
 
 
 def test_central_dp_refuses_signds_magrr_batch_norm_and_amplified_accounting():
@@ -211,7 +212,8 @@ def test_central_dp_given_after_a_round_is_refused(in_a_run):
     """Rounds aggregated in the clear before the decorator would be outside the central
     figure: central DP is only taken before the strategy's first round."""
     strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0)
-    list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid()))
+    with strategy.own_loop():
+        list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid()))
     with pytest.raises(ValueError, match=r"before the strategy's first round: .* asked "
                                          r"clients in 1 round\(s\)"):
         central_dp(strategy, noise_multiplier=1.0, clipping_norm=1.0)
@@ -258,7 +260,8 @@ def test_noise_and_accounting_happen_once_per_released_aggregate(in_a_run):
     dim = strategy.server.dim
     grid = _Grid()
     start = [w.copy() for w in strategy.initial_arrays().to_numpy_ndarrays()]
-    list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid))
+    with strategy.own_loop():
+        list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid))
     replies = [_reply(strategy, 10, 0, np.ones(dim, np.float32)),
                _reply(strategy, 11, 1, np.ones(dim, np.float32))]
     arrays, metrics = strategy.aggregate_train(1, replies)
@@ -269,7 +272,8 @@ def test_noise_and_accounting_happen_once_per_released_aggregate(in_a_run):
     for v, w in zip(strategy.model.trainable_weights, arrays.to_numpy_ndarrays()):
         np.testing.assert_array_equal(np.asarray(v), w)
     # a round with too few replies releases nothing: no noise, no event
-    list(strategy.configure_train(2, arrays, ConfigRecord(), grid))
+    with strategy.own_loop():
+        list(strategy.configure_train(2, arrays, ConfigRecord(), grid))
     assert strategy.aggregate_train(2, replies[:1])[0] is None
     assert accountant.num_releases == 1
 
@@ -279,7 +283,7 @@ def test_a_round_over_the_accountants_budget_is_refused_before_clients_are_asked
     strategy = central_dp(HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0),
                           noise_multiplier=1.0, clipping_norm=1.0, accountant=accountant)
     accountant.compose(GaussianPrivacyEvent(1.0, 2, 2))  # one release already spent
-    with pytest.raises(PrivacyBudgetExhausted):
+    with pytest.raises(PrivacyBudgetExhausted), strategy.own_loop():
         strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid())
     ledger = strategy.privacy_ledger()
     assert sum(ledger.total(k) for k in ledger.kinds) == 0
@@ -297,7 +301,8 @@ def test_flowers_dp_mods_and_the_old_magrr_name_are_refused_clearly():
 
 def _one_round(strategy, deltas):
     """Configure round 1 on the stand-in grid and aggregate the replies of ``deltas``."""
-    list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid()))
+    with strategy.own_loop():
+        list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid()))
     replies = [_reply(strategy, 10 + i, i, d) for i, d in enumerate(deltas)]
     return strategy.aggregate_train(1, replies)
 
@@ -377,17 +382,69 @@ def test_flowers_wrapper_is_found_however_deep_it_calls_the_strategy(in_a_run):
     assert sum(ledger.total(k) for k in ledger.kinds) == 0  # nobody was asked
 
 
-def test_without_frames_a_wrapper_still_releases_no_update(in_a_run, monkeypatch):
-    import inspect
+@pytest.mark.parametrize("wrapper", [DifferentialPrivacyServerSideFixedClipping,
+                                     DifferentialPrivacyServerSideAdaptiveClipping])
+def test_a_wrapper_started_as_flower_runs_it_is_refused_and_leaves_no_driver(in_a_run, wrapper):
+    """Flower's ``Strategy.start`` on the wrapper: the strategy's own start is never entered,
+    so the wrapper's first call into it (summary) is refused; nobody is asked."""
+    strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0)
+    args = (1.0, 1.0, 2) if wrapper is DifferentialPrivacyServerSideFixedClipping else (0.1, 2)
+    wrapped = wrapper(strategy, *args)
+    with pytest.raises(ValueError, match=r"HorizontalStrategy.summary was called while neither "
+                                         r"the strategy's own start\(\) nor its own_loop\(\)"
+                                         r".* `with strategy.own_loop\(\):"):
+        wrapped.start(_Grid(), strategy.initial_arrays(), num_rounds=1)
+    ledger = strategy.privacy_ledger()
+    assert sum(ledger.total(k) for k in ledger.kinds) == 0 and strategy.asked == []
 
-    monkeypatch.setattr(inspect, "currentframe", lambda: None)
+
+def test_steps_run_only_inside_the_strategys_own_start_or_own_loop(in_a_run):
+    """Any outside driver is refused by name of the step, with what to do; own_loop() and start()
+    are closed on leaving, also by an exception, so no later outside call slips through."""
+    strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0)
+    outside = r"HorizontalStrategy.configure_train was called while neither .* own_loop\(\)"
+    with pytest.raises(ValueError, match=outside):
+        strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid())
+    with pytest.raises(ValueError, match="HorizontalStrategy.summary was called"):
+        strategy.summary()
+    with pytest.raises(RuntimeError, match="boom"), strategy.own_loop():
+        strategy.summary()  # runs inside
+        raise RuntimeError("boom")
+    with pytest.raises(ValueError, match=outside):  # closed by the exception
+        strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid())
+
+    class _Failing(_Grid):
+        def send_and_receive(self, messages, timeout=None):
+            if any(m.metadata.message_type == "train" for m in messages):
+                raise RuntimeError("grid lost")
+            return super().send_and_receive(messages, timeout)
+
+    with pytest.raises(RuntimeError, match="grid lost"):
+        strategy.start(_Failing(), strategy.initial_arrays(), num_rounds=1)
+    assert len(strategy.asked) == 1  # start drove its own configure_train
+    with pytest.raises(ValueError, match=outside):  # start's driver closed by the exception
+        strategy.configure_train(2, strategy.initial_arrays(), ConfigRecord(), _Grid())
+    with strategy.own_loop():
+        with strategy.own_loop():
+            pass
+        strategy.summary()  # nested: the outer one is still open after the inner one
+    with pytest.raises(ValueError, match=outside):
+        strategy.configure_train(2, strategy.initial_arrays(), ConfigRecord(), _Grid())
+    assert len(strategy.asked) == 1  # no refused call asked anyone
+
+
+def test_inside_own_loop_a_wrapper_still_releases_no_update(in_a_run):
+    """``own_loop()`` says nobody wraps the strategy; a client-side wrapper opened inside it is
+    still refused by its config key, and a server-side one breaks its first round's replies:
+    the asked clients are counted, no update is released."""
     strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=2, seed=0)
     client_side = DifferentialPrivacyClientSideFixedClipping(strategy, 1.0, 1.0, 2)
-    with pytest.raises(ValueError, match="client-side clipping wrapper"):  # by its config key
-        client_side.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid())
     wrapped = DifferentialPrivacyServerSideFixedClipping(strategy, 1.0, 1.0, 2)
     start = [w.copy() for w in strategy.initial_arrays().to_numpy_ndarrays()]
-    list(wrapped.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid()))
+    with strategy.own_loop():
+        with pytest.raises(ValueError, match="client-side clipping wrapper"):  # its config key
+            client_side.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid())
+        list(wrapped.configure_train(1, strategy.initial_arrays(), ConfigRecord(), _Grid()))
     dim = strategy.server.dim
     replies = [_reply(strategy, 10 + i, i, np.ones(dim, np.float32)) for i in range(2)]
     with pytest.raises(ValueError):  # Flower clips the flat update against the weights

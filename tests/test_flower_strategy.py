@@ -97,8 +97,9 @@ def _strategy(**kw):
 
 def test_configure_train_counts_the_asked_clients_and_sends_only_the_protocols_config(in_a_run):
     strategy = _strategy()
-    messages = list(strategy.configure_train(1, strategy.initial_arrays(),
-                                             ConfigRecord({"lr-note": 1.5}), _Grid()))
+    with strategy.own_loop():
+        messages = list(strategy.configure_train(1, strategy.initial_arrays(),
+                                                 ConfigRecord({"lr-note": 1.5}), _Grid()))
     assert len(messages) == 2
     assert {m.metadata.message_type for m in messages} == {"train"}
     config = messages[0].content["config"]
@@ -112,11 +113,13 @@ def test_configure_train_counts_the_asked_clients_and_sends_only_the_protocols_c
 def test_the_strategy_takes_the_weights_flower_hands_it_and_refuses_wrong_ones(in_a_run):
     strategy = _strategy()
     arrays = [np.full_like(w, 0.5) for w in strategy.initial_arrays().to_numpy_ndarrays()]
-    msgs = list(strategy.configure_train(1, ArrayRecord(numpy_ndarrays=arrays), ConfigRecord(),
-                                         _Grid()))
+    with strategy.own_loop():
+        msgs = list(strategy.configure_train(1, ArrayRecord(numpy_ndarrays=arrays),
+                                             ConfigRecord(), _Grid()))
     sent = msgs[0].content["weights"].to_numpy_ndarrays()
     assert all(np.all(w == 0.5) for w in sent)
-    with pytest.raises(ValueError, match="`arrays` must hold the model's 4 trainable weights"):
+    with pytest.raises(ValueError, match="`arrays` must hold the model's 4 trainable weights"), \
+            strategy.own_loop():
         strategy.configure_train(2, ArrayRecord(numpy_ndarrays=arrays[:2]), ConfigRecord(),
                                  _Grid())
 
@@ -124,8 +127,9 @@ def test_the_strategy_takes_the_weights_flower_hands_it_and_refuses_wrong_ones(i
 def test_too_few_good_replies_leave_the_model_unchanged_and_return_no_arrays(caplog, in_a_run):
     strategy = _strategy(min_replies=2)
     before = [w.copy() for w in strategy.model.get_weights()]
-    messages = list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(),
-                                             _Grid()))
+    with strategy.own_loop():
+        messages = list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(),
+                                                 _Grid()))
     stray = Message(RecordDict({"config": ConfigRecord({"client-id": 0})}), dst_node_id=1,
                     message_type="train")
     stray.metadata.__dict__["_src_node_id"] = 99  # a node that was not asked
@@ -146,7 +150,7 @@ def test_steps_out_of_order_and_bad_settings_are_refused(in_a_run):
     strategy = _strategy()
     with pytest.raises(ValueError, match="without its configure_train"):
         strategy.aggregate_train(1, [])
-    with pytest.raises(ValueError, match="server_round"):
+    with pytest.raises(ValueError, match="server_round"), strategy.own_loop():
         strategy.configure_train(0, strategy.initial_arrays(), ConfigRecord(), _Grid())
     with pytest.raises(ValueError, match="min_replies"):
         _strategy(min_replies=3)
@@ -178,8 +182,9 @@ def test_every_history_key_has_one_entry_per_round_when_a_round_falls_short(in_a
     grid = _Grid()
     answered = []
     for rnd in (1, 2, 3):
-        messages = list(strategy.configure_train(rnd, strategy.initial_arrays(), ConfigRecord(),
-                                                 grid))
+        with strategy.own_loop():  # a user's own loop of the four steps
+            messages = list(strategy.configure_train(rnd, strategy.initial_arrays(),
+                                                     ConfigRecord(), grid))
         nodes = [m.metadata.dst_node_id for m in messages]
         replies = [good(n, grid.nodes.index(n)) for n in nodes]
         if rnd == 2:  # one client fails: 1 good reply < min_replies

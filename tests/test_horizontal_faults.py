@@ -81,8 +81,9 @@ def _upload(cid):
 
 
 def _round(strategy, grid, rnd):
-    messages = list(strategy.configure_train(rnd, strategy.initial_arrays(), ConfigRecord(),
-                                             grid))
+    with strategy.own_loop():  # this test's own loop drives the strategy's steps
+        messages = list(strategy.configure_train(rnd, strategy.initial_arrays(), ConfigRecord(),
+                                                 grid))
     return messages, strategy.aggregate_train(rnd, grid.send_and_receive(messages))
 
 
@@ -96,9 +97,11 @@ def test_an_error_reply_with_sender_id_0_is_matched_to_the_client_it_answers(in_
     strategy = HorizontalStrategy(model_fn(), "fedavg", clients_per_round=3, seed=0,
                                   min_replies=2)
     grid = _Grid({10: 0, 11: 1, 12: 2})
-    strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid)  # connects
-    grid.lost.add(12)
-    messages = list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid))
+    with strategy.own_loop():
+        strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid)  # connects
+        grid.lost.add(12)
+        messages = list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(),
+                                                 grid))
     with caplog.at_level(logging.WARNING, logger="keras_fedpriv.flower"):
         _, metrics = strategy.aggregate_train(1, grid.send_and_receive(messages))
     assert strategy.rejected == [(1, 2, f"error reply: {NODE_UNAVAILABLE}")]

@@ -32,18 +32,19 @@ and mods cannot carry it. What works and what is refused:
 * Refused (ValueError naming the wrapper or mod, the upload and why):
   Flower's wrappers around a `HorizontalStrategy` (`refuse_flower_dp`: they
   would subtract the global weights from the flat update, or from SignDS's
-  indices); `CentralDP` with SignDS (with or without MagRR: clipping or
-  noising a message of h indices and a sign is meaningless, and the server's
-  step is set from MagRR's reports, not from a clipped update) or with
-  BatchNormalization statistics averaged in the clear (they would enter the
-  released model unclipped and without noise); Flower's DP mods on
-  `horizontal_client_app` (`refuse_dp_mods`: they rewrite the upload as if
-  it were weights).
+  indices; found because they call the strategy's steps while its own
+  ``start`` is not running, the client-side ones also by the clipping norm
+  they put in the train config); `CentralDP` with SignDS (with or without
+  MagRR: clipping or noising a message of h indices and a sign is
+  meaningless, and the server's step is set from MagRR's reports, not from a
+  clipped update) or with BatchNormalization statistics averaged in the
+  clear (they would enter the released model unclipped and without noise);
+  Flower's DP mods on `horizontal_client_app` (`refuse_dp_mods`: they
+  rewrite the upload as if it were weights).
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, Mapping, Sequence
 
@@ -52,8 +53,12 @@ import numpy as np
 from flwr.app import ConfigRecord
 from flwr.clientapp.mod import LocalDpMod, adaptiveclipping_mod, fixedclipping_mod
 from flwr.serverapp.exception import PrivacyBudgetExhausted
-from flwr.serverapp.strategy.dp_adaptive_clipping import DifferentialPrivacyAdaptiveBase
-from flwr.serverapp.strategy.dp_fixed_clipping import DifferentialPrivacyFixedClippingBase
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyClientSideAdaptiveClipping,
+    DifferentialPrivacyClientSideFixedClipping,
+    DifferentialPrivacyServerSideAdaptiveClipping,
+    DifferentialPrivacyServerSideFixedClipping,
+)
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, compute_stdv
 from flwr.supercore.privacy_accounting import GaussianPrivacyEvent, SamplingMethod
 
@@ -442,58 +447,58 @@ def central_dp(strategy: Any, *, noise_multiplier: float, clipping_norm: float,
 
 
 # ------------------------------------------------------- Flower's own DP wrappers
-_FLOWER_WRAPPERS = (DifferentialPrivacyFixedClippingBase, DifferentialPrivacyAdaptiveBase)
+_SERVER_SIDE = (DifferentialPrivacyServerSideFixedClipping.__name__,
+                DifferentialPrivacyServerSideAdaptiveClipping.__name__)
+_CLIENT_SIDE = (DifferentialPrivacyClientSideFixedClipping.__name__,
+                DifferentialPrivacyClientSideAdaptiveClipping.__name__)
 
 
-def _flower_wrapper_calling() -> str | None:
-    """The class name of a Flower DP wrapper among the callers (None: none, or no frames).
-
-    Flower's server-side wrappers hand the strategy nothing of their own (the
-    same arrays, config and grid), so only the caller tells them apart from
-    a plain call; any depth counts (a wrapper around another wrapper).
-    """
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            caller = frame.f_locals.get("self")
-            if isinstance(caller, _FLOWER_WRAPPERS):
-                return type(caller).__name__
-            frame = frame.f_back
-        return None
-    finally:
-        del frame  # no reference cycle through the frames
-
-
-def refuse_flower_dp(upload: Any, magrr: Any = None, config: ConfigRecord | None = None
-                     ) -> None:
+def refuse_flower_dp(upload: Any, magrr: Any = None, config: ConfigRecord | None = None, *,
+                     driven: bool, step: str = "configure_train") -> None:
     """Refuse Flower's DP wrappers around a `HorizontalStrategy`: they cannot read its replies.
 
     What `HorizontalStrategy.summary` and ``configure_train`` call before any
-    client is asked. A Flower DP wrapper among the callers is refused by
-    name; a client-side wrapper is also found by the clipping norm it puts
-    in the train config. Where the interpreter gives no frames
-    (``inspect.currentframe()`` is None), only the config check runs, and a
-    server-side wrapper breaks the first replies when it clips them as model
-    weights (Flower raises, or the strategy drops them as malformed): the
-    clients' releases are counted, no update is released.
+    client is asked. Flower's wrappers drive the strategy they wrap through
+    its steps from their own ``start`` (Flower's ``Strategy.start``), so the
+    strategy's own ``start`` is never entered; the strategy knows whether its
+    own ``start`` (or its ``own_loop()``) is running, and a step called while
+    neither is (``driven=False``) is refused. Flower's client-side wrappers
+    are also found by the clipping norm they put in the train config, which
+    is refused however the strategy is driven.
 
     Args:
         upload: the strategy's upload scheme.
         magrr: the strategy's MagRR, or None.
         config: the round's train config, or None (``summary``).
+        driven: whether the strategy's own ``start`` or ``own_loop()`` is
+            running (False: something else calls its steps).
+        step: the strategy's method that asks, for the message.
 
     Raises:
-        ValueError: a Flower DP wrapper drives the strategy.
+        ValueError: the config carries Flower's clipping norm, or the step is
+            called from outside the strategy's own ``start`` and ``own_loop()``.
 
     Example:
-        >>> refuse_flower_dp(FedAvgUpload(), config=ConfigRecord({"clipping_norm": 1.0}))
+        >>> refuse_flower_dp(FedAvgUpload(), config=ConfigRecord(), driven=True)
+        >>> refuse_flower_dp(FedAvgUpload(), config=ConfigRecord({"clipping_norm": 1.0}),
+        ...                  driven=True)
         Traceback (most recent call last):
-        ValueError: Flower's a client-side clipping wrapper (config key 'clipping_norm') ...
+        ValueError: the train config holds 'clipping_norm', which Flower's client-side ...
     """
-    wrapper = _flower_wrapper_calling()
-    if wrapper is None and config is not None and KEY_CLIPPING_NORM in config:
-        wrapper = f"a client-side clipping wrapper (config key {KEY_CLIPPING_NORM!r})"
-    if wrapper is None:
+    if config is not None and KEY_CLIPPING_NORM in config:
+        found = (f"the train config holds {KEY_CLIPPING_NORM!r}, which Flower's client-side "
+                 "clipping wrappers put there")
+        wrappers = _CLIENT_SIDE
+        todo = ""
+    elif not driven:
+        found = (f"HorizontalStrategy.{step} was called while neither the strategy's own "
+                 "start() nor its own_loop() was running: something else drives it, as "
+                 "Flower's DP wrappers do from their own start()")
+        wrappers = _SERVER_SIDE + _CLIENT_SIDE
+        todo = (" To run the strategy, call strategy.start(grid, strategy.initial_arrays(), "
+                "num_rounds=...); to call its steps from a loop of your own (no wrapper), "
+                "call them inside `with strategy.own_loop():`.")
+    else:
         return
     name = f"{type(upload).__name__}" + (" with MagRR" if magrr is not None else "")
     if getattr(upload, "name", "") == "signds":
@@ -507,8 +512,9 @@ def refuse_flower_dp(upload: Any, magrr: Any = None, config: ConfigRecord | None
                "central DP-FedAvg give the strategy central DP: HorizontalStrategy(..., "
                "central_dp=CentralDP(noise_multiplier, clipping_norm, accountant=...)) from "
                "keras_fedpriv.federated.flower.central_dp")
-    raise ValueError(f"Flower's {wrapper} cannot wrap a HorizontalStrategy with upload "
-                     f"{name}: {why}.")
+    others = ", ".join(wrappers[1:-1]) + (" or " if len(wrappers) > 2 else "") + wrappers[-1]
+    raise ValueError(f"{found}. Flower's {wrappers[0]} cannot wrap a HorizontalStrategy with "
+                     f"upload {name}, nor can its {others}: {why}.{todo}")
 
 
 # ------------------------------------------------------- Flower's accountant

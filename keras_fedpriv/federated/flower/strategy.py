@@ -2,7 +2,10 @@
 
 `horizontal_server_app` runs this strategy; a user's own `ServerApp` can run
 it too (``strategy.start(grid, strategy.initial_arrays(), num_rounds=...)``)
-or call its four steps from a loop of its own. The strategy drives the same
+or call its four steps from a loop of its own, inside ``with
+strategy.own_loop():`` (a step called while neither its own ``start`` nor
+``own_loop()`` runs is refused: that is how Flower's DP wrappers, which
+cannot read its replies, drive a strategy). The strategy drives the same
 `HorizontalServer` that `HorizontalFL` drives in one process.
 
 Round numbers: every log line, ``rejected`` and the history count rounds from 1,
@@ -23,12 +26,13 @@ sender id 0).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import keras
 import numpy as np
@@ -114,7 +118,10 @@ class HorizontalStrategy(Strategy):
     model is set, scored or returned, and counts each noised aggregate in
     Flower's accountant. Flower's own DP wrappers around it are refused with
     a ValueError before any client is asked (they clip replies as model
-    weights, which these replies are not).
+    weights, which these replies are not): they call its steps from their
+    own ``start``, and `configure_train` (and `summary`) refuse to run
+    unless the strategy's own `start`, or an `own_loop` of the user's, is
+    running.
 
     Args:
         model: the compiled global Keras model (its weights are the global
@@ -237,6 +244,7 @@ class HorizontalStrategy(Strategy):
                                    validation_data=validation_data, log_magrr=True,
                                    log=logger)
         self._down = 0
+        self._driving = 0  # how many of its own drivers (start, own_loop) are running now
         self.central: CentralDP | None = None
         if central_dp is not None:
             self.use_central_dp(central_dp)
@@ -273,8 +281,45 @@ class HorizontalStrategy(Strategy):
         ``max_failed_rounds``) and ``timeout`` (how long a late node's query waits)."""
         self._num_rounds = validate_positive_int(num_rounds, "num_rounds")
         self._timeout = min(float(timeout), self.connect_timeout)
-        return super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
-                             **kwargs)
+        with self.own_loop():  # its steps may run: nothing else drives them
+            return super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
+                                 **kwargs)
+
+    @contextlib.contextmanager
+    def own_loop(self) -> Iterator["HorizontalStrategy"]:
+        """Call the strategy's steps from a loop of your own: ``with strategy.own_loop():``.
+
+        `configure_train` and `summary` run only while the strategy's own
+        `start` or an ``own_loop()`` is running (`start` opens one): Flower's
+        DP wrappers drive a strategy they wrap through its steps from their
+        own ``start`` and hand it nothing else to tell them apart by, so a
+        step called from anywhere else is refused before any client is asked
+        (`keras_fedpriv.federated.flower.central_dp.refuse_flower_dp`).
+        Opening it says that you, not a wrapper, call the steps inside it: a
+        Flower client-side wrapper is still refused there (by the clipping
+        norm it puts in the train config), a server-side one is not found
+        before its first round (it then breaks that round's replies: the
+        asked clients are counted, no update is released). It is closed on
+        leaving the block, also by an exception.
+
+        Yields:
+            The strategy.
+
+        Example:
+
+        ```python
+        with strategy.own_loop():
+            for rnd in range(1, 4):
+                messages = strategy.configure_train(rnd, strategy.initial_arrays(),
+                                                    ConfigRecord(), grid)
+                strategy.aggregate_train(rnd, grid.send_and_receive(messages))
+        ```
+        """
+        self._driving += 1
+        try:
+            yield self
+        finally:
+            self._driving -= 1
 
     @property
     def model(self) -> keras.Model:
@@ -343,8 +388,13 @@ class HorizontalStrategy(Strategy):
         return self.central.central_privacy(f"HorizontalStrategy with {self.central!r}")
 
     def summary(self) -> None:
-        """Log the strategy's settings."""
-        refuse_flower_dp(self.upload, self.magrr)
+        """Log the strategy's settings (what Flower's ``Strategy.start`` calls first).
+
+        Raises:
+            ValueError: called while neither the strategy's own `start` nor an
+                `own_loop` is running (e.g. by a Flower DP wrapper's ``start``).
+        """
+        refuse_flower_dp(self.upload, self.magrr, driven=self._driving > 0, step="summary")
         logger.info("HorizontalStrategy: upload %s, %d clients per round (at least %d "
                     "replies), %d local epochs, batch_norm=%r, MagRR %s, Laplace evaluation "
                     "%s, central DP %s", type(self.upload).__name__, self.clients_per_round,
@@ -441,9 +491,17 @@ class HorizontalStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Sample the round's clients, count their releases and build their messages."""
+        """Sample the round's clients, count their releases and build their messages.
+
+        Raises:
+            ValueError: called while neither the strategy's own `start` nor an
+                `own_loop` is running (e.g. by a Flower DP wrapper), or a train
+                config from Flower's client-side DP wrappers; both before any
+                client is asked.
+        """
         rnd = validate_positive_int(server_round, "server_round") - 1
-        refuse_flower_dp(self.upload, self.magrr, config)  # before any client is asked
+        # before any client is asked: a Flower DP wrapper, or any other outside driver
+        refuse_flower_dp(self.upload, self.magrr, config, driven=self._driving > 0)
         if self.central is not None:
             self.central.check_budget()
         self._set_weights(arrays)
