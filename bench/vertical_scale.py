@@ -16,8 +16,9 @@ Two parts (``--part``), run separately or together:
   architecture as one plain `keras.Model`, at each of ``--sizes`` rows (one
   epoch each). Each measurement runs in its own child process (a fresh
   interpreter: the max RSS is that measurement's alone). The rows are held in
-  memory up to 2x10^6 rows and streamed from the generator
-  (`CriteoLike.batches`, a `keras.utils.PyDataset`) above. Tracing time: the
+  memory up to 10^7 rows (about 2.5 GB of arrays) and streamed from the
+  generator (`CriteoLike.batches`, a `keras.utils.PyDataset`, slower to feed)
+  above. Tracing time: the
   first step's time minus the median step time (what the first step costs
   beyond a steady step: building and tracing the training function).
 * ``privacy``: at ``--rows`` training rows, for each protection (none;
@@ -98,7 +99,7 @@ EPOCHS = 2
 LEARNING_RATE = 3e-3
 BOTTOM_UNITS = 16
 TEST_ROWS = 50_000
-IN_MEMORY_ROWS = 2 * 10**6
+IN_MEMORY_ROWS = 10**7  # 250 bytes a row in memory; the generator's PyDataset is slower
 THROUGHPUT_LABEL_EPS, THROUGHPUT_EMBED_EPS = 2.0, 4.0
 KNOWN = (40, 400)
 CLUSTER_ROWS = 200_000  # k-means on a random subset of the recorded rows (speed)
