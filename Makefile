@@ -25,7 +25,8 @@ demo: $(STAMP)
 #   TEST_WORKERS=0: this process only.
 # - JAX (KERAS_BACKEND=jax): the backend-neutral test modules (marked `jax`) again, on
 #   one process (JAX_WORKERS=0; a fresh clone's run with JAX_WORKERS=2 took a minute longer,
-#   20m15s: the machine's 2 cores were already busy) at a lower priority, filling the CPU time the
+#   20m15s: the machine's 2 cores were already busy) at a lower priority (nice 5: with nice 10 it
+#   ended 45-50 s after the TensorFlow pass, alone on one core), filling the CPU time the
 #   TensorFlow pass leaves while its Flower tests wait. Its output goes to $(JAX_LOG),
 #   printed after the TensorFlow pass.
 #   It runs the core of them (tests/conftest.py JAX_CORE: the backend, the mechanisms, the
@@ -44,7 +45,7 @@ PYTEST_JAX := env KERAS_BACKEND=jax TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -q -n
 test: $(STAMP)
 	@if [ "$(JAX_PASS)" = 0 ]; then $(PYTEST_TF); exit $$?; fi; \
 	mkdir -p $(dir $(JAX_LOG)); \
-	KERAS_FEDPRIV_JAX_TESTS=core nice -n 10 $(PYTEST_JAX) -n $(JAX_WORKERS) --dist loadgroup \
+	KERAS_FEDPRIV_JAX_TESTS=core nice -n 5 $(PYTEST_JAX) -n $(JAX_WORKERS) --dist loadgroup \
 		>$(JAX_LOG) 2>&1 & jax=$$!; \
 	$(PYTEST_TF); tf=$$?; \
 	wait $$jax; status=$$?; \
