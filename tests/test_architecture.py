@@ -38,13 +38,7 @@ KNOWN_PRIVATE_IMPORTS = set()
 #: defining module, method), found by name: a method ``_m`` of a class of the package, called
 #: as ``obj._m`` (not ``self._m``, ``cls._m`` or ``super()._m``) outside the module that
 #: defines it. Each should become public or move to where it is used. The list only shrinks.
-KNOWN_PRIVATE_METHODS = {
-    # the backends drive VerticalModel's train and test steps
-    ("backend.jax", "federated.vertical.model", "_protocol_train_step"),
-    ("backend.jax", "federated.vertical.model", "_test_logs"),
-    ("backend.tensorflow", "federated.vertical.model", "_protocol_train_step"),
-    ("backend.tensorflow", "federated.vertical.model", "_test_logs"),
-}
+KNOWN_PRIVATE_METHODS = set()
 
 
 @pytest.fixture(scope="module")

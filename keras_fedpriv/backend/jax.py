@@ -585,7 +585,7 @@ def local_training(model: Any, batch_size: int, x_spec: Any, y_spec: Any,
 
 
 # -- vertical --
-# VerticalModel's steps (keras_fedpriv/federated/vertical/model.py): Keras' JAX trainer passes
+# VerticalModel's steps (keras_fedpriv/federated/vertical/step.py): Keras' JAX trainer passes
 # and takes back the state (trainable, non-trainable, optimizer, metrics variables); each
 # party's gradients come from the vjp of its own forward pass with its cut gradient.
 
@@ -691,14 +691,14 @@ def vertical_train_step(model: Any, state: Any, data: Any) -> tuple[dict[str, An
     the protocol step, stateless over the model's variables."""
     groups = [model.trainable_variables, model.non_trainable_variables,
               model.optimizer.variables, model.metrics_variables]
-    return _functional_step(model, groups, state, lambda: model._protocol_train_step(data))
+    return _functional_step(model, groups, state, lambda: model.protocol_step.train(data))
 
 
 def vertical_test_step(model: Any, state: Any, data: Any) -> tuple[dict[str, Any], Any]:
     """One evaluation step of a `VerticalModel` (Keras' JAX ``test_step(state, data)``)."""
     groups = [model.trainable_variables, model.non_trainable_variables,
               model.metrics_variables]
-    return _functional_step(model, groups, state, lambda: model._test_logs(data))
+    return _functional_step(model, groups, state, lambda: model.protocol_step.test(data))
 
 
 def gather_replicas(structure: Any) -> Any:

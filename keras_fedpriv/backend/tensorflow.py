@@ -500,7 +500,7 @@ def local_training(model: Any, batch_size: int, x_spec: Any, y_spec: Any,
 
 
 # -- vertical --
-# VerticalModel's steps and the parties' gradients (keras_fedpriv/federated/vertical/: model.py
+# VerticalModel's steps and the parties' gradients (keras_fedpriv/federated/vertical/: step.py
 # and the party halves): a tape per party.
 
 
@@ -547,13 +547,15 @@ def party_function(fn: Callable[..., Any], signature: list[Any],
 
 
 def vertical_train_step(model: Any, data: Any) -> dict[str, Any]:
-    """One training step of a `VerticalModel` (Keras' ``train_step(data)``)."""
-    return model._protocol_train_step(data)
+    """One training step of a `VerticalModel` (Keras' ``train_step(data)``): its
+    `VerticalStep.train`."""
+    return model.protocol_step.train(data)
 
 
 def vertical_test_step(model: Any, data: Any) -> dict[str, Any]:
-    """One evaluation step of a `VerticalModel` (Keras' ``test_step(data)``)."""
-    return model._test_logs(data)
+    """One evaluation step of a `VerticalModel` (Keras' ``test_step(data)``): its
+    `VerticalStep.test`."""
+    return model.protocol_step.test(data)
 
 
 def gather_replicas(structure: Any) -> Any:

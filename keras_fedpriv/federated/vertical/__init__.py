@@ -18,7 +18,8 @@ The same parts under the same names as `keras_fedpriv.federated.horizontal`:
   loop in one process.
 
 `VerticalModel` (`keras_fedpriv.federated.vertical.model`) runs the same
-pieces inside one Keras ``train_step``; the Flower apps
+pieces inside one Keras ``train_step`` (its steps: `VerticalStep`, in
+`keras_fedpriv.federated.vertical.step`); the Flower apps
 (`keras_fedpriv.federated.flower.vertical`) run the loop over Flower. See
 docs/vertical.md.
 
@@ -46,6 +47,6 @@ _EXPORTS = {
     "EmbeddingSpec": "keras_fedpriv.federated.vertical.wire",
 }
 lazy_exports(__name__, _EXPORTS, ("driver", "follower", "leader", "loop", "model", "parties",
-                                  "party", "wire"))
+                                  "party", "step", "wire"))
 
 __all__ = sorted(_EXPORTS)

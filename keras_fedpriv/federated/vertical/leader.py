@@ -37,7 +37,32 @@ from keras_fedpriv.layers.input_checks import InputErrorFlagMixin
 from keras_fedpriv.layers.label_dp import LabelDPLayer
 from keras_fedpriv.mechanisms.ledger import ReleaseLedger
 
-__all__ = ["VerticalLeader"]
+__all__ = ["VerticalLeader", "validate_label_protection"]
+
+
+def validate_label_protection(label_dp: Any, labels_privatized: Any, owner: str) -> None:
+    """Check how the leader's labels are protected: ``label_dp`` (None or a `LabelDPLayer`) or
+    ``labels_privatized`` (a bool: randomized before training), not both.
+
+    Args:
+        label_dp: the ``label_dp`` argument.
+        labels_privatized: the ``labels_privatized`` argument.
+        owner: who checks, for the error text (``"VerticalModel"``, ``"VerticalLeader"``).
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: both given.
+    """
+    if not isinstance(labels_privatized, bool):
+        raise TypeError(f"{owner}: `labels_privatized` must be a bool; got "
+                        f"{labels_privatized!r}.")
+    if labels_privatized and label_dp is not None:
+        raise ValueError(f"{owner}: `labels_privatized=True` says the labels given to "
+                         "fit were randomized before training; with `label_dp` the model "
+                         "randomizes them itself. Pass one or the other.")
+    if label_dp is not None and not isinstance(label_dp, LabelDPLayer):
+        raise TypeError(f"{owner}: `label_dp` must be None or a "
+                        f"keras_fedpriv.LabelDPLayer; got {type(label_dp).__name__}.")
 
 
 class VerticalLeader:
@@ -101,16 +126,7 @@ class VerticalLeader:
             if not isinstance(spec, EmbeddingSpec):
                 raise TypeError(f"{owner}: `followers[{p!r}]` must be an EmbeddingSpec (a "
                                 f"follower's `.spec`); got {type(spec).__name__}.")
-        if not isinstance(labels_privatized, bool):
-            raise TypeError(f"{owner}: `labels_privatized` must be a bool; got "
-                            f"{labels_privatized!r}.")
-        if labels_privatized and label_dp is not None:
-            raise ValueError(f"{owner}: `labels_privatized=True` says the labels given to "
-                             "fit were randomized before training; with `label_dp` the model "
-                             "randomizes them itself. Pass one or the other.")
-        if label_dp is not None and not isinstance(label_dp, LabelDPLayer):
-            raise TypeError(f"{owner}: `label_dp` must be None or a "
-                            f"keras_fedpriv.LabelDPLayer; got {type(label_dp).__name__}.")
+        validate_label_protection(label_dp, labels_privatized, owner)
         if not isinstance(label_free_sample_weight, bool):
             raise TypeError(f"{owner}: `label_free_sample_weight` must be a bool; got "
                             f"{label_free_sample_weight!r}.")

@@ -26,12 +26,11 @@ from keras_fedpriv.federated.messages import (
     StepMessages,
     is_tf_dataset,
 )
-from keras_fedpriv.federated.vertical.leader import VerticalLeader
+from keras_fedpriv.federated.vertical.leader import VerticalLeader, validate_label_protection
 from keras_fedpriv.federated.vertical.parties import VerticalParties, split_parties
 from keras_fedpriv.federated.vertical.party import (
     PartyBottom,
     SentCounter,
-    add_all,
     copy_protection,
     counter_variable,
     derive_party_seed,
@@ -39,10 +38,13 @@ from keras_fedpriv.federated.vertical.party import (
     label_assert_message,
     leader_loss,
     leader_unprotected_ledger,
-    rows_of,
-    sum_losses,
     validate_class_weight,
     validate_party_name,
+)
+from keras_fedpriv.federated.vertical.step import (
+    MESSAGES_KEY,
+    SAMPLE_WEIGHT_REFUSAL,
+    VerticalStep,
 )
 from keras_fedpriv.federated.vertical.wire import up_bytes
 from keras_fedpriv.layers.input_checks import (
@@ -57,14 +59,8 @@ from keras_fedpriv.mechanisms.ledger import ReleaseLedger
 
 __all__ = ["VerticalModel", "derive_party_seed"]
 
-_MESSAGES_KEY = "__keras_fedpriv_messages__"  # train_step output, removed before callbacks
 _EXPORT_ON_JAX = ("save the model (model.save('model.keras')) and serve each party's part "
                   "with keras.Model(...) / party_embeddings on JAX.")
-_SAMPLE_WEIGHT_REFUSAL = (
-    "VerticalModel.fit: `sample_weight` (or a third element of the data) with label_dp: sample "
-    "weights derived from the labels would reveal the true labels through the gradients sent "
-    "to the followers. Use class_weight= (applied to the randomized labels), or pass "
-    "label_free_sample_weight=True to fit if your weights do not depend on the labels.")
 
 
 def _dims(value):
@@ -202,17 +198,8 @@ class VerticalModel(keras.Model):
         if leader is not None and (not isinstance(leader, str) or leader not in bottoms):
             raise ValueError(f"VerticalModel: `leader` must be None (the leader has no bottom "
                              f"model) or one of the parties {parties}; got {leader!r}.")
-        if not isinstance(labels_privatized, bool):
-            raise TypeError(f"VerticalModel: `labels_privatized` must be a bool; got "
-                            f"{labels_privatized!r}.")
-        if labels_privatized and label_dp is not None:
-            raise ValueError("VerticalModel: `labels_privatized=True` says the labels given to "
-                             "fit were randomized before training; with `label_dp` the model "
-                             "randomizes them itself. Pass one or the other.")
+        validate_label_protection(label_dp, labels_privatized, "VerticalModel")
         self.labels_privatized = labels_privatized
-        if label_dp is not None and not isinstance(label_dp, LabelDPLayer):
-            raise TypeError(f"VerticalModel: `label_dp` must be None or a "
-                            f"keras_fedpriv.LabelDPLayer; got {type(label_dp).__name__}.")
         self._parties = parties
         self._leader = leader
         self._followers = tuple(p for p in parties if p != leader)
@@ -226,7 +213,6 @@ class VerticalModel(keras.Model):
         self.protections = {p: protections.get(p) for p in self._followers}
         self.label_dp = label_dp
         self.traffic = self._make_traffic_metrics()
-        self._capture_messages = False
         self._message_callbacks = []
         self._dispatcher = None
         self._fitting = False  # fit's validation runs through evaluate
@@ -234,8 +220,6 @@ class VerticalModel(keras.Model):
         # one slot per follower (embedding calls), the last for training steps
         # whose cut gradients come from unprotected labels.
         self.unprotected_releases = counter_variable(len(self._followers) + 1)
-        self._label_class_weight = None  # fit(class_weight=) with label_dp: applied in train_step
-        self._label_free_sample_weight = False
         self._build_protocol()
         self._check_disjoint_variables()
 
@@ -345,6 +329,9 @@ class VerticalModel(keras.Model):
             _counter=SentCounter(self.unprotected_releases, len(self._followers)),
             _owner="VerticalModel", _own_bottom=halves.get(self._leader), _standalone=False)
         object.__setattr__(self, "_leader_half", leader)
+        # fit(class_weight=) with label_dp and message capture are the step's settings
+        object.__setattr__(self, "_protocol_step",
+                           VerticalStep(self, halves, leader, self._split_inputs))
         self.built = True
 
     def _validate_fit_labels(self, y):
@@ -534,151 +521,26 @@ class VerticalModel(keras.Model):
         for layer in self._input_flag_layers():
             layer.check_input_errors()
 
-    def _wire_bytes(self, party, sent):
-        """(bytes up, bytes down) of one message of ``party`` (float64 scalars; float32 on
-        JAX without x64)."""
-        rows = rows_of(sent)  # an int where static (always on JAX), else a tensor
-        rows = float(rows) if isinstance(rows, int) else keras.ops.cast(rows, "float64")
-        coords = int(np.prod(sent.shape[1:]))  # static: checked when the model was built
-        size = np.dtype(keras.backend.standardize_dtype(sent.dtype)).itemsize
-        up = up_bytes(rows, coords, size, self._halves[party].spec.bits)
-        return up, rows * float(coords * size)
-
-    def _count_traffic(self, sent, gradients_sent):
-        total_up, total_down = [], []
-        for p in self._followers:
-            up, down = self._wire_bytes(p, sent[p])
-            self.traffic[f"bytes_up_{p}"].update_state(up)
-            total_up.append(up)
-            if gradients_sent:
-                self.traffic[f"bytes_down_{p}"].update_state(down)
-                total_down.append(down)
-        self.traffic["bytes_up"].update_state(add_all(total_up))
-        if total_down:
-            self.traffic["bytes_down"].update_state(add_all(total_down))
-
     # The steps run through the backend (`vertical_train_step`, `vertical_test_step`): on
-    # TensorFlow they are the protocol step below as is; on JAX the same step runs stateless
-    # over the state Keras' functional trainer passes (see `keras_fedpriv.backend.jax`).
+    # TensorFlow they are the protocol's steps (`protocol_step`) as they are; on JAX the same
+    # steps run stateless over the state Keras' functional trainer passes (see
+    # `keras_fedpriv.backend.jax`).
+
+    @property
+    def protocol_step(self) -> VerticalStep:
+        """The protocol's training and evaluation steps of this model (`VerticalStep`), which
+        ``train_step`` and ``test_step`` run through the backend."""
+        return self._protocol_step
 
     def train_step(self, *args: Any) -> Any:
-        """One step of the protocol (`_protocol_train_step`); ``(data)`` on TensorFlow,
+        """One step of the protocol (`VerticalStep.train`); ``(data)`` on TensorFlow,
         ``(state, data)`` on JAX (Keras' functional trainer)."""
         return backend.impl().vertical_train_step(self, *args)
 
     def test_step(self, *args: Any) -> Any:
-        """Evaluation (`_test_logs`); ``(data)`` on TensorFlow, ``(state, data)`` on JAX."""
+        """Evaluation (`VerticalStep.test`); ``(data)`` on TensorFlow, ``(state, data)`` on
+        JAX."""
         return backend.impl().vertical_test_step(self, *args)
-
-    def _protocol_train_step(self, data):
-        """One training step of the protocol (see the class docstring); Keras' logs."""
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        features, ids = self._split_inputs(x)
-        scale = self._step_scale()
-
-        # 1. Each party: bottom (+ protection), recorded for its own gradients.
-        sent, local, pullbacks = {}, {}, {}
-        for p in self._parties:
-            sent[p], local[p], pullbacks[p] = self._halves[p].record_forward(
-                features[p], ids, scale)
-
-        # 2. The leader: labels (label DP), top on what arrived (no autograd history
-        #    crosses the wire), loss, cut gradients.
-        received = {p: keras.ops.stop_gradient(sent[p]) for p in self._parties}
-        y_train, sample_weight = self._leader_labels(y, ids, sample_weight)
-        loss, y_pred, cut, top_pairs = self._leader_half.top_backward(
-            received, y_train, sample_weight, self._leader_loss_fn(x), scale)
-        by_var = {id(v): g for g, v in top_pairs}
-
-        # 3. Each party: its gradients from g_p alone (+ its own losses).
-        for p in self._parties:
-            half = self._halves[p]
-            by_var.update(zip(map(id, half.trainable_variables),
-                              half.gradients(pullbacks[p], cut[p])))
-
-        # 4. One optimizer step (per-party optimizers in deployment; same math).
-        trainable = self.trainable_variables
-        if trainable:
-            self.optimizer.apply_gradients(zip([by_var.get(id(v)) for v in trainable],
-                                               trainable))
-        return self._train_logs(dict(x=x, y=y, y_train=y_train, y_pred=y_pred,
-                                     sample_weight=sample_weight, loss=loss, local=local,
-                                     features=features, sent=sent, cut=cut, ids=ids))
-
-    def _step_scale(self):
-        """The optimizer's loss scaling (the identity without an optimizer)."""
-        return self.optimizer.scale_loss if self.optimizer is not None else (lambda v: v)
-
-    def _leader_labels(self, y, ids, sample_weight):
-        """The leader's labels trained on (label DP) and the weights they get."""
-        leader = self._leader_half
-        y_train = leader.privatize_labels(y, ids)
-        sample_weight = leader.label_sample_weight(
-            y_train, sample_weight, self._label_class_weight, self._label_free_sample_weight,
-            _SAMPLE_WEIGHT_REFUSAL)
-        return y_train, sample_weight
-
-    def _leader_loss_fn(self, x):
-        """``loss_fn(y, y_pred, sample_weight)``: the compiled loss of a training step."""
-        def loss_fn(y_true, y_pred, weights):
-            return private.model_compute_loss(self, x=x, y=y_true, y_pred=y_pred,
-                                              sample_weight=weights, training=True)
-        return loss_fn
-
-    def _train_logs(self, step):
-        """The loss tracker, traffic and metrics of a training step; its logs.
-
-        Args:
-            step: a dict with ``x, y, y_train, y_pred, sample_weight, loss``
-                (the leader's), ``local`` (party -> its own loss or None),
-                ``features, sent, cut, ids``.
-        """
-        total = step["loss"]
-        for value in step["local"].values():
-            if value is not None:
-                total = total + keras.ops.cast(value, total.dtype)
-        batch = rows_of(tree.flatten(step["features"])[0])
-        private.loss_tracker(self).update_state(
-            private.unscale_loss_for_distribution(total), sample_weight=batch)
-        self._count_traffic(step["sent"], gradients_sent=True)
-        logs = self.compute_metrics(step["x"], step["y_train"], step["y_pred"],
-                                    sample_weight=step["sample_weight"])
-        if self._capture_messages:
-            logs = dict(logs)
-            logs[_MESSAGES_KEY] = self._gather_messages(step)
-        return logs
-
-    def _gather_messages(self, step):
-        captured = {"up": {p: step["sent"][p] for p in self._followers},
-                    "down": {p: step["cut"][p] for p in self._followers},
-                    "labels": step["y"],
-                    "noisy_labels": step["y_train"]}
-        if step["ids"] is not None:
-            captured["example_ids"] = step["ids"]
-        # Every replica returns the whole global batch (replica order = batch order), so
-        # Keras' cross-replica reduction leaves it unchanged.
-        return backend.impl().gather_replicas(captured)
-
-    def _test_logs(self, data):
-        """The body of ``test_step`` (stateful: on JAX it runs in a `keras.StatelessScope`)."""
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        features, ids = self._split_inputs(x)
-        sent, total_local = {}, []
-        for p in self._parties:
-            _, sent[p], losses = self._party_forward(p, features[p], training=False,
-                                                     example_ids=ids)
-            if losses:
-                total_local.append(sum_losses(losses))
-        y_pred = self.top(self._combine(sent), training=False)
-        loss = private.model_compute_loss(self, x=x, y=y, y_pred=y_pred,
-                                          sample_weight=sample_weight, training=False)
-        for extra in total_local:
-            loss = loss + keras.ops.cast(extra, loss.dtype)
-        private.loss_tracker(self).update_state(
-            private.unscale_loss_for_distribution(loss),
-            sample_weight=rows_of(tree.flatten(features)[0]))
-        self._count_traffic(sent, gradients_sent=False)  # inference messages go up too
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     # --- message capture ---------------------------------------------------------------
 
@@ -716,14 +578,15 @@ class VerticalModel(keras.Model):
         if self.label_dp is not None:
             self._validate_fit_labels(y)
             if kwargs.get("sample_weight") is not None and not label_free_sample_weight:
-                raise ValueError(_SAMPLE_WEIGHT_REFUSAL)
+                raise ValueError(SAMPLE_WEIGHT_REFUSAL)
             class_weight = kwargs.pop("class_weight", None)
             if class_weight is not None:
                 class_weight = validate_class_weight(class_weight, "VerticalModel.fit")
+        step = self._protocol_step
         if (class_weight, label_free_sample_weight) != \
-                (self._label_class_weight, self._label_free_sample_weight):
-            self._label_class_weight = class_weight
-            self._label_free_sample_weight = label_free_sample_weight
+                (step.class_weight, step.label_free_sample_weight):
+            step.class_weight = class_weight
+            step.label_free_sample_weight = label_free_sample_weight
             self.train_function = None  # retrace with the new weighting
         if isinstance(callbacks, keras.callbacks.CallbackList):
             listed = callbacks.callbacks
@@ -737,8 +600,8 @@ class VerticalModel(keras.Model):
                              f"steps_per_execution=1 (one step's messages per call); the model "
                              f"was compiled with steps_per_execution={self.steps_per_execution}.")
         capture = bool(watchers)
-        if capture != self._capture_messages:
-            self._capture_messages = capture
+        if capture != step.capture_messages:
+            step.capture_messages = capture
             self.train_function = None  # retrace with / without message outputs
         dispatcher = None
         if capture:
@@ -816,9 +679,9 @@ class VerticalModel(keras.Model):
 
     def _after_train_step(self, logs):
         self.check_input_errors()
-        if isinstance(logs, dict) and _MESSAGES_KEY in logs:
+        if isinstance(logs, dict) and MESSAGES_KEY in logs:
             logs = dict(logs)
-            self._dispatch(logs.pop(_MESSAGES_KEY))
+            self._dispatch(logs.pop(MESSAGES_KEY))
         return logs
 
     def _after_reads_state(self):
@@ -829,32 +692,25 @@ class VerticalModel(keras.Model):
         self.check_input_errors()
         return outputs
 
+    def _wrapped_step_function(self, kind, after, force):
+        """Keras' ``{kind}_function`` (``kind``: train, test or predict), made once (again
+        with ``force``) and wrapped to run ``after`` on the outputs of every call."""
+        attribute = f"{kind}_function"
+        if getattr(self, attribute) is not None and not force:
+            return getattr(self, attribute)
+        getattr(super(), f"make_{attribute}")(force=True)
+        setattr(self, attribute, backend.impl().wrap_step_function(
+            getattr(self, attribute), after, self._after_reads_state, self))
+        return getattr(self, attribute)
+
     def make_train_function(self, force: bool = False) -> Callable[..., Any]:
-        if self.train_function is not None and not force:
-            return self.train_function
-        super().make_train_function(force=True)
-        self.train_function = backend.impl().wrap_step_function(self.train_function,
-                                                                self._after_train_step,
-                                                                self._after_reads_state, self)
-        return self.train_function
+        return self._wrapped_step_function("train", self._after_train_step, force)
 
     def make_test_function(self, force: bool = False) -> Callable[..., Any]:
-        if self.test_function is not None and not force:
-            return self.test_function
-        super().make_test_function(force=True)
-        self.test_function = backend.impl().wrap_step_function(self.test_function,
-                                                               self._after_step,
-                                                               self._after_reads_state, self)
-        return self.test_function
+        return self._wrapped_step_function("test", self._after_step, force)
 
     def make_predict_function(self, force: bool = False) -> Callable[..., Any]:
-        if self.predict_function is not None and not force:
-            return self.predict_function
-        super().make_predict_function(force=True)
-        self.predict_function = backend.impl().wrap_step_function(self.predict_function,
-                                                                  self._after_step,
-                                                                  self._after_reads_state, self)
-        return self.predict_function
+        return self._wrapped_step_function("predict", self._after_step, force)
 
     def _dispatch(self, captured):
         if not self._message_callbacks:
