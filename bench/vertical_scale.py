@@ -531,14 +531,25 @@ within one size are meaningful.
     parts.append(throughput_table(saved["throughput"]) if saved["throughput"] else
                  "Not run (`--part throughput`).")
     parts.append("\n")
-    for rows in privacy_rows:
+    for rows in sorted(privacy_rows, reverse=True):  # the largest first, with the figure
         epochs = {p["epochs"] for p in saved["points"].values() if p["rows"] == rows}
         ceiling = saved.get("ceiling_auc", {}).get(str(rows))
+        lead = (f"{'/'.join(str(e) for e in sorted(epochs))} epoch(s), test AUC on the next "
+                f"{TEST_ROWS:,} rows (the ceiling, the hidden model's own AUC: {ceiling:.3f}); "
+                "one seed per point.")
+        if rows != privacy_rows[-1]:
+            parts.append(f"""
+## Privacy and utility at {rows:,} training rows
+
+{lead} The columns as above.
+
+{privacy_table(saved, rows)}
+""")
+            continue
         parts.append(f"""
 ## Privacy and utility at {rows:,} training rows
 
-{'/'.join(str(e) for e in sorted(epochs))} epoch(s), test AUC on the next {TEST_ROWS:,} rows
-(the ceiling, the hidden model's own AUC: {ceiling:.3f}); one seed per point. eps spent: from
+{lead} eps spent: from
 `privacy_report([model, ...], delta={DELTA:g}, protects="labels" / "features")` right after
 `fit` (inf: released without DP): what training spent; the test predictions and the attacks'
 queries are releases of their own rows, not in this column. Label attacks by the follower,
@@ -546,9 +557,12 @@ ROC-AUC against the true labels read in the attacker's favour (0.5 = chance): no
 on the cut gradients of the first epoch; model completion (logistic top on 40 / 400 known
 labels) and embedding clustering (k-means, 4 clusters named by 40 known labels, on
 {CLUSTER_ROWS:,} rows at most) on what the follower sent in the last epoch. RR bound:
-e^eps/(1+e^eps), the AUC of an attacker who learns each randomized label exactly; it bounds
-every label attack for plain RR (RR-with-prior leans the released label towards the leader's
-prior, so there it is a reference line). Reconstruction: the leader's decoder
+e^eps/(1+e^eps), the AUC of an attacker who learns each randomized label exactly and knows
+nothing else. An attack that also reads what the model learned from all the rows (the size of a
+cut gradient follows the model's prediction, which the features make good) can pass it a little:
+that is inference from the population, which label DP allows, not more about the example's own
+label than eps (RR-with-prior leans the released label towards the leader's prior, so there
+the bound is a reference line). Reconstruction: the leader's decoder
 (`feature_reconstruction`, {RECON_AUX:,} auxiliary rows) from what the follower sends at
 inference to whether each follower field holds its most frequent id; 1.0 = no better than the
 mean. RR-with-prior: half 1's labels by RR, half 2's with a prior from a logistic regression on
