@@ -574,14 +574,15 @@ RUNTIMES = {"fit": "`VerticalModel.fit`, one process",
 def flower_table(results):
     header = ["rows", "protections", "runtime", "K", "message rounds", "epoch s", "rows/s",
               "ratio to fit", "loss", "wire bytes / example up, down (payload up)",
-              "start-up s: deployment + run"]
+              "start-up s: deployment + run", "labels eps (leader's report)"]
     out = []
     for r in sorted(results.values(), key=lambda r: (r["rows"], r["kind"],
                                                      list(RUNTIMES).index(r["runtime"]),
                                                      r["k"] or 0)):
         fit = results.get(f"fit:{r['kind']}@{r['rows']}")
-        wire = start = "-"
-        if r["runtime"] == "flower":
+        wire = start = eps = "-"
+        if r["runtime"] == "flower":  # no eps read from the report: inf, never less
+            eps = "inf" if r["eps"] is None else f"{r['eps']:g}"
             wire = (f"{r['wire_up_per_row']:.1f}, {r['wire_down_per_row']:.1f} "
                     f"({r['payload_up_per_row']:g})")
             start = f"{r['deployment_up_s']:.0f} + {r['run_startup_s']:.0f}"
@@ -593,7 +594,7 @@ def flower_table(results):
                     "-" if r["k"] is None else str(math.ceil(steps / r["k"])),
                     f"{r['epoch_s']:.1f}", f"{r['rows'] / r['epoch_s']:,.0f}",
                     "n/a" if fit is None else f"{fit['epoch_s'] / r['epoch_s']:.2f}",
-                    f"{r['loss']:.4f}", wire, start])
+                    f"{r['loss']:.4f}", wire, start, eps])
     return _report.markdown_table(header, out)
 
 
@@ -709,19 +710,20 @@ seconds, the first step's tracing included in every runtime (on Flower: the lead
 `epoch_time_s`, from its first message to the epoch's end). Ratio: `fit`'s epoch seconds over
 this one's. K: batches per message; a follower embeds all K with the same weights (up to
 K - 1 steps stale), which the loss shows. Wire: Flower's serialized messages per training
-example (the payload up: what the follower's reply holds). Start-up, not in the epoch: the
-deployment's (SuperLink, SuperNode, the party worker importing TensorFlow) + the run's (the
-ServerApp's start and TensorFlow, the parties' data and models, the introduction, the last
-gradients, the end).
+example within the epoch (the payload up: what the follower's reply holds; down: the example
+ids and the cut gradients, of which the last message's go after the epoch). Start-up, not in
+the epoch: the deployment's (SuperLink, SuperNode, the party worker importing TensorFlow) +
+the run's (the ServerApp's start and TensorFlow, the parties' data and models, the
+introduction, the last gradients, the end).
 
 {flower_table(saved["flower"])}
 """)
-    missing = "" if saved.get("flower") else """
-- The Flower Deployment Engine row: not run here (`--part flower`)."""
-    parts.append(f"""
+    missing = ("" if saved.get("flower") else "\n- The Flower Deployment Engine row: not run "
+               "here (`--part flower`).") + saved.get("missing", "")
+    if missing.strip():
+        parts.append(f"""
 ## Not measured here
 {missing}
-{saved.get('missing', '')}
 """)
     return "".join(parts)
 
