@@ -139,14 +139,21 @@ def deployment(app, rounds, worker=False):
     return history, handled
 
 
-def vertical_deployment(run_config=None):
+def vertical_deployment(run_config=None, parties=("f1", "f2")):
     """The vertical example (`examples/flower_vertical`, its run config's defaults with
     ``run_config``'s overrides) on loopback with a party worker beside each follower's SuperNode.
 
-    Returns the run's history (per epoch: ``epoch_time_s``, ``steps``,
-    ``val_auc``), the run's K, the leader's composed eps (its privacy report,
-    from the ServerApp's output; None if absent), the seconds until the
-    deployment was up and the whole run's seconds, start-up included.
+    Args:
+        run_config: run config overrides.
+        parties: the followers' names, one SuperNode (and worker) each (the Criteo-like
+            data's follower is ``("follower",)``).
+
+    Returns:
+        A dict: ``history`` (per epoch: ``epoch_time_s``, ``steps``, ``loss``, ``val_auc``
+        with held-out rows, ``wire_bytes_up`` / ``wire_bytes_down``), ``wire`` (each
+        follower's reply layout, ``bytes_per_example``), ``k`` (the run's K), ``eps`` (the
+        leader's composed eps from its privacy report; None if absent), ``up_s`` (seconds
+        until the deployment was up) and ``total_s`` (the whole run, start-up included).
     """
     import tomllib
 
@@ -160,18 +167,19 @@ def vertical_deployment(run_config=None):
         started = time.perf_counter()
         # the worker serves what the app's relay ClientApp names (client_app.py: party.py's app)
         target = _relay_target(relay)
-        with LoopbackDeployment(2, node_configs=[{"party": "f1"}, {"party": "f2"}],
+        with LoopbackDeployment(len(parties), node_configs=[{"party": p} for p in parties],
                                 worker_app=target, worker_app_dir=str(VERTICAL)) as dep:
             up = time.perf_counter() - started
             done = dep.run(VERTICAL, {**run_config, "result-path": folder}, timeout=900)
         total = time.perf_counter() - started
         if done.returncode != 0:
             raise RuntimeError(f"flwr run failed:\n{done.stdout[-3000:]}")
-        history = json.loads(pathlib.Path(folder, "history.json").read_text())["history"]
+        saved = json.loads(pathlib.Path(folder, "history.json").read_text())
     # the last line of the leader's privacy report: "worst unit, all releases ... <eps>"
     eps = re.findall(r"worst unit, all releases.*?([\d.]+(?:e[+-]?\d+)?)[ \t]*$", done.stdout,
                      re.MULTILINE)
-    return history, k, float(eps[-1]) if eps else None, up, total
+    return {"history": saved["history"], "wire": saved["wire"], "k": k,
+            "eps": float(eps[-1]) if eps else None, "up_s": up, "total_s": total}
 
 
 def _relay_target(component):
@@ -197,7 +205,8 @@ def vertical_rows():
     training step amortized, message rounds per epoch, val AUC and the leader's eps."""
     rows = []
     for name, run_config in VERTICAL_RUNS:
-        h, k, eps, up, total = vertical_deployment(run_config)
+        run = vertical_deployment(run_config)
+        h, k, eps, up, total = (run[key] for key in ("history", "k", "eps", "up_s", "total_s"))
         steps, epoch_s = sum(h["steps"]), sum(h["epoch_time_s"])
         later = (sum(h["epoch_time_s"][1:]) / sum(h["steps"][1:])) if len(h["steps"]) > 1 \
             else None

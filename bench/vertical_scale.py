@@ -8,7 +8,7 @@ positives, a hidden model with a known ceiling AUC), the model
 sends a 16-wide Dense of them; the leader holds the dense fields, the other 13
 categorical fields, the labels and the wide + deep top), batch 1024, Adam.
 
-Two parts (``--part``), run separately or together:
+Three parts (``--part``), run separately or together (``flower`` only when named):
 
 * ``throughput``: rows/s, CPU seconds per row and peak memory (max RSS) of
   `VerticalModel.fit` without protections, of `VerticalModel.fit` with label
@@ -34,10 +34,18 @@ Two parts (``--part``), run separately or together:
   attacker's favour, ``auc_best_sign``); and the leader's feature
   reconstruction (`feature_reconstruction`) of the follower's fields.
 
-Not done: the Flower Deployment Engine row (the same run over
-`LoopbackDeployment`, rows/s beside in-process) needs a Flower app serving
-the Criteo-like parties, which ``examples/flower_vertical`` does not; see
-bench/flower.py for the Deployment Engine on the vertical example.
+* ``flower``: at ``--flower-rows`` training rows (10^5), batch 1024, one
+  epoch, without protections and with label DP + EmbeddingDP: the same
+  parties from ``examples/flower_vertical`` (run config ``dataset =
+  "criteo-like"``: `wide_deep_vertical`'s halves, the same initial weights)
+  three ways: `VerticalModel.fit` in a child process; the leader's message
+  loop with K (``--ks``) batches per message in this process
+  (`VerticalDriver`, no Flower); and on Flower's Deployment Engine
+  (`LoopbackDeployment`: a SuperLink, the follower's SuperNode and its party
+  worker as processes on 127.0.0.1). rows/s over the whole epoch (the first
+  step's tracing included in all three), the ratio to ``fit``, the epoch's
+  loss (staleness shows there), Flower's message bytes per example and the
+  deployment's start-up apart from the epoch.
 
 Resumable: each finished privacy point is appended to the JSON at once and a
 later run skips the points it already holds (``--fresh`` starts over);
@@ -48,6 +56,8 @@ Usage::
     .venv/bin/python bench/vertical_scale.py             # full: 10^5..10^7 rows; 10^6 rows
     .venv/bin/python bench/vertical_scale.py --part privacy --rows 100000 --eps 0.5 2 8
     .venv/bin/python bench/vertical_scale.py --part throughput --sizes 100000 1000000
+    .venv/bin/python bench/vertical_scale.py --part flower --ks 8 16 32
+    .venv/bin/python bench/vertical_scale.py --part flower --json /tmp/flower.json  # no docs
     .venv/bin/python bench/vertical_scale.py --replot    # rewrite the docs from the JSON
     .venv/bin/python bench/vertical_scale.py --quick     # smoke run, writes nothing
 """
@@ -156,7 +166,8 @@ def measure(kind, rows, vocabulary_size=10_000, batch_size=BATCH):
     model.compile(keras.optimizers.Adam(LEARNING_RATE), "binary_crossentropy")
     times = _StepTimes()
     start = time.perf_counter()
-    model.fit(**inputs, epochs=1, verbose=0, callbacks=[times])
+    history = model.fit(**inputs, epochs=1, verbose=0, callbacks=[times])
+    epoch_s = time.perf_counter() - start
     cpu_end = _cpu_seconds()
     ends = np.asarray(times.ends)
     steps = np.diff(ends)
@@ -168,6 +179,7 @@ def measure(kind, rows, vocabulary_size=10_000, batch_size=BATCH):
             "cpu_us_per_row": 1e6 * (cpu_end - times.cpu_after_first) / max(rows_after_first, 1),
             "first_step_s": float(ends[0] - start), "median_step_s": steady,
             "tracing_s": float(ends[0] - start) - steady,
+            "epoch_s": epoch_s, "loss": float(history.history["loss"][-1]),
             "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -468,6 +480,125 @@ def plot(saved, rows, path):
     plt.close(fig)
 
 
+# --------------------------------------------------------------------------- part 3: Flower
+
+FLOWER_ROWS = 10**5
+FLOWER_KS = (8, 16, 32)
+FLOWER_KINDS = {False: "vertical", True: "vertical_label_embedding"}  # protect -> model kind
+EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "flower_vertical"
+
+
+def _example_task():
+    """The vertical Flower example's task module (it serves the Criteo-like parties too)."""
+    if str(EXAMPLE) not in sys.path:
+        sys.path.insert(0, str(EXAMPLE))
+    from flower_vertical import task
+
+    return task
+
+
+def flower_run_config(rows, k, protect):
+    """The example's run config for one epoch of the Criteo-like parties, no held-out rows."""
+    return {"dataset": "criteo-like", "rows": rows, "test-rows": 0, "protect": protect,
+            "num-epochs": 1, "batch-size": BATCH, "batches-per-message": k}
+
+
+def driver_epoch(rows, k, protect):
+    """One epoch of the example's Criteo-like parties through the leader's message loop in
+    this process (`VerticalDriver`: the loop the ServerApp runs, K batches per exchange, no
+    Flower): its seconds (tracing included) and loss."""
+    from types import SimpleNamespace
+
+    from keras_fedpriv.federated.vertical.driver import VerticalDriver
+
+    task = _example_task()
+    context = SimpleNamespace(run_config=flower_run_config(rows, k, protect))
+    driver = VerticalDriver(task.model_fn(context=context).split_parties(),
+                            {FOLLOWER: task.follower_features(FOLLOWER, context)})
+    ids, x, y = task.leader_data(context)
+    start = time.perf_counter()
+    result = driver.fit(y, example_ids=ids, x=x, epochs=1, batch_size=BATCH,
+                        batches_per_message=k, seed=SEED)
+    return {"epoch_s": time.perf_counter() - start, "loss": result.history["loss"][0],
+            "steps": result.history["steps"][0], "skipped": result.history["skipped"][0]}
+
+
+def flower_epoch(rows, k, protect):
+    """The same epoch on Flower's Deployment Engine: `LoopbackDeployment` (a SuperLink, the
+    follower's SuperNode and its party worker as processes on 127.0.0.1), ``flwr run`` of
+    the example. The epoch's seconds are the leader's (``epoch_time_s``: from its first
+    message to the epoch's end); the start-up is apart: the deployment's (SuperLink,
+    SuperNode, the worker importing TensorFlow) and the run's (the ServerApp's start, the
+    parties' data and models, the followers' introduction, the last gradients, the end)."""
+    import flower as flower_bench  # bench/flower.py
+
+    run = flower_bench.vertical_deployment(flower_run_config(rows, k, protect),
+                                           parties=(FOLLOWER,))
+    h = run["history"]
+    epoch = h["epoch_time_s"][0]
+    return {"epoch_s": epoch, "loss": h["loss"][0], "steps": h["steps"][0],
+            "skipped": h["skipped"][0], "wire_up_per_row": h["wire_bytes_up"][0] / rows,
+            "wire_down_per_row": h["wire_bytes_down"][0] / rows,
+            "payload_up_per_row": run["wire"][FOLLOWER]["bytes_per_example"],
+            "deployment_up_s": run["up_s"], "run_startup_s": run["total_s"] - run["up_s"] - epoch,
+            "eps": run["eps"]}
+
+
+def run_flower(rows, ks, results, quick=False, save=None, protections=(False, True)):
+    """For each protection: the in-process `VerticalModel.fit` epoch, then for each K the
+    leader's message loop in process and (unless ``quick``) on the Deployment Engine."""
+    runtimes = [("driver", driver_epoch)] + ([] if quick else [("flower", flower_epoch)])
+    for protect in protections:
+        kind = FLOWER_KINDS[protect]
+        key = f"fit:{kind}@{rows}"
+        if key not in results:
+            r = measure(kind, rows) if quick else measure_in_child(kind, rows)
+            results[key] = {"runtime": "fit", "kind": kind, "rows": rows, "k": None, **r}
+        for k in ks:
+            for runtime, fn in runtimes:
+                key = f"{runtime}:{kind}:K={k}@{rows}"
+                if key in results:
+                    continue
+                results[key] = {"runtime": runtime, "kind": kind, "rows": rows, "k": k,
+                                **fn(rows, k, protect)}
+                print(f"{runtime}, {kind}, K = {k}: {results[key]['epoch_s']:.1f} s per epoch",
+                      flush=True)
+                if save:
+                    save()
+
+
+RUNTIMES = {"fit": "`VerticalModel.fit`, one process",
+            "driver": "the leader's message loop, one process (`VerticalDriver`)",
+            "flower": "Deployment Engine, loopback, a party worker"}
+
+
+def flower_table(results):
+    header = ["rows", "protections", "runtime", "K", "message rounds", "epoch s", "rows/s",
+              "ratio to fit", "loss", "wire bytes / example up, down (payload up)",
+              "start-up s: deployment + run", "labels eps (leader's report)"]
+    out = []
+    for r in sorted(results.values(), key=lambda r: (r["rows"], r["kind"],
+                                                     list(RUNTIMES).index(r["runtime"]),
+                                                     r["k"] or 0)):
+        fit = results.get(f"fit:{r['kind']}@{r['rows']}")
+        wire = start = eps = "-"
+        if r["runtime"] == "flower":  # no eps read from the report: inf, never less
+            eps = "inf" if r["eps"] is None else f"{r['eps']:g}"
+            wire = (f"{r['wire_up_per_row']:.1f}, {r['wire_down_per_row']:.1f} "
+                    f"({r['payload_up_per_row']:g})")
+            start = f"{r['deployment_up_s']:.0f} + {r['run_startup_s']:.0f}"
+        steps = math.ceil(r["rows"] / BATCH)
+        out.append([f"{r['rows']:,}", "none" if r["kind"] == "vertical" else
+                    f"LabelDP (eps {THROUGHPUT_LABEL_EPS:g}) + EmbeddingDP (eps "
+                    f"{THROUGHPUT_EMBED_EPS:g})", RUNTIMES[r["runtime"]],
+                    "-" if r["k"] is None else str(r["k"]),
+                    "-" if r["k"] is None else str(math.ceil(steps / r["k"])),
+                    f"{r['epoch_s']:.1f}", f"{r['rows'] / r['epoch_s']:,.0f}",
+                    "n/a" if fit is None else f"{fit['epoch_s'] / r['epoch_s']:.2f}",
+                    f"{r['loss']:.4f}", wire, start, eps])
+    return _report.markdown_table(header, out)
+
+
 # --------------------------------------------------------------------------- report
 
 def targets(saved):
@@ -583,12 +714,31 @@ EmbeddingDP eps is per coordinate pair: the {BOTTOM_UNITS}-wide embedding compos
 
 {targets(saved)}
 """)
-    parts.append(f"""
-## Not measured here
+    if saved.get("flower"):
+        parts.append(f"""
+## On Flower's Deployment Engine
 
-- The Flower Deployment Engine row (rows/s over `LoopbackDeployment` beside in-process): not
-  built; it needs a Flower app serving the Criteo-like parties.
-{saved.get('missing', '')}
+The parties of `examples/flower_vertical` with the run config `dataset = "criteo-like"` (the
+same `wide_deep_vertical` halves and initial weights as above), one epoch at batch {BATCH}, no
+held-out rows; `bench/vertical_scale.py --part flower`. rows/s: the epoch's rows over its
+seconds, the first step's tracing included in every runtime (on Flower: the leader's
+`epoch_time_s`, from its first message to the epoch's end). Ratio: `fit`'s epoch seconds over
+this one's. K: batches per message; a follower embeds all K with the same weights (up to
+K - 1 steps stale), which the loss shows. Wire: Flower's serialized messages per training
+example within the epoch (the payload up: what the follower's reply holds; down: the example
+ids and the cut gradients, of which the last message's go after the epoch). Start-up, not in
+the epoch: the deployment's (SuperLink, SuperNode, the party worker importing TensorFlow) +
+the run's (the ServerApp's start and TensorFlow, the parties' data and models, the
+introduction, the last gradients, the end).
+
+{flower_table(saved["flower"])}
+""")
+    missing = ("" if saved.get("flower") else "\n- The Flower Deployment Engine row: not run "
+               "here (`--part flower`).") + saved.get("missing", "")
+    if missing.strip():
+        parts.append(f"""
+## Not measured here
+{missing}
 """)
     return "".join(parts)
 
@@ -611,9 +761,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 4,096 rows, in process, vocabulary 1,000, plain "
-                             "and VerticalModel, LabelDP at eps 2, 1 epoch; writes nothing")
-    parser.add_argument("--part", nargs="+", choices=("throughput", "privacy"),
+                             "and VerticalModel, LabelDP at eps 2, 1 epoch; the flower part's "
+                             "message loop at K = 2 without Flower; writes nothing")
+    parser.add_argument("--part", nargs="+", choices=("throughput", "privacy", "flower"),
                         default=["throughput", "privacy"])
+    parser.add_argument("--flower-rows", type=int, default=FLOWER_ROWS,
+                        help="flower: training rows")
+    parser.add_argument("--ks", nargs="+", type=int, default=list(FLOWER_KS),
+                        help="flower: batches per message (K) to try")
+    parser.add_argument("--json", type=pathlib.Path, default=None,
+                        help=f"keep the results in this file instead of {RESULTS.name}, and "
+                             "write no docs")
     parser.add_argument("--sizes", nargs="+", type=int, default=list(SIZES))
     parser.add_argument("--rows", type=int, default=ROWS)
     parser.add_argument("--eps", nargs="+", type=float, default=list(EPS))
@@ -634,10 +792,14 @@ def main(argv=None):
         saved = {"throughput": {}, "points": {}}
         run_throughput([4096], saved["throughput"], in_process=True, models=MODELS[:2])
         run_privacy(4096, [2.0], 1, saved, quick=True)
+        saved["flower"] = {}
+        run_flower(4096, [2], saved["flower"], quick=True, protections=(False,))
         print(throughput_table(saved["throughput"]))
         print(privacy_table(saved, 4096))
+        print(flower_table(saved["flower"]))
         return 0
-    saved = {"throughput": {}, "points": {}} if args.fresh else load_saved()
+    results = args.json or RESULTS
+    saved = {"throughput": {}, "points": {}} if args.fresh else load_saved(results)
     given = list(argv if argv is not None else sys.argv[1:])
     if "--note" in given:  # the note goes into the md on its own
         del given[given.index("--note"):given.index("--note") + 2]
@@ -650,7 +812,7 @@ def main(argv=None):
         saved["note"] = args.note
 
     def save():
-        RESULTS.write_text(json.dumps(saved, indent=1))
+        results.write_text(json.dumps(saved, indent=1))
 
     if "throughput" in args.part:
         run_throughput(args.sizes, saved["throughput"], save=save)
@@ -658,8 +820,12 @@ def main(argv=None):
     if "privacy" in args.part:
         run_privacy(args.rows, args.eps, args.epochs, saved, save=save)
         print(privacy_table(saved, args.rows))
+    if "flower" in args.part:
+        run_flower(args.flower_rows, args.ks, saved.setdefault("flower", {}), save=save)
+        print(flower_table(saved["flower"]))
     save()
-    write_docs(saved)
+    if args.json is None:
+        write_docs(saved)
     return 0
 
 

@@ -32,7 +32,8 @@ SCRIPTS = {
     "layer_overhead": (["EmbeddingDPLayer", "LabelDPLayer", "ratio"], ()),
     "rr_with_prior": (["RR-with-prior", "2 seeds"], (pytest.mark.slow,)),
     "vertical_privacy": (["LabelDP, RR, eps=2", "EmbeddingDP, eps=4"], (pytest.mark.slow,)),
-    "vertical_scale": (["| VerticalModel |", "LabelDP RR, eps=2", "completion 400"], ()),
+    "vertical_scale": (["| VerticalModel |", "LabelDP RR, eps=2", "completion 400",
+                        "the leader's message loop, one process"], ()),
     "vertical_k": (["| 4 |", "the same eps for every K at each seed: True"], ()),
     "vertical_throughput": (["| VerticalModel |", "ratio"], ()),
 }

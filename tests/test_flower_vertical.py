@@ -311,6 +311,59 @@ def test_the_vertical_example_keeps_each_partys_secrets_unseeded():
     assert task.follower_features("f1").shape[1] == 8
 
 
+def test_the_vertical_example_serves_the_criteo_like_wide_deep_parties(tmp_path, monkeypatch,
+                                                                        in_a_run, capsys):
+    """Run config ``dataset = "criteo-like"``: the example's own apps (in this process on the
+    stand-in SuperLink, 2,048 rows) train `wide_deep_vertical`'s split model from the same
+    initial weights as in process; a wrong party name and a bad key are refused by name."""
+    import importlib
+    import json
+    import sys
+    from types import SimpleNamespace
+
+    from keras_fedpriv.criteo_like import CriteoLike
+    from keras_fedpriv.wide_deep import wide_deep_vertical
+
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "flower_vertical"))
+    task = importlib.import_module("flower_vertical.task")
+    party = importlib.import_module("flower_vertical.party")
+    server = importlib.import_module("flower_vertical.server_app")
+    run = {"dataset": "criteo-like", "rows": 2048, "test-rows": 512, "protect": False,
+           "num-epochs": 1, "batch-size": 512, "batches-per-message": 2,
+           "result-path": str(tmp_path)}
+    try:
+        context = SimpleNamespace(run_config=run)
+        model = task.model_fn(context=context)
+        local = wide_deep_vertical(CriteoLike(2048, seed=0), seed=0)
+        parties = model.split_parties()
+        assert parties.leader.label_dp is None and parties.followers["follower"].protection is None
+        for a, b in zip(model.trainable_variables, local.trainable_variables, strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        # the follower's 13 fields of the training and test rows; the leader's by the same ids
+        assert task.follower_features("follower", context).shape == (2560, 13)
+        ids, x, y = task.leader_data(context)
+        assert list(ids) == list(range(2048)) and x.shape == (2048, 26) and y.shape == (2048, 1)
+        with AppGrid(party.app, [{"party": "follower"}]) as grid:
+            for node in grid.nodes.values():  # a SuperNode's context holds the run config
+                node.run_config = dict(run)
+            server.app(grid, grid.context(run))
+        history = json.loads((tmp_path / "history.json").read_text())["history"]
+        assert history["steps"] == [4.0] and history["skipped"] == [0.0]
+        assert 0.0 <= history["val_auc"][0] <= 1.0
+        assert "val_auc per epoch" in capsys.readouterr().out
+        for bad, words in (({"dataset": "criteo"}, "`dataset` must be one of breast-cancer, "
+                                                   "criteo-like; got 'criteo'"),
+                           ({"rows": 0}, "`rows` must be an integer >= 1; got 0"),
+                           ({"protect": "no"}, "`protect` must be true or false; got 'no'")):
+            with pytest.raises(ValueError, match=words):
+                task.run_data(SimpleNamespace(run_config={**run, **bad}))
+        with pytest.raises(ValueError, match="`party` must be one of follower .* got 'f1'"):
+            party._follower("f1", context)
+    finally:
+        for module in [m for m in sys.modules if m.startswith("flower_vertical")]:
+            del sys.modules[module]
+
+
 def test_a_follower_refuses_a_message_of_more_batches_than_its_node_config_allows(monkeypatch):
     """The follower's operator caps K (node config ``max-batches-per-message``): a message of 3
     batches is answered with an error and releases nothing; 2 batches are served, and the

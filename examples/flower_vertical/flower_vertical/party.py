@@ -20,8 +20,12 @@ from keras_fedpriv.logs import set_verbosity
 set_verbosity("info")
 
 
-def _follower(party):
-    return model_fn().split_parties().followers[party]
+def _follower(party, context):
+    followers = model_fn(context=context).split_parties().followers
+    if party not in followers:  # the run config's dataset has other followers
+        raise ValueError(f"node config `party` must be one of {', '.join(sorted(followers))} "
+                         f"for this run's dataset; got {party!r}.")
+    return followers[party]
 
 
 # a follower's own cap on what it releases about each example, over every run, can be set by

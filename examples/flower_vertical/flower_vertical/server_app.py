@@ -14,21 +14,24 @@ from keras_fedpriv.federated.flower.vertical import vertical_server_app
 from keras_fedpriv.privacy import privacy_report
 
 
-def _leader():
-    return model_fn().split_parties(metrics=[keras.metrics.AUC(name="auc")]).leader
+def _leader(context):
+    return model_fn(context=context).split_parties(
+        metrics=[keras.metrics.AUC(name="auc")]).leader
 
 
 def _progress(epoch, logs):
-    # one line per epoch, printed by the leader's process
-    print(f"epoch {epoch + 1}: loss {logs['loss']:.4f}, val_auc {logs['val_auc']:.4f}, "
+    # one line per epoch, printed by the leader's process (no val_auc: no held-out rows)
+    val = f", val_auc {logs['val_auc']:.4f}" if "val_auc" in logs else ""
+    print(f"epoch {epoch + 1}: loss {logs['loss']:.4f}{val}, "
           f"{logs['epoch_time_s']:.1f} s, {int(logs['steps'])} steps "
           f"({int(logs['skipped'])} skipped)", flush=True)
 
 
 def _report(result):
     history = result.history
-    print(f"loss per epoch {[round(v, 4) for v in history['loss']]}")
-    print(f"val_auc per epoch {[round(v, 4) for v in history['val_auc']]}")
+    for key in ("loss", "val_auc"):
+        if key in history:
+            print(f"{key} per epoch {[round(v, 4) for v in history[key]]}")
     print(f"skipped batches {history['skipped']}, refused replies {len(result.rejected)}")
     # the leader's own releases: its labels, once per example (LabelDP)
     print(privacy_report(result.leader, delta=1e-5))
